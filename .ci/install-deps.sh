@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs what the tests need: cmake and a C compiler (Debian), pytest, and
+# the real Mooncake engine (PyPI wheel) plus its run-time libraries for the
+# interoperability tests.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+need_apt=()
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v cc >/dev/null || need_apt+=(gcc)
+dpkg -s libibverbs1 >/dev/null 2>&1 || need_apt+=(libibverbs1)
+dpkg -s libnuma1 >/dev/null 2>&1 || need_apt+=(libnuma1)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}"
+fi
+python3 -m pip install -q --disable-pip-version-check -r python/requirements-test.txt

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs every test: cargo (unit, integration, header freshness), the C tests
+# under ctest with AddressSanitizer, and the Python ctypes tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo test"
+cargo test --release --workspace
+
+echo "== ctest (C tests, AddressSanitizer)"
+cmake -S . -B build -DPDX_ASAN=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build build -j 2
+ctest --test-dir build --output-on-failure
+
+echo "== pytest"
+python3 -m pytest -q python

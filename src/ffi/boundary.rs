@@ -1,0 +1,254 @@
+//! What every exported function stands on: the panic boundary, the
+//! thread-local last error, checked pointer and string conversion, and the
+//! handle tables that make a bogus or freed handle an error instead of a crash.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::status::{pdx_status, status_of, PDX_ERR_PANIC, PDX_OK};
+use crate::error::{Error, ErrorKind, Result};
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// Record `message` as this thread's last error.
+pub(crate) fn set_last_error(message: &str) {
+    // Interior NULs cannot be represented in a C string; show them visibly.
+    let text = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
+    LAST_ERROR.with(|slot| *slot.borrow_mut() = text);
+}
+
+/// Text of the last failure on the calling thread.
+///
+/// Never NULL: an empty string when no pdx call has failed on this thread.
+/// The text is owned by pdx and stays valid until the next failing pdx call
+/// on the same thread.
+#[no_mangle]
+pub extern "C" fn pdx_last_error_message() -> *const c_char {
+    // Reading a thread-local cannot panic unless the thread is being torn
+    // down; `try_with` covers that case.
+    LAST_ERROR
+        .try_with(|slot| slot.borrow().as_ptr())
+        .unwrap_or(b"\0".as_ptr().cast())
+}
+
+fn panic_text(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+/// Record `err` as the last error and return its status code.
+pub(crate) fn fail(err: &Error) -> pdx_status {
+    set_last_error(err.message());
+    status_of(err.kind())
+}
+
+/// Run `body` behind the panic boundary and turn its result into a status.
+pub(crate) fn guard(function: &str, body: impl FnOnce() -> Result<()>) -> pdx_status {
+    crate::logging::init();
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => PDX_OK,
+        Ok(Err(err)) => fail(&err),
+        Err(payload) => {
+            let text = format!("{function}: internal panic: {}", panic_text(&*payload));
+            log::error!("{text}");
+            set_last_error(&text);
+            PDX_ERR_PANIC
+        }
+    }
+}
+
+/// Run `body` behind the panic boundary for a function that does not return a
+/// status; `fallback` is returned on error or panic (the error is recorded).
+pub(crate) fn guard_or<T>(function: &str, fallback: T, body: impl FnOnce() -> Result<T>) -> T {
+    crate::logging::init();
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(err)) => {
+            fail(&err);
+            fallback
+        }
+        Err(payload) => {
+            let text = format!("{function}: internal panic: {}", panic_text(&*payload));
+            log::error!("{text}");
+            set_last_error(&text);
+            fallback
+        }
+    }
+}
+
+/// A required NUL-terminated UTF-8 string argument.
+///
+/// # Safety
+/// `ptr` must be NULL or point to a NUL-terminated string valid for `'a`.
+pub(crate) unsafe fn c_str<'a>(ptr: *const c_char, what: &str) -> Result<&'a str> {
+    opt_c_str(ptr, what)?.ok_or_else(|| Error::new(ErrorKind::NullArgument, format!("{what} is NULL")))
+}
+
+/// An optional string argument: NULL gives `None`.
+///
+/// # Safety
+/// As for [`c_str`].
+pub(crate) unsafe fn opt_c_str<'a>(ptr: *const c_char, what: &str) -> Result<Option<&'a str>> {
+    if ptr.is_null() {
+        return Ok(None);
+    }
+    CStr::from_ptr(ptr)
+        .to_str()
+        .map(Some)
+        .map_err(|_| Error::new(ErrorKind::InvalidUtf8, format!("{what} is not valid UTF-8")))
+}
+
+/// A required out-param: checked before any work so that nothing is done
+/// for a call whose result could not be delivered.
+pub(crate) fn out_ptr<T>(ptr: *mut T, what: &str) -> Result<*mut T> {
+    if ptr.is_null() {
+        return Err(Error::new(ErrorKind::NullArgument, format!("{what} is NULL")));
+    }
+    if !ptr.is_aligned() {
+        return Err(Error::invalid_argument(format!("{what} is not aligned")));
+    }
+    Ok(ptr)
+}
+
+/// A C array argument of `len` elements. `len == 0` gives an empty slice
+/// whatever the pointer.
+///
+/// # Safety
+/// When `len > 0`, `ptr` must point to `len` readable elements valid for `'a`.
+pub(crate) unsafe fn c_slice<'a, T>(ptr: *const T, len: usize, what: &str) -> Result<&'a [T]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(Error::new(ErrorKind::NullArgument, format!("{what} is NULL but its length is {len}")));
+    }
+    if !ptr.is_aligned() {
+        return Err(Error::invalid_argument(format!("{what} is not aligned")));
+    }
+    if len.checked_mul(std::mem::size_of::<T>()).map_or(true, |b| b > isize::MAX as usize) {
+        return Err(Error::invalid_argument(format!("{what} length {len} is too large")));
+    }
+    Ok(std::slice::from_raw_parts(ptr, len))
+}
+
+/// Live handles of one type, keyed by the address handed to C.
+///
+/// A call looks its handle up here before touching it, so a NULL, freed,
+/// foreign or garbage pointer is refused with `PDX_ERR_INVALID_HANDLE`
+/// instead of being dereferenced. The table holds an `Arc`, so a handle freed
+/// by one thread while another thread is inside a call stays alive until that
+/// call returns.
+pub(crate) struct HandleTable<T> {
+    name: &'static str,
+    live: RwLock<Option<HashMap<usize, Arc<T>>>>,
+}
+
+impl<T> HandleTable<T> {
+    pub(crate) const fn new(name: &'static str) -> Self {
+        HandleTable { name, live: RwLock::new(None) }
+    }
+
+    /// Register `value` and return the opaque pointer for C.
+    pub(crate) fn insert<C>(&self, value: T) -> *mut C {
+        let arc = Arc::new(value);
+        let key = Arc::as_ptr(&arc) as usize;
+        self.live.write().get_or_insert_with(HashMap::new).insert(key, arc);
+        key as *mut C
+    }
+
+    /// The live object behind `ptr`.
+    pub(crate) fn get<C>(&self, ptr: *const C) -> Result<Arc<T>> {
+        if ptr.is_null() {
+            return Err(Error::new(ErrorKind::NullArgument, format!("{} handle is NULL", self.name)));
+        }
+        self.live
+            .read()
+            .as_ref()
+            .and_then(|m| m.get(&(ptr as usize)).cloned())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidHandle,
+                    format!("{} handle {ptr:p} is not live (freed, or never created by pdx)", self.name),
+                )
+            })
+    }
+
+    /// Remove `ptr`; returns the object if it was live. NULL and unknown
+    /// pointers give `None`.
+    pub(crate) fn remove<C>(&self, ptr: *const C) -> Option<Arc<T>> {
+        if ptr.is_null() {
+            return None;
+        }
+        self.live.write().as_mut().and_then(|m| m.remove(&(ptr as usize)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::status::*;
+
+    #[test]
+    fn guard_maps_errors_and_panics() {
+        assert_eq!(guard("t", || Ok(())), PDX_OK);
+        assert_eq!(guard("t", || Err(Error::value_error("boom"))), PDX_ERR_VALUE_ERROR);
+        let msg = unsafe { CStr::from_ptr(pdx_last_error_message()) };
+        assert_eq!(msg.to_str().unwrap(), "boom");
+        assert_eq!(guard("t", || panic!("kaboom")), PDX_ERR_PANIC);
+        let msg = unsafe { CStr::from_ptr(pdx_last_error_message()) };
+        assert!(msg.to_str().unwrap().contains("kaboom"));
+        assert_eq!(guard_or("t", 7u16, || panic!("x")), 7);
+    }
+
+    #[test]
+    fn last_error_is_per_thread_and_never_null() {
+        set_last_error("main thread");
+        std::thread::spawn(|| {
+            let msg = unsafe { CStr::from_ptr(pdx_last_error_message()) };
+            assert_eq!(msg.to_bytes(), b"");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn strings_and_slices_are_checked() {
+        unsafe {
+            assert_eq!(c_str(std::ptr::null(), "key").unwrap_err().kind(), ErrorKind::NullArgument);
+            assert_eq!(opt_c_str(std::ptr::null(), "v").unwrap(), None);
+            let bad = b"\xff\xfe\0";
+            assert_eq!(c_str(bad.as_ptr().cast(), "key").unwrap_err().kind(), ErrorKind::InvalidUtf8);
+            assert_eq!(c_slice::<u64>(std::ptr::null(), 0, "a").unwrap().len(), 0);
+            assert_eq!(c_slice::<u64>(std::ptr::null(), 3, "a").unwrap_err().kind(), ErrorKind::NullArgument);
+            let misaligned = (8usize + 1) as *const u64;
+            assert_eq!(c_slice(misaligned, 1, "a").unwrap_err().kind(), ErrorKind::InvalidArgument);
+            assert_eq!(c_slice(8 as *const u64, usize::MAX / 4, "a").unwrap_err().kind(), ErrorKind::InvalidArgument);
+        }
+    }
+
+    #[test]
+    fn handle_table_refuses_unknown_and_freed() {
+        struct Opaque;
+        static TABLE: HandleTable<u32> = HandleTable::new("test");
+        let p: *mut Opaque = TABLE.insert(5);
+        assert_eq!(*TABLE.get(p).unwrap(), 5);
+        assert_eq!(TABLE.get(0x1000 as *const Opaque).unwrap_err().kind(), ErrorKind::InvalidHandle);
+        assert_eq!(TABLE.get(std::ptr::null::<Opaque>()).unwrap_err().kind(), ErrorKind::NullArgument);
+        assert!(TABLE.remove(p).is_some());
+        assert!(TABLE.remove(p).is_none());
+        assert_eq!(TABLE.get(p).unwrap_err().kind(), ErrorKind::InvalidHandle);
+    }
+}

@@ -1,0 +1,11 @@
+//! The C ABI. This layer only checks and converts: every exported function
+//! runs inside [`guard`], validates its pointers and strings, calls the pure
+//! Rust core, and turns the result into a `pdx_status` plus out-params that
+//! are written only on success.
+
+#[macro_use]
+pub(crate) mod boundary;
+pub mod status;
+pub mod version;
+
+pub use status::*;

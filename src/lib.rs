@@ -1,0 +1,14 @@
+//! pdx: KV-cache transfer for prefill/decode (PD) disaggregation.
+//!
+//! Layers, in the direction data flows:
+//! - [`config`]: SGLang's PD argument rules and transport resolution (pure Rust).
+//! - [`ffi`]: the C ABI; checks and converts, then calls the core.
+//!
+//! The pure-Rust core never sees a raw C pointer except for the memory
+//! addresses that a transfer engine moves bytes between.
+
+pub mod error;
+pub mod ffi;
+pub mod logging;
+
+pub use error::{Error, ErrorKind, Result};
