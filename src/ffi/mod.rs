@@ -5,6 +5,8 @@
 
 #[macro_use]
 pub(crate) mod boundary;
+pub mod args;
+pub mod engine;
 pub mod status;
 pub mod version;
 

@@ -1,0 +1,1 @@
+//! SGLang PD-disaggregation argument rules and transport resolution (pure Rust, no C types).

@@ -1,0 +1,1 @@
+//! C ABI for arguments, normalization, IB devices and transport resolution.
