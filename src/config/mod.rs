@@ -1,1 +1,25 @@
-//! SGLang PD-disaggregation argument rules and transport resolution (pure Rust, no C types).
+//! SGLang PD-disaggregation argument rules and transport resolution (pure
+//! Rust, no C types).
+//!
+
+//! - [`args`]: the typed ServerArgs subset, set/get by field name or CLI flag.
+//! - [`argv`]: reading the PD flags out of a command line.
+//! - [`env`]: environment access with SGLang's `environ.py` rules.
+//! - [`rules`]: `handle_pd_disaggregation` in two versions, plus normalization.
+//! - [`load_balance`]: `_handle_load_balance_method`.
+//! - [`ib_device`]: IB device configuration parsing and validation.
+//! - [`transport`]: protocol / hostname / device resolution.
+//! - [`net`]: session ids and free ports.
+//! - [`message`]: the info/warning lines the rules produce.
+//! - [`py`]: Python-compatible formatting helpers for exact messages.
+
+pub mod env;
+pub mod ib_device;
+pub mod message;
+pub mod net;
+pub mod py;
+pub mod transport;
+
+pub use env::{Env, MapEnv, ProcessEnv};
+pub use message::{Level, Message};
+pub use transport::{resolve_transport, resolve_transport_from_process_env, TransportChoice};

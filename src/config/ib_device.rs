@@ -1,0 +1,399 @@
+//! InfiniBand device configuration: SGLang's `parse_ib_device_config`,
+//! `get_ib_devices_for_gpu` and `ServerArgs._validate_ib_devices`
+//! (upstream after PR #26114), with their exact messages.
+//!
+//! The sysfs directory is a parameter ([`DEFAULT_SYSFS_ROOT`] in production)
+//! so the validator can be tested without InfiniBand hardware.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::message::Message;
+use super::py;
+use crate::error::{Error, Result};
+
+/// Where Linux lists InfiniBand devices.
+pub const DEFAULT_SYSFS_ROOT: &str = "/sys/class/infiniband";
+
+/// A parsed IB device configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IbDeviceConfig {
+    /// One device string shared by all GPUs, returned as given (trimmed, not
+    /// split): `"mlx5_0,mlx5_1"`.
+    AllGpus(String),
+    /// A per-GPU mapping in the order of the JSON object; values trimmed.
+    PerGpu(Vec<(i64, String)>),
+}
+
+impl IbDeviceConfig {
+    /// The device string for `gpu_id` (`get_ib_devices_for_gpu` on a parsed
+    /// configuration). A mapping without that GPU is a `ValueError`
+    /// `No IB devices configured for GPU {gpu_id}. Available GPUs: [0, 1]`.
+    pub fn devices_for_gpu(&self, gpu_id: i64) -> Result<&str> {
+        match self {
+            IbDeviceConfig::AllGpus(s) => Ok(s),
+            IbDeviceConfig::PerGpu(map) => map.iter().find(|(g, _)| *g == gpu_id).map(|(_, d)| d.as_str()).ok_or_else(|| {
+                let keys: Vec<i64> = map.iter().map(|(g, _)| *g).collect();
+                Error::value_error(format!(
+                    "No IB devices configured for GPU {gpu_id}. Available GPUs: {}",
+                    py::repr_int_list(&keys)
+                ))
+            }),
+        }
+    }
+}
+
+const BAD_MAPPING_FORMAT: &str = "Invalid format: keys must be integers (or string representations of integers) and values must be strings";
+
+/// `parse_ib_device_config(text)`.
+///
+/// - `None` or whitespace only → `Ok(None)`.
+/// - Trimmed text that neither ends with `.json` nor starts with `{` →
+///   [`IbDeviceConfig::AllGpus`] with the trimmed text (not split).
+/// - `*.json` → the file is read as UTF-8 JSON (`RuntimeError`s
+///   `File {path} does not exist.`, `Failed to parse JSON content from file {path}`,
+///   `Failed to read JSON file {path}: {err}`).
+/// - `{...}` → inline JSON (`ValueError` `Invalid JSON mapping: {text}`).
+/// - The JSON must be an object with all-digit keys and string values
+///   (`ValueError`s `Invalid format: ...`, `No valid GPU mappings found in JSON`).
+///   Keys beyond the `i64` range are refused with the key-format message.
+pub fn parse_ib_device_config(text: Option<&str>) -> Result<Option<IbDeviceConfig>> {
+    let Some(text) = text else { return Ok(None) };
+    let input = py::strip(text);
+    if input.is_empty() {
+        return Ok(None);
+    }
+    if !input.ends_with(".json") && !input.starts_with('{') {
+        return Ok(Some(IbDeviceConfig::AllGpus(input.to_owned())));
+    }
+    let mapping: Value = if input.ends_with(".json") {
+        let path = Path::new(input);
+        if !path.is_file() {
+            return Err(Error::runtime_error(format!("File {input} does not exist.")));
+        }
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::runtime_error(format!("Failed to read JSON file {input}: {}", py_os_error(&e, input))))?;
+        let content = std::str::from_utf8(&bytes).map_err(|e| Error::value_error(py_utf8_error(&bytes, &e)))?;
+        serde_json::from_str(content)
+            .map_err(|_| Error::runtime_error(format!("Failed to parse JSON content from file {input}")))?
+    } else {
+        serde_json::from_str(input).map_err(|_| Error::value_error(format!("Invalid JSON mapping: {input}")))?
+    };
+    let Value::Object(object) = mapping else {
+        return Err(Error::value_error("Invalid format: expected a mapping from GPU id to IB device string"));
+    };
+    let mut out: Vec<(i64, String)> = Vec::new();
+    for (key, value) in &object {
+        let gpu = if !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit()) { key.parse::<i64>().ok() } else { None };
+        let (Some(gpu), Value::String(devices)) = (gpu, value) else {
+            return Err(Error::value_error(BAD_MAPPING_FORMAT));
+        };
+        let devices = py::strip(devices).to_owned();
+        // "0" and "00" are the same GPU: the later value wins, the first
+        // position stays (Python dict semantics).
+        match out.iter_mut().find(|(g, _)| *g == gpu) {
+            Some(slot) => slot.1 = devices,
+            None => out.push((gpu, devices)),
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::value_error("No valid GPU mappings found in JSON"));
+    }
+    Ok(Some(IbDeviceConfig::PerGpu(out)))
+}
+
+/// `get_ib_devices_for_gpu(text, gpu_id)`: `None` when nothing is
+/// configured, the shared string, or the mapping's entry for `gpu_id`.
+pub fn get_ib_devices_for_gpu(text: Option<&str>, gpu_id: i64) -> Result<Option<String>> {
+    match parse_ib_device_config(text)? {
+        None => Ok(None),
+        Some(cfg) => cfg.devices_for_gpu(gpu_id).map(|s| Some(s.to_owned())),
+    }
+}
+
+/// Result of [`validate_ib_devices`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IbValidation {
+    /// `None` (auto discovery), a comma-joined device list, or a compact
+    /// JSON mapping `{"0":"mlx5_0,mlx5_1","1":"mlx5_2"}`.
+    pub devices: Option<String>,
+    /// Warnings (no devices given; duplicates removed).
+    pub messages: Vec<Message>,
+}
+
+/// `ServerArgs._validate_ib_devices(text)` against the device directory
+/// `sysfs_root` (normally [`DEFAULT_SYSFS_ROOT`]).
+///
+/// Order of checks, as upstream: `None` → warning and `None`; empty after
+/// trimming → `ValueError` `No valid IB devices specified`; the sysfs
+/// directory must exist and be non-empty (`RuntimeError`s) before the text
+/// is parsed; then each device group is split on `,`, trimmed, deduplicated
+/// (warning) and checked against the directory entries.
+pub fn validate_ib_devices(text: Option<&str>, sysfs_root: &Path) -> Result<IbValidation> {
+    let mut messages = Vec::new();
+    let Some(text) = text else {
+        messages.push(Message::warning("No IB devices specified for Mooncake backend, falling back to auto discovery."));
+        return Ok(IbValidation { devices: None, messages });
+    };
+    let input = py::strip(text);
+    if input.is_empty() {
+        return Err(Error::value_error("No valid IB devices specified"));
+    }
+    let root = sysfs_root.display().to_string();
+    if !sysfs_root.is_dir() {
+        return Err(Error::runtime_error(format!(
+            "InfiniBand sysfs path not found: {root}. Please ensure InfiniBand drivers are installed."
+        )));
+    }
+    let mut available: Vec<String> = std::fs::read_dir(sysfs_root)
+        .map_err(|e| Error::runtime_error(format!("Failed to list {root}: {}", py_os_error(&e, &root))))?
+        .filter_map(|entry| entry.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    if available.is_empty() {
+        return Err(Error::runtime_error(format!("No IB devices found in {root}")));
+    }
+    available.sort();
+    available.dedup();
+
+    let normalize_group = |raw: &str, context: &str, messages: &mut Vec<Message>| -> Result<String> {
+        let devices: Vec<&str> = raw.split(',').map(py::strip).filter(|d| !d.is_empty()).collect();
+        if devices.is_empty() {
+            return Err(Error::value_error(format!("No valid IB devices specified for {context}")));
+        }
+        let mut unique: Vec<&str> = Vec::new();
+        for d in &devices {
+            if !unique.contains(d) {
+                unique.push(d);
+            }
+        }
+        if unique.len() != devices.len() {
+            messages.push(Message::warning(format!(
+                "Duplicate IB devices specified for {context}: {raw}. Deduplicating to: {}",
+                unique.join(",")
+            )));
+        }
+        let invalid: Vec<&str> = unique.iter().copied().filter(|d| available.binary_search_by(|a| a.as_str().cmp(d)).is_err()).collect();
+        if !invalid.is_empty() {
+            return Err(Error::value_error(format!(
+                "Invalid IB devices specified for {context}: {}. Available devices: {}",
+                py::repr_str_list(&invalid),
+                py::repr_str_list(&available)
+            )));
+        }
+        Ok(unique.join(","))
+    };
+
+    match parse_ib_device_config(Some(input))? {
+        None => unreachable!("non-empty input always parses to Some"),
+        Some(IbDeviceConfig::AllGpus(_)) => {
+            let devices = normalize_group(input, "all GPUs", &mut messages)?;
+            Ok(IbValidation { devices: Some(devices), messages })
+        }
+        Some(IbDeviceConfig::PerGpu(map)) => {
+            let mut parts = Vec::with_capacity(map.len());
+            for (gpu, devices) in &map {
+                let key = gpu.to_string();
+                let normalized = normalize_group(devices, &format!("GPU {key}"), &mut messages)?;
+                parts.push(format!("{}:{}", py::json_string(&key), py::json_string(&normalized)));
+            }
+            if parts.is_empty() {
+                return Err(Error::value_error("No valid GPU mappings found in IB device JSON"));
+            }
+            Ok(IbValidation { devices: Some(format!("{{{}}}", parts.join(","))), messages })
+        }
+    }
+}
+
+/// Python's `str(OSError)`: `[Errno 13] Permission denied: 'path'`.
+fn py_os_error(err: &std::io::Error, path: &str) -> String {
+    match err.raw_os_error() {
+        Some(code) => {
+            let text = std::io::Error::from_raw_os_error(code).to_string();
+            let text = text.split(" (os error").next().unwrap_or(&text).to_owned();
+            format!("[Errno {code}] {text}: {}", py::repr_str(path))
+        }
+        None => err.to_string(),
+    }
+}
+
+/// Python's `UnicodeDecodeError` text for a file that is not UTF-8 (upstream
+/// lets this `ValueError` subclass escape unchanged).
+fn py_utf8_error(bytes: &[u8], err: &std::str::Utf8Error) -> String {
+    let pos = err.valid_up_to();
+    let byte = bytes[pos];
+    let reason = match err.error_len() {
+        None => "unexpected end of data",
+        Some(_) if (0x80..0xc2).contains(&byte) || byte >= 0xf5 => "invalid start byte",
+        Some(_) => "invalid continuation byte",
+    };
+    format!("'utf-8' codec can't decode byte 0x{byte:02x} in position {pos}: {reason}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn fake_sysfs(devices: &[&str]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for d in devices {
+            std::fs::create_dir(dir.path().join(d)).unwrap();
+        }
+        dir
+    }
+
+    fn mlx() -> tempfile::TempDir {
+        fake_sysfs(&["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"])
+    }
+
+    #[test]
+    fn parse_none_blank_and_plain() {
+        assert_eq!(parse_ib_device_config(None).unwrap(), None);
+        assert_eq!(parse_ib_device_config(Some("  \t")).unwrap(), None);
+        assert_eq!(
+            parse_ib_device_config(Some(" mlx5_0, mlx5_1 ")).unwrap(),
+            Some(IbDeviceConfig::AllGpus("mlx5_0, mlx5_1".into()))
+        );
+    }
+
+    #[test]
+    fn parse_inline_mapping_keeps_order_and_trims_values() {
+        let cfg = parse_ib_device_config(Some(r#"{"1": " mlx5_2 ", "0": "mlx5_0, mlx5_1", "01": "x"}"#)).unwrap().unwrap();
+        assert_eq!(cfg, IbDeviceConfig::PerGpu(vec![(1, "x".into()), (0, "mlx5_0, mlx5_1".into())]));
+    }
+
+    #[test]
+    fn parse_errors_have_upstream_texts() {
+        let err = |s: &str| parse_ib_device_config(Some(s)).unwrap_err();
+        let e = err("{not json");
+        assert_eq!((e.kind(), e.message()), (ErrorKind::ValueError, "Invalid JSON mapping: {not json"));
+        assert_eq!(err("{}").message(), "No valid GPU mappings found in JSON");
+        assert_eq!(err(r#"{"a": "mlx5_0"}"#).message(), BAD_MAPPING_FORMAT);
+        assert_eq!(err(r#"{"-1": "mlx5_0"}"#).message(), BAD_MAPPING_FORMAT);
+        assert_eq!(err(r#"{"0": 5}"#).message(), BAD_MAPPING_FORMAT);
+        let e = err("/nonexistent/pdx/ib.json");
+        assert_eq!((e.kind(), e.message()), (ErrorKind::RuntimeError, "File /nonexistent/pdx/ib.json does not exist."));
+    }
+
+    #[test]
+    fn parse_json_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("ib.json");
+        std::fs::write(&good, r#"{"0": "mlx5_0, mlx5_1", "1": "mlx5_2"}"#).unwrap();
+        let cfg = parse_ib_device_config(Some(good.to_str().unwrap())).unwrap().unwrap();
+        assert_eq!(cfg, IbDeviceConfig::PerGpu(vec![(0, "mlx5_0, mlx5_1".into()), (1, "mlx5_2".into())]));
+
+        let list = dir.path().join("list.json");
+        std::fs::write(&list, "[1, 2]").unwrap();
+        let e = parse_ib_device_config(Some(list.to_str().unwrap())).unwrap_err();
+        assert_eq!(e.message(), "Invalid format: expected a mapping from GPU id to IB device string");
+
+        let bad = dir.path().join("bad.json");
+        std::fs::write(&bad, "{oops").unwrap();
+        let e = parse_ib_device_config(Some(bad.to_str().unwrap())).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::RuntimeError);
+        assert_eq!(e.message(), format!("Failed to parse JSON content from file {}", bad.display()));
+
+        let latin1 = dir.path().join("latin1.json");
+        std::fs::write(&latin1, b"{\"0\": \"\xe9\"}").unwrap();
+        let e = parse_ib_device_config(Some(latin1.to_str().unwrap())).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueError);
+        assert_eq!(e.message(), "'utf-8' codec can't decode byte 0xe9 in position 7: invalid continuation byte");
+
+        // A directory named *.json is not a file.
+        let d = dir.path().join("dir.json");
+        std::fs::create_dir(&d).unwrap();
+        assert_eq!(
+            parse_ib_device_config(Some(d.to_str().unwrap())).unwrap_err().message(),
+            format!("File {} does not exist.", d.display())
+        );
+    }
+
+    #[test]
+    fn devices_for_gpu() {
+        assert_eq!(get_ib_devices_for_gpu(None, 0).unwrap(), None);
+        assert_eq!(get_ib_devices_for_gpu(Some("mlx5_0,mlx5_1"), 7).unwrap().as_deref(), Some("mlx5_0,mlx5_1"));
+        let map = r#"{"0": "mlx5_0", "1": "mlx5_1"}"#;
+        assert_eq!(get_ib_devices_for_gpu(Some(map), 1).unwrap().as_deref(), Some("mlx5_1"));
+        let e = get_ib_devices_for_gpu(Some(map), 2).unwrap_err();
+        assert_eq!((e.kind(), e.message()), (ErrorKind::ValueError, "No IB devices configured for GPU 2. Available GPUs: [0, 1]"));
+    }
+
+    // Ported from SGLang's TestServerArgsIBDeviceValidation.
+    #[test]
+    fn upstream_comma_list_is_normalized() {
+        let sys = mlx();
+        let v = validate_ib_devices(Some("mlx5_0, mlx5_1"), sys.path()).unwrap();
+        assert_eq!(v.devices.as_deref(), Some("mlx5_0,mlx5_1"));
+        assert!(v.messages.is_empty());
+    }
+
+    #[test]
+    fn upstream_json_mapping_is_normalized() {
+        let sys = mlx();
+        let v = validate_ib_devices(Some(r#"{"0": "mlx5_0, mlx5_1", "1": "mlx5_2, mlx5_3"}"#), sys.path()).unwrap();
+        assert_eq!(v.devices.as_deref(), Some(r#"{"0":"mlx5_0,mlx5_1","1":"mlx5_2,mlx5_3"}"#));
+    }
+
+    #[test]
+    fn upstream_json_file_is_normalized() {
+        let sys = mlx();
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("ib.json");
+        std::fs::write(&f, r#"{"0": "mlx5_0, mlx5_1", "1": "mlx5_2"}"#).unwrap();
+        let v = validate_ib_devices(Some(f.to_str().unwrap()), sys.path()).unwrap();
+        assert_eq!(v.devices.as_deref(), Some(r#"{"0":"mlx5_0,mlx5_1","1":"mlx5_2"}"#));
+    }
+
+    #[test]
+    fn validate_none_warns() {
+        let v = validate_ib_devices(None, Path::new("/nonexistent")).unwrap();
+        assert_eq!(v.devices, None);
+        assert_eq!(v.messages, vec![Message::warning("No IB devices specified for Mooncake backend, falling back to auto discovery.")]);
+    }
+
+    #[test]
+    fn validate_errors_in_upstream_order() {
+        let sys = mlx();
+        let e = validate_ib_devices(Some("   "), Path::new("/nonexistent")).unwrap_err();
+        assert_eq!((e.kind(), e.message()), (ErrorKind::ValueError, "No valid IB devices specified"));
+        // sysfs is checked before the text is parsed.
+        let e = validate_ib_devices(Some("{bad"), Path::new("/nonexistent/ib")).unwrap_err();
+        assert_eq!(
+            (e.kind(), e.message()),
+            (ErrorKind::RuntimeError, "InfiniBand sysfs path not found: /nonexistent/ib. Please ensure InfiniBand drivers are installed.")
+        );
+        let empty = fake_sysfs(&[]);
+        let e = validate_ib_devices(Some("mlx5_0"), empty.path()).unwrap_err();
+        assert_eq!(e.message(), format!("No IB devices found in {}", empty.path().display()));
+        assert_eq!(validate_ib_devices(Some("{bad"), sys.path()).unwrap_err().message(), "Invalid JSON mapping: {bad");
+        assert_eq!(validate_ib_devices(Some(" , ,"), sys.path()).unwrap_err().message(), "No valid IB devices specified for all GPUs");
+        assert_eq!(
+            validate_ib_devices(Some(r#"{"3": " "}"#), sys.path()).unwrap_err().message(),
+            "No valid IB devices specified for GPU 3"
+        );
+        assert_eq!(
+            validate_ib_devices(Some("mlx5_0,mlx5_9,ib0"), sys.path()).unwrap_err().message(),
+            "Invalid IB devices specified for all GPUs: ['mlx5_9', 'ib0']. Available devices: ['mlx5_0', 'mlx5_1', 'mlx5_2', 'mlx5_3']"
+        );
+        assert_eq!(
+            validate_ib_devices(Some(r#"{"0": "mlx5_0", "1": "mlx5_7"}"#), sys.path()).unwrap_err().message(),
+            "Invalid IB devices specified for GPU 1: ['mlx5_7']. Available devices: ['mlx5_0', 'mlx5_1', 'mlx5_2', 'mlx5_3']"
+        );
+    }
+
+    #[test]
+    fn validate_deduplicates_with_warning() {
+        let sys = mlx();
+        let v = validate_ib_devices(Some(" mlx5_1, mlx5_0,mlx5_1 "), sys.path()).unwrap();
+        assert_eq!(v.devices.as_deref(), Some("mlx5_1,mlx5_0"));
+        assert_eq!(
+            v.messages,
+            vec![Message::warning("Duplicate IB devices specified for all GPUs: mlx5_1, mlx5_0,mlx5_1. Deduplicating to: mlx5_1,mlx5_0")]
+        );
+        let v = validate_ib_devices(Some(r#"{"2": "mlx5_2,mlx5_2"}"#), sys.path()).unwrap();
+        assert_eq!(v.devices.as_deref(), Some(r#"{"2":"mlx5_2"}"#));
+        assert_eq!(v.messages[0].text, "Duplicate IB devices specified for GPU 2: mlx5_2,mlx5_2. Deduplicating to: mlx5_2");
+    }
+}
