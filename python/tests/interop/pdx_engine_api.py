@@ -1,0 +1,187 @@
+"""The slice of pdx's engine C ABI that the interop tests use, declared here with ctypes.
+
+This deliberately does not depend on the engine wrapper in python/pdx.py: it
+opens its own ctypes handle on the same libpdx.so (found by pdx.py), so the
+argtypes declared here never clash with the ones pdx.py sets, and the tests
+call exactly the C functions of the planned ABI. Methods return the raw
+`pdx_status` (0 ok, negative error) so tests can check exact codes; the last
+error text comes from `pdx.last_error()`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from ctypes import POINTER, byref, c_char_p, c_int32, c_size_t, c_uint16, c_uint32, c_uint64, c_void_p
+from pathlib import Path
+
+_PYTHON_DIR = Path(__file__).resolve().parents[2]
+if str(_PYTHON_DIR) not in sys.path:
+    sys.path.insert(0, str(_PYTHON_DIR))
+
+import pdx  # noqa: E402  (python/pdx.py: finds and loads libpdx.so)
+
+PDX_OK = 0
+PDX_ERR_TIMEOUT = -18
+PDX_ERR_REMOTE_REJECTED = -16
+OPCODE_READ = 0
+OPCODE_WRITE = 1
+
+_ENGINE_FUNCTIONS = [
+    ("pdx_engine_init", c_int32, [c_char_p, c_char_p, c_char_p, POINTER(c_void_p)]),
+    ("pdx_engine_free", None, [c_void_p]),
+    ("pdx_engine_session_id", c_char_p, [c_void_p]),
+    ("pdx_engine_rpc_port", c_uint16, [c_void_p]),
+    ("pdx_engine_protocol", c_char_p, [c_void_p]),
+    ("pdx_register_memory", c_int32, [c_void_p, c_void_p, c_size_t]),
+    ("pdx_unregister_memory", c_int32, [c_void_p, c_void_p]),
+    ("pdx_batch_register_memory", c_int32, [c_void_p, POINTER(c_void_p), POINTER(c_size_t), c_size_t]),
+    ("pdx_batch_unregister_memory", c_int32, [c_void_p, POINTER(c_void_p), c_size_t]),
+    ("pdx_transfer_sync_write", c_int32, [c_void_p, c_char_p, c_void_p, c_uint64, c_size_t]),
+    ("pdx_transfer_sync_read", c_int32, [c_void_p, c_char_p, c_void_p, c_uint64, c_size_t]),
+    ("pdx_batch_transfer_sync_write", c_int32,
+     [c_void_p, c_char_p, POINTER(c_void_p), POINTER(c_uint64), POINTER(c_size_t), c_size_t]),
+    ("pdx_batch_transfer_sync_read", c_int32,
+     [c_void_p, c_char_p, POINTER(c_void_p), POINTER(c_uint64), POINTER(c_size_t), c_size_t]),
+    ("pdx_send_probe", c_int32, [c_void_p, c_char_p]),
+    ("pdx_send_notify", c_int32, [c_void_p, c_char_p, c_char_p, c_char_p]),
+    ("pdx_notifications_drain", c_int32, [c_void_p, POINTER(c_void_p)]),
+    ("pdx_notifications_count", c_size_t, [c_void_p]),
+    ("pdx_notification_get", c_int32, [c_void_p, c_size_t, POINTER(c_char_p), POINTER(c_char_p)]),
+    ("pdx_notifications_free", None, [c_void_p]),
+    ("pdx_batch_submit", c_int32,
+     [c_void_p, c_char_p, c_int32, POINTER(c_void_p), POINTER(c_uint64), POINTER(c_size_t), c_size_t,
+      c_char_p, c_char_p, POINTER(c_uint64)]),
+    ("pdx_batch_wait", c_int32, [c_void_p, c_uint64, c_uint32, POINTER(c_int32)]),
+    ("pdx_batch_free", c_int32, [c_void_p, c_uint64]),
+]
+
+
+def has_engine_api() -> bool:
+    """True when the loaded libpdx.so exports the engine ABI."""
+    return hasattr(pdx.lib, "pdx_engine_init")
+
+
+def missing_functions() -> list[str]:
+    return [name for name, _, _ in _ENGINE_FUNCTIONS if not hasattr(pdx.lib, name)]
+
+
+def load() -> ctypes.CDLL:
+    """A private ctypes handle on libpdx.so with the engine functions declared."""
+    lib = ctypes.CDLL(pdx.lib._name)
+    missing = missing_functions()
+    if missing:
+        raise OSError(f"libpdx.so lacks {', '.join(missing)}")
+    for name, restype, argtypes in _ENGINE_FUNCTIONS:
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+def _b(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
+
+
+def _arrays(locals_, remotes, lens):
+    n = len(locals_)
+    return (
+        (c_void_p * n)(*locals_),
+        (c_uint64 * n)(*remotes),
+        (c_size_t * n)(*lens),
+        n,
+    )
+
+
+class Engine:
+    """A pdx engine. Methods return the raw status code; `last_error()` explains failures."""
+
+    def __init__(self, hostname: str = "127.0.0.1", protocol: str | None = "tcp", device: str | None = ""):
+        self.lib = load()
+        handle = c_void_p()
+        status = self.lib.pdx_engine_init(_b(hostname), _b(protocol), _b(device), byref(handle))
+        if status != PDX_OK or not handle.value:
+            raise RuntimeError(f"pdx_engine_init failed: status {status}: {pdx.last_error()}")
+        self.handle = handle
+
+    @staticmethod
+    def last_error() -> str:
+        return pdx.last_error()
+
+    def close(self):
+        if self.handle:
+            self.lib.pdx_engine_free(self.handle)
+            self.handle = None
+
+    def session_id(self) -> str:
+        return self.lib.pdx_engine_session_id(self.handle).decode()
+
+    def rpc_port(self) -> int:
+        return int(self.lib.pdx_engine_rpc_port(self.handle))
+
+    def protocol(self) -> str:
+        return self.lib.pdx_engine_protocol(self.handle).decode()
+
+    def register_memory(self, addr: int, length: int) -> int:
+        return self.lib.pdx_register_memory(self.handle, addr, length)
+
+    def unregister_memory(self, addr: int) -> int:
+        return self.lib.pdx_unregister_memory(self.handle, addr)
+
+    def batch_register_memory(self, addrs, lens) -> int:
+        n = len(addrs)
+        return self.lib.pdx_batch_register_memory(self.handle, (c_void_p * n)(*addrs), (c_size_t * n)(*lens), n)
+
+    def batch_unregister_memory(self, addrs) -> int:
+        n = len(addrs)
+        return self.lib.pdx_batch_unregister_memory(self.handle, (c_void_p * n)(*addrs), n)
+
+    def transfer_sync_write(self, session: str, local: int, remote: int, length: int) -> int:
+        return self.lib.pdx_transfer_sync_write(self.handle, _b(session), local, remote, length)
+
+    def transfer_sync_read(self, session: str, local: int, remote: int, length: int) -> int:
+        return self.lib.pdx_transfer_sync_read(self.handle, _b(session), local, remote, length)
+
+    def batch_transfer_sync_write(self, session: str, locals_, remotes, lens) -> int:
+        return self.lib.pdx_batch_transfer_sync_write(self.handle, _b(session), *_arrays(locals_, remotes, lens))
+
+    def batch_transfer_sync_read(self, session: str, locals_, remotes, lens) -> int:
+        return self.lib.pdx_batch_transfer_sync_read(self.handle, _b(session), *_arrays(locals_, remotes, lens))
+
+    def send_probe(self, session: str) -> int:
+        return self.lib.pdx_send_probe(self.handle, _b(session))
+
+    def send_notify(self, session: str, name: str, msg: str) -> int:
+        return self.lib.pdx_send_notify(self.handle, _b(session), _b(name), _b(msg))
+
+    def drain_notifications(self) -> tuple[int, list[tuple[str, str]]]:
+        out = c_void_p()
+        status = self.lib.pdx_notifications_drain(self.handle, byref(out))
+        if status != PDX_OK:
+            return status, []
+        pairs = []
+        try:
+            for i in range(self.lib.pdx_notifications_count(out)):
+                name, msg = c_char_p(), c_char_p()
+                status = self.lib.pdx_notification_get(out, i, byref(name), byref(msg))
+                if status != PDX_OK:
+                    return status, pairs
+                pairs.append(((name.value or b"").decode(), (msg.value or b"").decode()))
+        finally:
+            self.lib.pdx_notifications_free(out)
+        return PDX_OK, pairs
+
+    def batch_submit(self, session: str, opcode: int, locals_, remotes, lens,
+                     notify_name: str | None = None, notify_msg: str | None = None) -> tuple[int, int]:
+        batch = c_uint64(0)
+        status = self.lib.pdx_batch_submit(self.handle, _b(session), opcode, *_arrays(locals_, remotes, lens),
+                                           _b(notify_name), _b(notify_msg), byref(batch))
+        return status, batch.value
+
+    def batch_wait(self, batch: int, timeout_ms: int) -> tuple[int, int]:
+        state = c_int32(-1)
+        status = self.lib.pdx_batch_wait(self.handle, batch, timeout_ms, byref(state))
+        return status, state.value
+
+    def batch_free(self, batch: int) -> int:
+        return self.lib.pdx_batch_free(self.handle, batch)
