@@ -1,7 +1,7 @@
 //! SGLang PD-disaggregation argument rules and transport resolution (pure
 //! Rust, no C types).
 //!
-
+//! - [`choices`]: backend / mode / load-balance choice lists.
 //! - [`args`]: the typed ServerArgs subset, set/get by field name or CLI flag.
 //! - [`argv`]: reading the PD flags out of a command line.
 //! - [`env`]: environment access with SGLang's `environ.py` rules.
@@ -13,13 +13,21 @@
 //! - [`message`]: the info/warning lines the rules produce.
 //! - [`py`]: Python-compatible formatting helpers for exact messages.
 
+pub mod args;
+pub mod argv;
+pub mod choices;
 pub mod env;
 pub mod ib_device;
+pub mod load_balance;
 pub mod message;
 pub mod net;
 pub mod py;
+pub mod rules;
 pub mod transport;
 
+pub use args::{RuleSet, ServerArgs};
+pub use argv::parse_argv;
 pub use env::{Env, MapEnv, ProcessEnv};
 pub use message::{Level, Message};
+pub use rules::normalize;
 pub use transport::{resolve_transport, resolve_transport_from_process_env, TransportChoice};
