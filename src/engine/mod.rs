@@ -1,1 +1,349 @@
-//! The native TCP transfer engine, wire-compatible with Mooncake (pure Rust, no C types).
+//! The native TCP transfer engine, wire-compatible with Mooncake's TCP
+//! transport in P2PHANDSHAKE mode (pure Rust, no C types).
+//!
+//! An [`Engine`] serves two listeners (handshake and data, see [`server`]),
+//! keeps the memory peers may touch ([`regions`]), and initiates transfers
+//! to peers by session name ([`peers`], [`transfer`], [`batch`]).
+//! "Completed" always means confirmed at the target: v2 acknowledgements, or
+//! for v1 peers a fence read after the writes.
+
+mod batch;
+mod conn;
+pub mod descriptor;
+mod notify;
+mod peers;
+pub mod regions;
+mod registry;
+mod server;
+pub mod settings;
+mod transfer;
+pub mod wire;
+mod workers;
+
+#[cfg(test)]
+mod tests;
+
+use std::net::{IpAddr, TcpListener, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+pub use batch::{BatchSummary, TaskSummary, STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
+pub use transfer::Request;
+pub use wire::Direction;
+
+use crate::error::{Error, ErrorKind, Result};
+use batch::{BatchRun, BatchTable};
+use notify::Notifications;
+use peers::{Peer, Peers, SessionAddr};
+use regions::Regions;
+use registry::Registry;
+use server::Plane;
+use settings::Settings;
+use wire::FrameType;
+use workers::Workers;
+
+/// A random 64-bit value (for port picking), from std's per-process keys.
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos() ^ u128::from(std::process::id()));
+    h.finish() | 1
+}
+
+/// Who we are on the network.
+pub(crate) struct Identity {
+    pub session_id: String,
+    pub data_host: String,
+    pub rpc_port: u16,
+    pub data_port: u16,
+}
+
+/// State shared by the engine's threads.
+pub(crate) struct Inner {
+    pub settings: Settings,
+    pub identity: Identity,
+    pub registry: Arc<Registry>,
+    pub regions: Regions,
+    pub notifications: Notifications,
+    pub peers: Peers,
+    pub workers: Arc<Workers>,
+    pub batches: BatchTable,
+}
+
+/// A running engine. Dropping it (or calling [`Engine::stop`]) stops the
+/// listeners, fails what is in flight and joins every thread it started.
+pub struct Engine {
+    inner: Arc<Inner>,
+    listeners: Mutex<Vec<TcpListener>>,
+}
+
+fn bind_ip(hostname: &str, settings: &Settings) -> Result<IpAddr> {
+    if let Some(addr) = &settings.bind_address {
+        return addr
+            .parse::<IpAddr>()
+            .map_err(|_| Error::invalid_argument(format!("PDX_BIND_ADDRESS={addr:?} is not an IP address")));
+    }
+    let bare = crate::config::net::strip_brackets(hostname);
+    (bare, 0)
+        .to_socket_addrs()
+        .map_err(|e| Error::invalid_argument(format!("cannot resolve hostname {hostname:?}: {e}")))?
+        .map(|a| a.ip())
+        .next()
+        .ok_or_else(|| Error::invalid_argument(format!("hostname {hostname:?} resolves to no address")))
+}
+
+impl Engine {
+    /// Start an engine on `hostname` (a name or IP literal; any `:port` is
+    /// ignored as Mooncake does in P2P mode) with settings from the
+    /// environment.
+    pub fn start(hostname: &str) -> Result<Engine> {
+        Self::start_with(hostname, Settings::from_env())
+    }
+
+    /// Start with explicit settings.
+    pub fn start_with(hostname: &str, settings: Settings) -> Result<Engine> {
+        let host = host_part(hostname)?;
+        let ip = bind_ip(&host, &settings)?;
+        let rpc = server::bind_in_range(ip, settings.min_port, settings.max_port)?;
+        let data = server::bind_in_range(ip, settings.min_data_port, settings.max_data_port)?;
+        let port_of = |l: &TcpListener| l.local_addr().map(|a| a.port()).map_err(|e| Error::io(e.to_string()));
+        let (rpc_port, data_port) = (port_of(&rpc)?, port_of(&data)?);
+        let bare = crate::config::net::strip_brackets(&host).to_owned();
+        let identity = Identity {
+            session_id: crate::config::net::session_id(&bare, rpc_port),
+            data_host: bare,
+            rpc_port,
+            data_port,
+        };
+        let workers = Arc::new(Workers::default());
+        let inner = Arc::new(Inner {
+            notifications: Notifications::new(settings.max_queued_notifications),
+            identity,
+            registry: Arc::new(Registry::default()),
+            regions: Regions::default(),
+            peers: Peers::default(),
+            workers: workers.clone(),
+            batches: BatchTable::default(),
+            settings,
+        });
+        let clone = |l: &TcpListener| l.try_clone().map_err(|e| Error::io(format!("listener: {e}")));
+        let engine = Engine { listeners: Mutex::new(vec![clone(&rpc)?, clone(&data)?]), inner: inner.clone() };
+        // From here on, `engine` dropping on error stops what was started.
+        workers
+            .start(&inner.registry, inner.settings.workers)
+            .map_err(|e| Error::io(format!("cannot start worker threads: {e}")))?;
+        for (listener, plane, name) in [(rpc, Plane::Handshake, "pdx-rpc-accept"), (data, Plane::Data, "pdx-data-accept")] {
+            let inner2 = inner.clone();
+            inner
+                .registry
+                .spawn(name.to_owned(), move || server::accept_loop(inner2, listener, plane))
+                .map_err(|e| Error::io(format!("cannot start listener thread: {e}")))?;
+        }
+        log::info!("pdx tcp engine {} up (data port {data_port})", inner.identity.session_id);
+        Ok(engine)
+    }
+
+    /// `host:rpc_port` (IPv6 bracketed): the name peers use for us.
+    pub fn session_id(&self) -> &str {
+        &self.inner.identity.session_id
+    }
+
+    pub fn rpc_port(&self) -> u16 {
+        self.inner.identity.rpc_port
+    }
+
+    pub fn data_port(&self) -> u16 {
+        self.inner.identity.data_port
+    }
+
+    /// Let peers read and write `[addr, addr+len)`. Refuses zero lengths and
+    /// overlaps with registered regions.
+    pub fn register(&self, addr: u64, len: u64) -> Result<()> {
+        self.inner.regions.register_all(&[(addr, len)])
+    }
+
+    /// Register several regions, all or none.
+    pub fn register_batch(&self, regions: &[(u64, u64)]) -> Result<()> {
+        self.inner.regions.register_all(regions)
+    }
+
+    /// Withdraw the region starting at `addr`; returns once no inbound
+    /// request touches it.
+    pub fn unregister(&self, addr: u64) -> Result<()> {
+        self.unregister_batch(&[addr])
+    }
+
+    /// Withdraw several regions, all or none.
+    pub fn unregister_batch(&self, addrs: &[u64]) -> Result<()> {
+        let drain = self.inner.settings.progress_timeout + Duration::from_secs(1);
+        self.inner.regions.unregister_all(addrs, drain)
+    }
+
+    fn check_running(&self) -> Result<()> {
+        if self.inner.registry.stopping() {
+            return Err(Error::new(ErrorKind::Shutdown, "engine is shutting down"));
+        }
+        Ok(())
+    }
+
+    fn check_requests(reqs: &[Request]) -> Result<()> {
+        for (i, r) in reqs.iter().enumerate() {
+            if r.len > 0 && r.local == 0 {
+                return Err(Error::new(ErrorKind::NullArgument, format!("request {i}: local address is NULL")));
+            }
+            if r.local.checked_add(r.len).is_none() || r.remote.checked_add(r.len as u64).is_none() {
+                return Err(Error::invalid_argument(format!("request {i}: address + length overflows")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Move every request and return when each is confirmed at the target
+    /// (or failed). Returns the first failure, with a count.
+    ///
+    /// # Safety
+    /// Each request's local range must be valid (readable for writes,
+    /// writable for reads) until this returns.
+    pub unsafe fn transfer_sync(&self, session: &str, direction: Direction, reqs: Vec<Request>) -> Result<()> {
+        self.check_running()?;
+        Self::check_requests(&reqs)?;
+        let run = BatchRun::new(&self.inner.settings, session, direction, reqs, None);
+        run.start(&self.inner, true);
+        run.wait_until(None);
+        run.outcome()
+    }
+
+    /// Start a batch and return its id (never 0). `notify` is sent to the
+    /// peer after every request completed.
+    ///
+    /// # Safety
+    /// Each request's local range must stay valid until the batch is done.
+    pub unsafe fn submit(
+        &self,
+        session: &str,
+        direction: Direction,
+        reqs: Vec<Request>,
+        notify: Option<(String, String)>,
+    ) -> Result<u64> {
+        self.check_running()?;
+        Self::check_requests(&reqs)?;
+        let run = BatchRun::new(&self.inner.settings, session, direction, reqs, notify);
+        let id = self.inner.batches.insert(run.clone())?;
+        run.start(&self.inner, false);
+        Ok(id)
+    }
+
+    pub fn batch_summary(&self, id: u64) -> Result<BatchSummary> {
+        Ok(self.inner.batches.get(id)?.summary())
+    }
+
+    pub fn task_summary(&self, id: u64, task: usize) -> Result<TaskSummary> {
+        self.inner.batches.get(id)?.task(task)
+    }
+
+    /// Wait up to `timeout` for the batch to finish; returns its summary, or
+    /// `Timeout` while tasks are still in flight.
+    pub fn batch_wait(&self, id: u64, timeout: Duration) -> Result<BatchSummary> {
+        let run = self.inner.batches.get(id)?;
+        let deadline = Instant::now().checked_add(timeout);
+        if !run.wait_until(deadline) {
+            let s = run.summary();
+            return Err(Error::timeout(format!(
+                "batch {id:#x} not finished after {timeout:?}: {} of {} tasks still in flight",
+                s.total - s.completed - s.failed,
+                s.total
+            )));
+        }
+        Ok(run.summary())
+    }
+
+    /// The failure of a finished batch (`Ok` if all completed).
+    pub fn batch_outcome(&self, id: u64) -> Result<()> {
+        self.inner.batches.get(id)?.outcome()
+    }
+
+    /// The error of the batch's notification, if it was requested and failed
+    /// (the transfers themselves still count as completed, as in Mooncake).
+    pub fn batch_notify_error(&self, id: u64) -> Result<Option<Error>> {
+        Ok(self.inner.batches.get(id)?.notify_error())
+    }
+
+    /// Free a finished batch; `Busy` while tasks are in flight.
+    pub fn batch_free(&self, id: u64) -> Result<()> {
+        self.inner.batches.remove(id)
+    }
+
+    /// Ask the peer whether it is alive (a Probe exchange).
+    pub fn probe(&self, session: &str) -> Result<()> {
+        self.check_running()?;
+        let addr = peers::parse_session(session, self.inner.settings.default_handshake_port)?;
+        let reply = peers::exchange_json(&self.inner.settings, &addr, FrameType::Probe, "{}")?;
+        match reply.get("status").and_then(Value::as_str) {
+            Some("success") => Ok(()),
+            _ => Err(Error::protocol(format!("probe of {session} answered {reply}"))),
+        }
+    }
+
+    /// Send a notification to the peer (to the `name` in its descriptor).
+    pub fn notify(&self, session: &str, name: &str, msg: &str) -> Result<()> {
+        self.check_running()?;
+        let peer = self.inner.peers.get(&self.inner, session)?;
+        send_notify_to(&self.inner, &peer, name, msg)
+    }
+
+    /// Take every notification received so far, oldest first.
+    pub fn drain_notifications(&self) -> Vec<(String, String)> {
+        self.inner.notifications.drain()
+    }
+
+    /// Stop listeners, fail in-flight work, join every thread. Idempotent.
+    pub fn stop(&self) {
+        let listeners = std::mem::take(&mut *self.listeners.lock());
+        if listeners.is_empty() {
+            return;
+        }
+        self.inner.registry.begin_stop();
+        for l in &listeners {
+            server::wake_listener(l);
+        }
+        self.inner.workers.close();
+        self.inner.registry.join_all();
+        log::info!("pdx tcp engine {} stopped", self.inner.identity.session_id);
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The host of `hostname`, dropping a `:port` (Mooncake ignores it in P2P
+/// mode). Bracketed IPv6 keeps its brackets off.
+fn host_part(hostname: &str) -> Result<String> {
+    let h = hostname.trim();
+    if h.is_empty() {
+        return Err(Error::invalid_argument("hostname is empty"));
+    }
+    if h.starts_with('[') || h.parse::<IpAddr>().is_ok() || !h.contains(':') {
+        return Ok(match peers::parse_session(h, 1) {
+            Ok(SessionAddr { host, .. }) if h.starts_with('[') => host,
+            _ => h.to_owned(),
+        });
+    }
+    Ok(peers::parse_session(h, 1)?.host)
+}
+
+/// Send one notification to `peer`'s descriptor name.
+pub(crate) fn send_notify_to(inner: &Inner, peer: &Peer, name: &str, msg: &str) -> Result<()> {
+    let target = peers::parse_session(&peer.descriptor().notify_name, inner.settings.default_handshake_port)?;
+    let body = json!({"name": name, "notify_msg": msg}).to_string();
+    let reply = peers::exchange_json(&inner.settings, &target, FrameType::Notify, &body)?;
+    match reply.get("notify_msg").and_then(Value::as_str) {
+        Some(m) if !m.is_empty() => Ok(()),
+        _ => Err(Error::new(ErrorKind::NotifyRejected, format!("{} rejected the notification", peer.session))),
+    }
+}

@@ -1,0 +1,450 @@
+//! Batches: many requests to one peer, run on up to `lanes_per_peer` lanes,
+//! each request reaching exactly one terminal state. Asynchronous batches
+//! are reached through a table of ids (index + generation, never a pointer),
+//! so a stale or made-up id is an error, not a crash.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::peers::{Lane, Peer};
+use super::transfer::{run_window, Request, WINDOW_BYTES, WINDOW_REQUESTS};
+use super::wire::Direction;
+use super::Inner;
+use crate::error::{Error, ErrorKind, Result};
+
+/// Task and batch states (plain integers on the ABI).
+pub const STATE_PENDING: i32 = 0;
+pub const STATE_COMPLETED: i32 = 1;
+pub const STATE_FAILED: i32 = 2;
+
+struct Task {
+    state: AtomicI32,
+    bytes: AtomicU64,
+    error: Mutex<Option<Error>>,
+}
+
+/// A running (or finished) batch.
+pub struct BatchRun {
+    session: String,
+    direction: Direction,
+    reqs: Vec<Request>,
+    tasks: Vec<Task>,
+    cursor: AtomicUsize,
+    remaining: AtomicUsize,
+    abort: Mutex<Option<Error>>,
+    peer: OnceLock<Result<Arc<Peer>>>,
+    force_v1: bool,
+    notify: Option<(String, String)>,
+    notify_error: Mutex<Option<Error>>,
+    done: Mutex<bool>,
+    done_cv: Condvar,
+}
+
+/// A summary of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSummary {
+    pub state: i32,
+    pub total: usize,
+    pub completed: usize,
+    pub failed: usize,
+    pub bytes: u64,
+}
+
+/// One task's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskSummary {
+    pub state: i32,
+    pub bytes: u64,
+    pub error: Option<Error>,
+}
+
+fn op_name(d: Direction) -> &'static str {
+    match d {
+        Direction::Write => "WRITE",
+        Direction::Read => "READ",
+    }
+}
+
+impl BatchRun {
+    /// A batch of `reqs`. Zero-length requests complete at once (nothing
+    /// crosses the wire for them, as in Mooncake).
+    pub fn new(
+        settings: &super::settings::Settings,
+        session: &str,
+        direction: Direction,
+        reqs: Vec<Request>,
+        notify: Option<(String, String)>,
+    ) -> Arc<BatchRun> {
+        let tasks: Vec<Task> = reqs
+            .iter()
+            .map(|r| Task {
+                state: AtomicI32::new(if r.len == 0 { STATE_COMPLETED } else { STATE_PENDING }),
+                bytes: AtomicU64::new(0),
+                error: Mutex::new(None),
+            })
+            .collect();
+        let pending = reqs.iter().filter(|r| r.len > 0).count();
+        Arc::new(BatchRun {
+            session: session.to_owned(),
+            direction,
+            reqs,
+            tasks,
+            cursor: AtomicUsize::new(0),
+            remaining: AtomicUsize::new(pending),
+            abort: Mutex::new(None),
+            peer: OnceLock::new(),
+            force_v1: settings.force_v1(),
+            notify,
+            notify_error: Mutex::new(None),
+            done: Mutex::new(false),
+            done_cv: Condvar::new(),
+        })
+    }
+
+    /// Start the batch: lane jobs on the workers and, when `on_caller`, one
+    /// on the calling thread (which then keeps taking windows until none is
+    /// left, so it never idles while work remains).
+    pub fn start(self: &Arc<Self>, inner: &Arc<Inner>, on_caller: bool) {
+        if self.remaining.load(Ordering::Acquire) == 0 {
+            self.finish(inner);
+            return;
+        }
+        let bytes: usize = self.reqs.iter().map(|r| r.len).fold(0usize, usize::saturating_add);
+        // Small batches stay on one lane: pipelining beats thread hand-offs.
+        let lanes = (bytes / (WINDOW_BYTES / 2)).clamp(1, inner.settings.lanes_per_peer);
+        let on_workers = if on_caller { lanes - 1 } else { lanes };
+        for _ in 0..on_workers {
+            let run = self.clone();
+            let inner2 = inner.clone();
+            inner.workers.submit(Box::new(move || run.lane_job(&inner2)));
+        }
+        if on_caller {
+            self.lane_job(inner);
+        }
+    }
+
+    fn claim(&self) -> Option<Range<usize>> {
+        let n = self.reqs.len();
+        loop {
+            let start = self.cursor.load(Ordering::Acquire);
+            if start >= n {
+                return None;
+            }
+            let mut end = start;
+            let mut bytes = 0usize;
+            while end < n && end - start < WINDOW_REQUESTS && (end == start || bytes + self.reqs[end].len <= WINDOW_BYTES) {
+                bytes += self.reqs[end].len;
+                end += 1;
+            }
+            if self.cursor.compare_exchange(start, end, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                return Some(start..end);
+            }
+        }
+    }
+
+    fn peer(&self, inner: &Inner) -> Result<Arc<Peer>> {
+        self.peer.get_or_init(|| inner.peers.get(inner, &self.session)).clone()
+    }
+
+    fn set_abort(&self, e: &Error) {
+        self.abort.lock().get_or_insert_with(|| e.clone());
+    }
+
+    fn complete(&self, inner: &Inner, i: usize, result: Result<()>) {
+        let task = &self.tasks[i];
+        match result {
+            Ok(()) => {
+                task.bytes.store(self.reqs[i].len as u64, Ordering::Release);
+                task.state.store(STATE_COMPLETED, Ordering::Release);
+            }
+            Err(e) => {
+                *task.error.lock() = Some(e);
+                task.state.store(STATE_FAILED, Ordering::Release);
+            }
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.finish(inner);
+        }
+    }
+
+    fn fail_all(&self, inner: &Inner, idx: &[usize], e: &Error) {
+        for &i in idx {
+            self.complete(inner, i, Err(e.clone()));
+        }
+    }
+
+    fn finish(&self, inner: &Inner) {
+        if let Some((name, msg)) = &self.notify {
+            if self.tasks.iter().all(|t| t.state.load(Ordering::Acquire) == STATE_COMPLETED) {
+                let sent = self.peer(inner).and_then(|p| super::send_notify_to(inner, &p, name, msg));
+                if let Err(e) = sent {
+                    log::warn!("batch to {} completed but its notification failed: {e}", self.session);
+                    *self.notify_error.lock() = Some(e);
+                }
+            }
+        }
+        *self.done.lock() = true;
+        self.done_cv.notify_all();
+    }
+
+    fn rejected(&self, i: usize) -> Error {
+        let r = &self.reqs[i];
+        Error::new(
+            ErrorKind::RemoteRejected,
+            format!(
+                "{} rejected {} of {} bytes at remote address {:#x}: the range is not inside one region it registered",
+                self.session,
+                op_name(self.direction),
+                r.len,
+                r.remote
+            ),
+        )
+    }
+
+    fn lane_job(&self, inner: &Inner) {
+        let peer = match self.peer(inner) {
+            Ok(p) => p,
+            Err(e) => {
+                while let Some(w) = self.claim() {
+                    let idx: Vec<usize> = w.filter(|&i| self.reqs[i].len > 0).collect();
+                    self.fail_all(inner, &idx, &e);
+                }
+                return;
+            }
+        };
+        let mut lane: Option<Lane> = None;
+        while let Some(w) = self.claim() {
+            let idx: Vec<usize> = w.filter(|&i| self.reqs[i].len > 0).collect();
+            if idx.is_empty() {
+                continue;
+            }
+            if let Some(e) = self.abort.lock().clone() {
+                self.fail_all(inner, &idx, &e);
+                continue;
+            }
+            let mut l = match lane.take().map(Ok).unwrap_or_else(|| peer.acquire(inner)) {
+                Ok(l) => l,
+                Err(e) => {
+                    self.set_abort(&e);
+                    self.fail_all(inner, &idx, &e);
+                    continue;
+                }
+            };
+            let v2 = l.proto_version >= 2 && !self.force_v1;
+            let reqs: Vec<Request> = idx.iter().map(|&i| self.reqs[i]).collect();
+            // SAFETY: the submitter guarantees local memory stays valid until
+            // every task of the batch is terminal.
+            let out = unsafe { run_window(&mut l.conn, &self.session, self.direction, v2, &reqs) };
+            for &i in &idx[..out.confirmed] {
+                self.complete(inner, i, Ok(()));
+            }
+            match out.broken {
+                None => lane = Some(l),
+                Some(_) => {
+                    peer.release(l, false);
+                    let mut next = out.confirmed;
+                    if out.rejected {
+                        self.complete(inner, idx[next], Err(self.rejected(idx[next])));
+                        next += 1;
+                    }
+                    self.retry_each(inner, &peer, &idx[next..], out.broken);
+                }
+            }
+        }
+        if let Some(l) = lane {
+            peer.release(l, true);
+        }
+    }
+
+    /// The slow path after a broken window: each unconfirmed request once
+    /// more, alone, so one bad entry cannot fail its neighbours. A
+    /// connection-level failure here means the peer is gone: the rest of the
+    /// batch fails with that error instead of waiting on it again.
+    fn retry_each(&self, inner: &Inner, peer: &Peer, idx: &[usize], cause: Option<Error>) {
+        for (k, &i) in idx.iter().enumerate() {
+            if let Some(e) = self.abort.lock().clone() {
+                self.fail_all(inner, &idx[k..], &e);
+                return;
+            }
+            let mut l = match peer.acquire(inner) {
+                Ok(l) => l,
+                Err(e) => {
+                    let e = match &cause {
+                        Some(c) => e.context(format!("after \"{c}\"")),
+                        None => e,
+                    };
+                    self.set_abort(&e);
+                    self.fail_all(inner, &idx[k..], &e);
+                    return;
+                }
+            };
+            let v2 = l.proto_version >= 2 && !self.force_v1;
+            // SAFETY: as in `lane_job`.
+            let out = unsafe { run_window(&mut l.conn, &self.session, self.direction, v2, &[self.reqs[i]]) };
+            match out.broken {
+                None => {
+                    peer.release(l, true);
+                    self.complete(inner, i, Ok(()));
+                }
+                Some(_) if out.rejected => {
+                    peer.release(l, false);
+                    self.complete(inner, i, Err(self.rejected(i)));
+                }
+                Some(e) if !v2 && e.kind() == ErrorKind::ConnectionLost => {
+                    // A v1 target refuses a bad address by closing silently.
+                    peer.release(l, false);
+                    let e = Error::new(
+                        ErrorKind::RemoteRejected,
+                        format!("{} (a protocol-v1 peer closes the connection when the address is not registered)", self.rejected(i)),
+                    );
+                    self.complete(inner, i, Err(e));
+                }
+                Some(e) => {
+                    peer.release(l, false);
+                    self.set_abort(&e);
+                    self.complete(inner, i, Err(e.clone()));
+                    self.fail_all(inner, &idx[k + 1..], &e);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Wait until every task is terminal or `deadline` passes; true if done.
+    pub fn wait_until(&self, deadline: Option<Instant>) -> bool {
+        let mut done = self.done.lock();
+        while !*done {
+            match deadline {
+                Some(d) => {
+                    if self.done_cv.wait_until(&mut done, d).timed_out() {
+                        return *done;
+                    }
+                }
+                None => self.done_cv.wait(&mut done),
+            }
+        }
+        true
+    }
+
+    /// True once every task is terminal (and any notification was sent).
+    pub fn is_done(&self) -> bool {
+        *self.done.lock()
+    }
+
+    pub fn summary(&self) -> BatchSummary {
+        let mut s = BatchSummary { state: STATE_PENDING, total: self.tasks.len(), completed: 0, failed: 0, bytes: 0 };
+        for t in &self.tasks {
+            match t.state.load(Ordering::Acquire) {
+                STATE_COMPLETED => s.completed += 1,
+                STATE_FAILED => s.failed += 1,
+                _ => {}
+            }
+            s.bytes += t.bytes.load(Ordering::Acquire);
+        }
+        if self.is_done() {
+            s.state = if s.failed == 0 { STATE_COMPLETED } else { STATE_FAILED };
+        }
+        s
+    }
+
+    pub fn task(&self, i: usize) -> Result<TaskSummary> {
+        let t = self.tasks.get(i).ok_or_else(|| {
+            Error::new(ErrorKind::IndexOutOfRange, format!("task index {i} out of range (batch has {} tasks)", self.tasks.len()))
+        })?;
+        Ok(TaskSummary {
+            state: t.state.load(Ordering::Acquire),
+            bytes: t.bytes.load(Ordering::Acquire),
+            error: t.error.lock().clone(),
+        })
+    }
+
+    /// The error of a finished batch: `None` if every task completed, else
+    /// the first failure with a count.
+    pub fn outcome(&self) -> Result<()> {
+        let failed: Vec<&Task> = self.tasks.iter().filter(|t| t.state.load(Ordering::Acquire) == STATE_FAILED).collect();
+        let Some(first) = failed.first() else { return Ok(()) };
+        let e = first.error.lock().clone().unwrap_or_else(|| Error::new(ErrorKind::ConnectionLost, "failed"));
+        if self.tasks.len() == 1 {
+            return Err(e);
+        }
+        Err(e.context(format!("{} of {} requests failed; first", failed.len(), self.tasks.len())))
+    }
+
+    /// The notification error, if the batch's notification failed.
+    pub fn notify_error(&self) -> Option<Error> {
+        self.notify_error.lock().clone()
+    }
+}
+
+/// Live asynchronous batches.
+pub struct BatchTable {
+    slots: Mutex<Slots>,
+}
+
+#[derive(Default)]
+struct Slots {
+    entries: Vec<(u32, Option<Arc<BatchRun>>)>,
+    free: Vec<u32>,
+}
+
+/// Most batches alive at once.
+const MAX_LIVE_BATCHES: usize = 1 << 20;
+
+impl Default for BatchTable {
+    fn default() -> Self {
+        BatchTable { slots: Mutex::new(Slots::default()) }
+    }
+}
+
+fn split(id: u64) -> (usize, u32) {
+    (((id & 0xffff_ffff) as usize).wrapping_sub(1), (id >> 32) as u32)
+}
+
+impl BatchTable {
+    /// Store `run`; the id is never 0.
+    pub fn insert(&self, run: Arc<BatchRun>) -> Result<u64> {
+        let mut s = self.slots.lock();
+        let index = match s.free.pop() {
+            Some(i) => i as usize,
+            None if s.entries.len() < MAX_LIVE_BATCHES => {
+                s.entries.push((0, None));
+                s.entries.len() - 1
+            }
+            None => return Err(Error::new(ErrorKind::Busy, format!("{MAX_LIVE_BATCHES} batches are alive; free some first"))),
+        };
+        let slot = &mut s.entries[index];
+        slot.0 = slot.0.wrapping_add(1).max(1);
+        slot.1 = Some(run);
+        Ok((u64::from(slot.0) << 32) | (index as u64 + 1))
+    }
+
+    pub fn get(&self, id: u64) -> Result<Arc<BatchRun>> {
+        let (index, generation) = split(id);
+        let s = self.slots.lock();
+        match s.entries.get(index) {
+            Some((g, Some(run))) if *g == generation => Ok(run.clone()),
+            _ => Err(Error::new(ErrorKind::InvalidHandle, format!("batch id {id:#x} is not a live batch"))),
+        }
+    }
+
+    /// Free a finished batch; `Busy` while any task is pending.
+    pub fn remove(&self, id: u64) -> Result<()> {
+        let (index, generation) = split(id);
+        let mut s = self.slots.lock();
+        match s.entries.get(index) {
+            Some((g, Some(run))) if *g == generation => {
+                if !run.is_done() {
+                    return Err(Error::new(ErrorKind::Busy, format!("batch id {id:#x} still has tasks in flight")));
+                }
+            }
+            _ => return Err(Error::new(ErrorKind::InvalidHandle, format!("batch id {id:#x} is not a live batch"))),
+        }
+        s.entries[index].1 = None;
+        s.free.push(index as u32);
+        Ok(())
+    }
+}

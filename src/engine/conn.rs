@@ -1,0 +1,326 @@
+//! A TCP connection with the few operations the data path needs: sends that
+//! never raise SIGPIPE in the host process, receives through a small buffer
+//! (so pipelined small requests cost few syscalls) that switch to receiving
+//! straight into the destination for large payloads, and timeouts mapped to
+//! `TimedOut`.
+
+use std::io;
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+/// Receive buffer size; payloads at least half this size bypass it.
+const RECV_BUF: usize = 256 * 1024;
+
+/// Largest single send/recv; keeps each syscall (and each revocation check)
+/// bounded.
+pub const MAX_IO_CHUNK: usize = 16 << 20;
+
+/// A connected data or handshake socket.
+pub struct Conn {
+    stream: TcpStream,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+fn last_os_error() -> io::Error {
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) => io::Error::new(io::ErrorKind::TimedOut, "no progress before the deadline"),
+        _ => e,
+    }
+}
+
+impl Conn {
+    /// Wrap a connected stream: `TCP_NODELAY` on, send and receive timeouts
+    /// set (each bounds one syscall, i.e. a sliding progress deadline).
+    pub fn new(stream: TcpStream, send_timeout: Duration, recv_timeout: Duration) -> io::Result<Conn> {
+        stream.set_nodelay(true)?;
+        stream.set_write_timeout(Some(send_timeout.max(Duration::from_millis(1))))?;
+        stream.set_read_timeout(Some(recv_timeout.max(Duration::from_millis(1))))?;
+        Ok(Conn { stream, buf: vec![0u8; RECV_BUF].into_boxed_slice(), start: 0, end: 0 })
+    }
+
+    /// The underlying stream (to clone a handle for shutdown).
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
+    /// Shut both directions down (wakes any thread blocked on the socket).
+    pub fn shutdown(&self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
+    /// Send `len` bytes starting at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be readable for the duration of the call.
+    pub unsafe fn send_raw(&self, ptr: *const u8, len: usize) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < len {
+            let chunk = (len - done).min(MAX_IO_CHUNK);
+            let n = libc::send(self.stream.as_raw_fd(), ptr.add(done).cast(), chunk, libc::MSG_NOSIGNAL);
+            if n < 0 {
+                let e = last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+
+    /// Send a byte slice.
+    pub fn send_all(&self, data: &[u8]) -> io::Result<()> {
+        // SAFETY: the slice is readable for the call.
+        unsafe { self.send_raw(data.as_ptr(), data.len()) }
+    }
+
+    /// Send several raw pieces with as few syscalls as possible.
+    ///
+    /// # Safety
+    /// Every `(ptr, len)` must be readable for the duration of the call.
+    pub unsafe fn send_vectored(&self, pieces: &[(*const u8, usize)]) -> io::Result<()> {
+        const MAX_IOV: usize = 512;
+        let mut iov: Vec<libc::iovec> = Vec::with_capacity(pieces.len().min(MAX_IOV));
+        let mut idx = 0usize; // next piece
+        let mut offset = 0usize; // bytes of pieces[idx] already sent
+        while idx < pieces.len() {
+            iov.clear();
+            let mut j = idx;
+            let mut first_offset = offset;
+            while j < pieces.len() && iov.len() < MAX_IOV {
+                let (p, l) = pieces[j];
+                if l > first_offset {
+                    iov.push(libc::iovec { iov_base: p.add(first_offset) as *mut _, iov_len: l - first_offset });
+                }
+                first_offset = 0;
+                j += 1;
+            }
+            if iov.is_empty() {
+                break;
+            }
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = iov.as_mut_ptr();
+            msg.msg_iovlen = iov.len() as _;
+            let n = libc::sendmsg(self.stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL);
+            if n < 0 {
+                let e = last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            // Advance over what was sent.
+            let mut sent = n as usize;
+            while idx < pieces.len() && sent > 0 {
+                let rest = pieces[idx].1 - offset;
+                if sent >= rest {
+                    sent -= rest;
+                    idx += 1;
+                    offset = 0;
+                } else {
+                    offset += sent;
+                    sent = 0;
+                }
+            }
+            while idx < pieces.len() && pieces[idx].1 == offset {
+                idx += 1;
+                offset = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// One `recv` into `ptr..ptr+len`; `Ok(0)` is end of stream.
+    unsafe fn recv_once(&self, ptr: *mut u8, len: usize, flags: i32) -> io::Result<usize> {
+        loop {
+            let n = libc::recv(self.stream.as_raw_fd(), ptr.cast(), len.min(MAX_IO_CHUNK), flags);
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    fn eof() -> io::Error {
+        io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection")
+    }
+
+    /// Bytes already received and not yet consumed.
+    pub fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Refill the buffer with one blocking `recv`; `Ok(0)` at end of stream.
+    fn fill(&mut self) -> io::Result<usize> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let free = self.buf.len() - self.end;
+        // SAFETY: the tail of our own buffer is writable.
+        let tail = unsafe { self.buf.as_mut_ptr().add(self.end) };
+        let n = unsafe { self.recv_once(tail, free, 0)? };
+        self.end += n;
+        Ok(n)
+    }
+
+    /// Take whatever the kernel already has, without blocking.
+    pub fn fill_nonblocking(&mut self) -> io::Result<usize> {
+        if self.buffered() == 0 {
+            self.start = 0;
+            self.end = 0;
+        }
+        let free = self.buf.len() - self.end;
+        if free == 0 {
+            return Ok(0);
+        }
+        // SAFETY: the tail of our own buffer is writable.
+        let tail = unsafe { self.buf.as_mut_ptr().add(self.end) };
+        match unsafe { self.recv_once(tail, free, libc::MSG_DONTWAIT) } {
+            Ok(0) => Err(Self::eof()),
+            Ok(n) => {
+                self.end += n;
+                Ok(n)
+            }
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Receive exactly `out.len()` bytes.
+    pub fn recv_exact(&mut self, out: &mut [u8]) -> io::Result<()> {
+        // SAFETY: the slice is writable.
+        unsafe { self.recv_raw(out.as_mut_ptr(), out.len(), &|| false) }
+    }
+
+    /// Receive exactly `len` bytes into `ptr`. Large remainders go straight
+    /// into the destination; `stop` is checked between chunks and aborts the
+    /// receive when it returns true.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be writable for the duration of the call.
+    pub unsafe fn recv_raw(&mut self, ptr: *mut u8, len: usize, stop: &dyn Fn() -> bool) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < len {
+            if self.buffered() > 0 {
+                let n = self.buffered().min(len - done);
+                std::ptr::copy_nonoverlapping(self.buf.as_ptr().add(self.start), ptr.add(done), n);
+                self.start += n;
+                done += n;
+                continue;
+            }
+            if stop() {
+                return Err(io::Error::new(io::ErrorKind::Interrupted, "destination region was unregistered"));
+            }
+            if len - done >= RECV_BUF / 2 {
+                let n = self.recv_once(ptr.add(done), len - done, 0)?;
+                if n == 0 {
+                    return Err(Self::eof());
+                }
+                done += n;
+            } else if self.fill()? == 0 {
+                return Err(Self::eof());
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait for the next request header on an idle server connection.
+    /// Returns `Ok(None)` on a clean end of stream before any byte, and keeps
+    /// waiting through receive timeouts while no byte of the header has
+    /// arrived (idle connections are never closed) unless `stop()`.
+    pub fn recv_header_idle<const N: usize>(&mut self, stop: &dyn Fn() -> bool) -> io::Result<Option<[u8; N]>> {
+        while self.buffered() < N {
+            if stop() {
+                return Ok(None);
+            }
+            let had = self.buffered();
+            match self.fill() {
+                Ok(0) if had == 0 => return Ok(None),
+                Ok(0) => return Err(Self::eof()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::TimedOut && had == 0 => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        let mut out = [0u8; N];
+        out.copy_from_slice(&self.buf[self.start..self.start + N]);
+        self.start += N;
+        Ok(Some(out))
+    }
+
+    /// True if an idle pooled connection still looks usable: nothing to
+    /// read and no end of stream or error pending.
+    pub fn idle_and_alive(&self) -> bool {
+        if self.buffered() > 0 {
+            return false;
+        }
+        let mut byte = 0u8;
+        // SAFETY: one writable byte.
+        match unsafe {
+            self.recv_once(&mut byte, 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+        } {
+            Err(e) => e.kind() == io::ErrorKind::TimedOut,
+            Ok(_) => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn pair() -> (Conn, Conn) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let t = Duration::from_secs(5);
+        (Conn::new(a, t, t).unwrap(), Conn::new(b, t, t).unwrap())
+    }
+
+    #[test]
+    fn vectored_send_and_buffered_receive_agree() {
+        let (a, mut b) = pair();
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let expected = big.clone();
+        let receiver = std::thread::spawn(move || {
+            let mut head = [0u8; 5];
+            b.recv_exact(&mut head).unwrap();
+            assert_eq!(&head, b"hello");
+            let mut got = vec![0u8; expected.len()];
+            unsafe { b.recv_raw(got.as_mut_ptr(), got.len(), &|| false).unwrap() };
+            assert!(got == expected);
+            b
+        });
+        let small = b"hello";
+        unsafe { a.send_vectored(&[(small.as_ptr(), small.len()), (big.as_ptr(), big.len()), (small.as_ptr(), 0)]) }
+            .unwrap();
+        let mut b = receiver.join().unwrap();
+        assert!(b.idle_and_alive());
+        drop(a);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!b.idle_and_alive());
+        assert!(b.recv_header_idle::<4>(&|| false).unwrap().is_none());
+    }
+
+    #[test]
+    fn truncated_header_is_an_error_not_a_hang() {
+        let (a, mut b) = pair();
+        a.send_all(&[1, 2]).unwrap();
+        drop(a);
+        assert_eq!(b.recv_header_idle::<24>(&|| false).unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+    }
+}

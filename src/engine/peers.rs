@@ -1,0 +1,277 @@
+//! Peers we initiate to: session-name parsing, the handshake client, the
+//! per-session descriptor cache (refreshed when a peer restarts under the
+//! same name) and the pool of data connections ("lanes") per peer.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use serde_json::Value;
+
+use super::conn::Conn;
+use super::descriptor::{parse_descriptor, PeerDescriptor};
+use super::registry::OwnedSocketGuard;
+use super::settings::Settings;
+use super::wire::{self, FrameType};
+use super::Inner;
+use crate::error::{Error, ErrorKind, Result};
+
+/// A session name split into the handshake endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionAddr {
+    pub host: String,
+    pub port: u16,
+}
+
+/// Parse `host:port`, `[v6]:port`, or a bare host (port = `default_port`).
+/// Leading `/` are ignored, as Mooncake does.
+pub fn parse_session(name: &str, default_port: u16) -> Result<SessionAddr> {
+    let bad = |why: &str| Error::invalid_argument(format!("invalid session name {name:?}: {why}"));
+    let s = name.trim_start_matches('/');
+    if s.is_empty() {
+        return Err(bad("empty"));
+    }
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
+        match after {
+            "" => (host, None),
+            p if p.starts_with(':') => (host, Some(&p[1..])),
+            _ => return Err(bad("unexpected text after ']'")),
+        }
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (s, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(bad("empty host"));
+    }
+    let port = match port {
+        None => default_port,
+        Some(p) => p.parse::<u16>().ok().filter(|&p| p > 0).ok_or_else(|| bad("port is not 1..65535"))?,
+    };
+    Ok(SessionAddr { host: host.to_owned(), port })
+}
+
+fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>> {
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| Error::new(ErrorKind::PeerUnreachable, format!("cannot resolve {host}: {e}")))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(Error::new(ErrorKind::PeerUnreachable, format!("{host} resolves to no address")));
+    }
+    Ok(addrs)
+}
+
+/// Connect to `host:port` within the connect timeout, trying each address.
+pub fn connect(settings: &Settings, host: &str, port: u16) -> Result<TcpStream> {
+    let mut last = String::new();
+    for addr in resolve(host, port)? {
+        match TcpStream::connect_timeout(&addr, settings.connect_timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = format!("{addr}: {e}"),
+        }
+    }
+    Err(Error::new(ErrorKind::PeerUnreachable, format!("cannot connect to {host}:{port} ({last})")))
+}
+
+/// One handshake exchange: send `json` as a `kind` frame, return the reply
+/// body. The connection is closed at once (Mooncake serves handshakes one at
+/// a time, so lingering would stall its other clients).
+pub fn exchange(settings: &Settings, addr: &SessionAddr, kind: FrameType, json: &str) -> Result<Vec<u8>> {
+    let mut stream = connect(settings, &addr.host, addr.port)?;
+    let where_ = format!("handshake with {}:{}", addr.host, addr.port);
+    let io_err = |e: std::io::Error| {
+        let kind = if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+            ErrorKind::Timeout
+        } else {
+            ErrorKind::PeerUnreachable
+        };
+        Error::new(kind, format!("{where_}: {e}"))
+    };
+    stream.set_nodelay(true).map_err(io_err)?;
+    stream.set_read_timeout(Some(settings.handshake_timeout)).map_err(io_err)?;
+    stream.set_write_timeout(Some(settings.handshake_timeout)).map_err(io_err)?;
+    stream.write_all(&wire::encode_frame(kind, json)).map_err(io_err)?;
+    let mut prefix = [0u8; 8];
+    stream.read_exact(&mut prefix).map_err(io_err)?;
+    let length = wire::check_frame_length(prefix, settings.handshake_max_len)
+        .map_err(|e| Error::protocol(format!("{where_}: reply length refused ({e:?})")))?;
+    let mut body = Vec::with_capacity(length.min(64 * 1024));
+    (&mut stream).take(length as u64).read_to_end(&mut body).map_err(io_err)?;
+    if body.len() != length {
+        return Err(Error::new(ErrorKind::ConnectionLost, format!("{where_}: reply truncated")));
+    }
+    let (got, json) = wire::split_frame_body(&body);
+    if got != kind {
+        return Err(Error::protocol(format!("{where_}: reply type {got:?} does not match request {kind:?}")));
+    }
+    Ok(json.to_vec())
+}
+
+/// Send a JSON request and parse the JSON reply.
+pub fn exchange_json(settings: &Settings, addr: &SessionAddr, kind: FrameType, json: &str) -> Result<Value> {
+    let body = exchange(settings, addr, kind, json)?;
+    serde_json::from_slice(&body).map_err(|e| Error::protocol(format!("malformed JSON reply from {}:{}: {e}", addr.host, addr.port)))
+}
+
+/// A peer we send to, by session name.
+pub struct Peer {
+    pub session: String,
+    addr: SessionAddr,
+    descriptor: RwLock<Arc<PeerDescriptor>>,
+    lanes: Mutex<LaneState>,
+    lane_freed: Condvar,
+}
+
+#[derive(Default)]
+struct LaneState {
+    idle: Vec<Lane>,
+    open: usize,
+}
+
+/// A data connection to a peer, tracked for shutdown.
+pub struct Lane {
+    pub conn: Conn,
+    /// Protocol version of the descriptor the lane was opened under.
+    pub proto_version: u64,
+    _tracked: OwnedSocketGuard,
+}
+
+impl Peer {
+    /// The descriptor currently cached.
+    pub fn descriptor(&self) -> Arc<PeerDescriptor> {
+        self.descriptor.read().clone()
+    }
+
+    fn fetch(inner: &Inner, addr: &SessionAddr, session: &str) -> Result<PeerDescriptor> {
+        let body = exchange(&inner.settings, addr, FrameType::Metadata, &super::server::own_descriptor(inner))
+            .map_err(|e| e.context(format!("cannot open session {session}")))?;
+        parse_descriptor(&body, session, &addr.host)
+    }
+
+    /// Fetch the descriptor again (the peer may have restarted with new ports).
+    pub fn refresh(&self, inner: &Inner) -> Result<Arc<PeerDescriptor>> {
+        let fresh = Arc::new(Self::fetch(inner, &self.addr, &self.session)?);
+        *self.descriptor.write() = fresh.clone();
+        Ok(fresh)
+    }
+
+    fn open_lane(&self, inner: &Inner) -> Result<Lane> {
+        let desc = self.descriptor();
+        let stream = match connect(&inner.settings, &desc.data_host, desc.data_port) {
+            Ok(s) => s,
+            Err(first) => {
+                // A peer that restarted under the same name has new ports.
+                let fresh = self.refresh(inner).map_err(|_| first.clone())?;
+                if (fresh.data_host.as_str(), fresh.data_port) == (desc.data_host.as_str(), desc.data_port) {
+                    return Err(first);
+                }
+                connect(&inner.settings, &fresh.data_host, fresh.data_port)?
+            }
+        };
+        let s = &inner.settings;
+        let conn = Conn::new(stream, s.progress_timeout, s.progress_timeout.min(s.status_timeout))
+            .map_err(|e| Error::io(format!("configuring a data connection: {e}")))?;
+        let tracked = inner
+            .registry
+            .track_owned(conn.stream())
+            .ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
+        Ok(Lane { conn, proto_version: self.descriptor().proto_version, _tracked: tracked })
+    }
+
+    /// A lane to this peer: an idle live one, a new one while under the
+    /// per-peer limit, or the next one released (bounded wait).
+    pub fn acquire(&self, inner: &Inner) -> Result<Lane> {
+        let deadline = Instant::now() + inner.settings.lane_wait_timeout;
+        let mut state = self.lanes.lock();
+        loop {
+            if inner.registry.stopping() {
+                return Err(Error::new(ErrorKind::Shutdown, "engine is shutting down"));
+            }
+            while let Some(lane) = state.idle.pop() {
+                if lane.conn.idle_and_alive() {
+                    return Ok(lane);
+                }
+                state.open -= 1; // closed by the peer while idle
+            }
+            if state.open < inner.settings.lanes_per_peer {
+                state.open += 1;
+                drop(state);
+                let lane = self.open_lane(inner);
+                if lane.is_err() {
+                    self.lanes.lock().open -= 1;
+                    self.lane_freed.notify_one();
+                }
+                return lane;
+            }
+            if self.lane_freed.wait_until(&mut state, deadline).timed_out() {
+                return Err(Error::timeout(format!(
+                    "no free connection to {} within {:?}",
+                    self.session, inner.settings.lane_wait_timeout
+                )));
+            }
+        }
+    }
+
+    /// Give a lane back: pooled if it ended cleanly, closed otherwise.
+    pub fn release(&self, lane: Lane, clean: bool) {
+        let mut state = self.lanes.lock();
+        if clean {
+            state.idle.push(lane);
+        } else {
+            state.open -= 1;
+            lane.conn.shutdown();
+        }
+        drop(state);
+        self.lane_freed.notify_one();
+    }
+}
+
+/// The descriptor cache: one [`Peer`] per session name.
+#[derive(Default)]
+pub struct Peers {
+    map: Mutex<HashMap<String, Arc<Peer>>>,
+}
+
+impl Peers {
+    /// The peer for `session`, opening it (one Metadata exchange) on first use.
+    pub fn get(&self, inner: &Inner, session: &str) -> Result<Arc<Peer>> {
+        if let Some(p) = self.map.lock().get(session) {
+            return Ok(p.clone());
+        }
+        let addr = parse_session(session, inner.settings.default_handshake_port)?;
+        let desc = Peer::fetch(inner, &addr, session)?;
+        let peer = Arc::new(Peer {
+            session: session.to_owned(),
+            addr,
+            descriptor: RwLock::new(Arc::new(desc)),
+            lanes: Mutex::new(LaneState::default()),
+            lane_freed: Condvar::new(),
+        });
+        Ok(self.map.lock().entry(session.to_owned()).or_insert(peer).clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_names() {
+        let p = |s| parse_session(s, 12001);
+        assert_eq!(p("127.0.0.1:16559").unwrap(), SessionAddr { host: "127.0.0.1".into(), port: 16559 });
+        assert_eq!(p("//h:1").unwrap(), SessionAddr { host: "h".into(), port: 1 });
+        assert_eq!(p("[::1]:80").unwrap(), SessionAddr { host: "::1".into(), port: 80 });
+        assert_eq!(p("[::1]").unwrap(), SessionAddr { host: "::1".into(), port: 12001 });
+        assert_eq!(p("localhost").unwrap(), SessionAddr { host: "localhost".into(), port: 12001 });
+        for bad in ["", "/", ":80", "h:0", "h:x", "h:70000", "[::1", "[::1]x", "[]:1"] {
+            assert!(p(bad).is_err(), "{bad:?}");
+        }
+    }
+}

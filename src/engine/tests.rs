@@ -1,0 +1,405 @@
+//! Engine-to-engine tests over loopback, plus hostile peers on both
+//! listeners. Each test starts its own engines, so tests run in parallel.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+fn settings() -> Settings {
+    let mut s = Settings::from_env();
+    s.force_v1 = Some(false);
+    s
+}
+
+fn engine_with(s: Settings) -> Engine {
+    Engine::start_with("127.0.0.1", s).expect("engine starts")
+}
+
+fn engine() -> Engine {
+    engine_with(settings())
+}
+
+/// Deterministic pseudo-random bytes.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn addr(v: &[u8]) -> u64 {
+    v.as_ptr() as u64
+}
+
+fn req(local: &[u8], offset: usize, remote: u64, len: usize) -> Request {
+    Request { local: local.as_ptr() as usize + offset, remote, len }
+}
+
+#[test]
+fn write_and_read_back_one_request() {
+    let (a, b) = (engine(), engine());
+    let target = vec![0u8; 1 << 20];
+    b.register(addr(&target), target.len() as u64).unwrap();
+    let src = pattern(target.len(), 1);
+    unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), src.len())]) }.unwrap();
+    assert!(target == src);
+    let mut back = vec![0u8; src.len()];
+    let r = Request { local: back.as_mut_ptr() as usize, remote: addr(&target), len: back.len() };
+    unsafe { a.transfer_sync(b.session_id(), Direction::Read, vec![r]) }.unwrap();
+    assert!(back == src);
+}
+
+fn scattered_batch_round_trip(force_v1: bool) {
+    let mut s = settings();
+    s.force_v1 = Some(force_v1);
+    let (a, b) = (engine_with(s), engine());
+    const N: usize = 1500;
+    const BLOCK: usize = 777;
+    let target = vec![0u8; N * 1024];
+    b.register(addr(&target), target.len() as u64).unwrap();
+    let src = pattern(N * BLOCK, 2);
+    // Scatter: entry i goes to remote slot (i * 7) % N.
+    let reqs: Vec<Request> =
+        (0..N).map(|i| req(&src, i * BLOCK, addr(&target) + ((i * 7) % N * 1024) as u64, BLOCK)).collect();
+    unsafe { a.transfer_sync(b.session_id(), Direction::Write, reqs) }.unwrap();
+    for i in 0..N {
+        let slot = (i * 7) % N * 1024;
+        assert_eq!(&target[slot..slot + BLOCK], &src[i * BLOCK..(i + 1) * BLOCK], "entry {i}");
+    }
+    let back = vec![0u8; N * BLOCK];
+    let reqs: Vec<Request> =
+        (0..N).map(|i| req(&back, i * BLOCK, addr(&target) + ((i * 7) % N * 1024) as u64, BLOCK)).collect();
+    unsafe { a.transfer_sync(b.session_id(), Direction::Read, reqs) }.unwrap();
+    assert!(back == src);
+}
+
+#[test]
+fn scattered_batch_v2() {
+    scattered_batch_round_trip(false);
+}
+
+#[test]
+fn scattered_batch_v1_with_fence() {
+    scattered_batch_round_trip(true);
+}
+
+fn out_of_range_is_refused(force_v1: bool) {
+    let mut s = settings();
+    s.force_v1 = Some(force_v1);
+    let (a, b) = (engine_with(s), engine());
+    let target = vec![0u8; 4096];
+    b.register(addr(&target), 4096).unwrap();
+    let src = pattern(4096, 3);
+    let bad = addr(&target) + 4000; // runs past the region
+    for dir in [Direction::Write, Direction::Read] {
+        let e = unsafe { a.transfer_sync(b.session_id(), dir, vec![req(&src, 0, bad, 200)]) }.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::RemoteRejected, "{dir:?}: {e}");
+    }
+    // In a batch, only the bad entry fails; its neighbours land.
+    let reqs = vec![req(&src, 0, addr(&target), 100), req(&src, 100, bad, 200), req(&src, 300, addr(&target) + 300, 100)];
+    let e = unsafe { a.transfer_sync(b.session_id(), Direction::Write, reqs.clone()) }.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::RemoteRejected, "{e}");
+    assert!(e.message().starts_with("1 of 3 requests failed"), "{e}");
+    assert_eq!(&target[..100], &src[..100]);
+    assert_eq!(&target[300..400], &src[300..400]);
+    let id = unsafe { a.submit(b.session_id(), Direction::Write, reqs, None) }.unwrap();
+    let s = a.batch_wait(id, Duration::from_secs(30)).unwrap();
+    assert_eq!((s.state, s.completed, s.failed, s.bytes), (STATE_FAILED, 2, 1, 200));
+    assert_eq!(a.task_summary(id, 1).unwrap().error.unwrap().kind(), ErrorKind::RemoteRejected);
+    assert_eq!(a.task_summary(id, 2).unwrap().state, STATE_COMPLETED);
+    a.batch_free(id).unwrap();
+    // The engine still works afterwards.
+    unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), 4096)]) }.unwrap();
+    assert!(target == src);
+}
+
+#[test]
+fn out_of_range_is_refused_v2() {
+    out_of_range_is_refused(false);
+}
+
+#[test]
+fn out_of_range_is_refused_v1() {
+    out_of_range_is_refused(true);
+}
+
+#[test]
+fn zero_length_and_empty_batches_complete_locally() {
+    let a = engine();
+    // No peer exists at this name; nothing must cross the wire.
+    unsafe { a.transfer_sync("127.0.0.1:1", Direction::Write, vec![]) }.unwrap();
+    unsafe { a.transfer_sync("127.0.0.1:1", Direction::Write, vec![Request { local: 0, remote: 0, len: 0 }]) }.unwrap();
+    let id = unsafe { a.submit("127.0.0.1:1", Direction::Read, vec![], None) }.unwrap();
+    assert_eq!(a.batch_wait(id, Duration::ZERO).unwrap().state, STATE_COMPLETED);
+    a.batch_free(id).unwrap();
+}
+
+#[test]
+fn async_batches_and_ids() {
+    let (a, b) = (engine(), engine());
+    let target = vec![0u8; 1 << 16];
+    b.register(addr(&target), target.len() as u64).unwrap();
+    let src = pattern(1 << 16, 4);
+    let reqs: Vec<Request> = (0..16).map(|i| req(&src, i * 4096, addr(&target) + (i * 4096) as u64, 4096)).collect();
+    let id = unsafe { a.submit(b.session_id(), Direction::Write, reqs, Some(("n".into(), "m".into()))) }.unwrap();
+    assert_ne!(id, 0);
+    let s = a.batch_wait(id, Duration::from_secs(30)).unwrap();
+    assert_eq!((s.state, s.total, s.completed, s.bytes), (STATE_COMPLETED, 16, 16, 1 << 16));
+    assert!(target == src);
+    assert_eq!(a.task_summary(id, 15).unwrap().state, STATE_COMPLETED);
+    assert_eq!(a.task_summary(id, 16).unwrap_err().kind(), ErrorKind::IndexOutOfRange);
+    assert_eq!(b.drain_notifications(), vec![("n".to_owned(), "m".to_owned())]);
+    a.batch_free(id).unwrap();
+    for stale in [id, 0, 1, u64::MAX, id ^ (1 << 40)] {
+        assert_eq!(a.batch_summary(stale).unwrap_err().kind(), ErrorKind::InvalidHandle, "{stale:#x}");
+        assert_eq!(a.batch_free(stale).unwrap_err().kind(), ErrorKind::InvalidHandle);
+    }
+    // A reused slot gets a new generation: the old id stays dead.
+    let id2 = unsafe { a.submit(b.session_id(), Direction::Write, vec![], None) }.unwrap();
+    assert_ne!(id2, id);
+    assert_eq!(a.batch_summary(id).unwrap_err().kind(), ErrorKind::InvalidHandle);
+}
+
+#[test]
+fn probe_and_notify_both_ways() {
+    let (a, b) = (engine(), engine());
+    a.probe(b.session_id()).unwrap();
+    b.probe(a.session_id()).unwrap();
+    a.notify(b.session_id(), "req-1", "kv ready").unwrap();
+    b.notify(a.session_id(), "req-2", "ack").unwrap();
+    assert_eq!(b.drain_notifications(), vec![("req-1".to_owned(), "kv ready".to_owned())]);
+    assert_eq!(a.drain_notifications(), vec![("req-2".to_owned(), "ack".to_owned())]);
+    let free = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    assert_eq!(a.probe(&format!("127.0.0.1:{free}")).unwrap_err().kind(), ErrorKind::PeerUnreachable);
+}
+
+#[test]
+fn many_threads_submit_at_once() {
+    let (a, b) = (engine(), engine());
+    const THREADS: usize = 8;
+    const PER: usize = 40;
+    const BLOCK: usize = 3000;
+    let target = vec![0u8; THREADS * PER * BLOCK];
+    b.register(addr(&target), target.len() as u64).unwrap();
+    let src = pattern(target.len(), 5);
+    let base = addr(&target);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (a, b, src) = (&a, &b, &src);
+            s.spawn(move || {
+                for k in 0..PER {
+                    let off = (t * PER + k) * BLOCK;
+                    let r = req(src, off, base + off as u64, BLOCK);
+                    if k % 2 == 0 {
+                        unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![r]) }.unwrap();
+                    } else {
+                        let id = unsafe { a.submit(b.session_id(), Direction::Write, vec![r], None) }.unwrap();
+                        assert_eq!(a.batch_wait(id, Duration::from_secs(30)).unwrap().state, STATE_COMPLETED);
+                        a.batch_free(id).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    assert!(target == src);
+}
+
+#[test]
+fn peer_stopped_mid_transfer_fails_fast() {
+    let (a, b) = (engine(), engine());
+    let target = vec![0u8; 256 << 20];
+    b.register(addr(&target), target.len() as u64).unwrap();
+    let src = vec![7u8; target.len()];
+    let session = b.session_id().to_owned();
+    let started = Instant::now();
+    let result = std::thread::scope(|s| {
+        let writer = s.spawn(|| unsafe {
+            // Many 1 MiB requests so the transfer is surely in flight when
+            // the peer goes away.
+            let reqs = (0..256).map(|i| req(&src, i << 20, addr(&target) + (i << 20) as u64, 1 << 20)).collect();
+            a.transfer_sync(&session, Direction::Write, reqs)
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        b.stop();
+        writer.join().unwrap()
+    });
+    // Either it finished before the stop (fast machine) or it failed; never
+    // a hang: every wait is bounded.
+    if let Err(e) = result {
+        assert!(
+            matches!(e.kind(), ErrorKind::ConnectionLost | ErrorKind::PeerUnreachable | ErrorKind::Timeout),
+            "{e}"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let e = unsafe { a.transfer_sync(&session, Direction::Write, vec![req(&src, 0, addr(&target), 10)]) }.unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::PeerUnreachable | ErrorKind::ConnectionLost), "{e}");
+}
+
+#[test]
+fn silent_peer_times_out() {
+    // A handshake port that accepts and never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut s = settings();
+    s.handshake_timeout = Duration::from_millis(300);
+    let a = engine_with(s);
+    let src = [1u8; 8];
+    let started = Instant::now();
+    let e = unsafe {
+        a.transfer_sync(&silent.local_addr().unwrap().to_string(), Direction::Write, vec![req(&src, 0, 4096, 8)])
+    }
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn stalled_data_peer_hits_the_progress_deadline() {
+    // A fake peer: answers the handshake with a descriptor whose data port
+    // accepts connections but never reads or answers.
+    let rpc = TcpListener::bind("127.0.0.1:0").unwrap();
+    let session = rpc.local_addr().unwrap().to_string();
+    let data = TcpListener::bind("127.0.0.1:0").unwrap();
+    let data_port = data.local_addr().unwrap().port();
+    let fake = std::thread::spawn(move || {
+        let (mut c, _) = rpc.accept().unwrap();
+        let mut prefix = [0u8; 8];
+        c.read_exact(&mut prefix).unwrap();
+        let mut body = vec![0u8; u64::from_le_bytes(prefix) as usize];
+        c.read_exact(&mut body).unwrap();
+        let desc = format!(r#"{{"protocol":"tcp","tcp_data_port":{data_port},"tcp_proto_version":2}}"#);
+        c.write_all(&wire::encode_frame(FrameType::Metadata, &desc)).unwrap();
+        let held = data.accept().unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        drop(held);
+    });
+    let mut s = settings();
+    s.progress_timeout = Duration::from_millis(300);
+    s.status_timeout = Duration::from_millis(300);
+    let a = engine_with(s);
+    let src = vec![0u8; 64 << 20]; // more than the socket buffers hold
+    let started = Instant::now();
+    let e = unsafe { a.transfer_sync(&session, Direction::Write, vec![req(&src, 0, 4096, src.len())]) }.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+    fake.join().unwrap();
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn peer_restarted_under_the_same_name() {
+    let rpc_port = free_port();
+    let with_ports = |data: u16| {
+        let mut s = settings();
+        (s.min_port, s.max_port, s.min_data_port, s.max_data_port) = (rpc_port, rpc_port, data, data);
+        s
+    };
+    let a = engine();
+    let target = vec![0u8; 4096];
+    let src = pattern(4096, 6);
+    let b = engine_with(with_ports(free_port()));
+    let session = b.session_id().to_owned();
+    b.register(addr(&target), 4096).unwrap();
+    unsafe { a.transfer_sync(&session, Direction::Write, vec![req(&src, 0, addr(&target), 1000)]) }.unwrap();
+    drop(b);
+    // Same name, new data port, new memory.
+    let target2 = vec![0u8; 4096];
+    let b2 = engine_with(with_ports(free_port()));
+    assert_eq!(b2.session_id(), session);
+    b2.register(addr(&target2), 4096).unwrap();
+    unsafe { a.transfer_sync(&session, Direction::Write, vec![req(&src, 0, addr(&target2), 4096)]) }.unwrap();
+    assert!(target2 == src);
+}
+
+fn send_raw(port: u16, bytes: &[u8]) -> Vec<u8> {
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = c.write_all(bytes);
+    let _ = c.shutdown(std::net::Shutdown::Write);
+    let mut out = Vec::new();
+    let _ = c.read_to_end(&mut out);
+    out
+}
+
+#[test]
+fn garbage_on_both_listeners_leaves_the_engine_serving() {
+    let (a, b) = (engine(), engine());
+    let target = vec![0u8; 4096];
+    b.register(addr(&target), 4096).unwrap();
+    let rpc = b.rpc_port();
+    // Handshake port: empty, oversized, truncated, non-JSON frames get no reply.
+    for junk in [
+        &0u64.to_le_bytes()[..],
+        &u64::MAX.to_le_bytes()[..],
+        &[5, 0, 0, 0, 0, 0, 0, 0, 1, b'{'][..],
+        &[3, 0, 0, 0, 0, 0, 0, 0, 1, b'x', b'y'][..],
+        b"GET / HTTP/1.1\r\n\r\n",
+        &[][..],
+    ] {
+        assert!(send_raw(rpc, junk).is_empty(), "{junk:?}");
+    }
+    // Connection and old-protocol requests get the empty handshake reply.
+    let reply = send_raw(rpc, &wire::encode_frame(FrameType::Old, "{}"));
+    assert!(reply.len() > 8 && reply[8] == b'{', "old protocol reply has no type byte");
+    let reply = send_raw(rpc, &wire::encode_frame(FrameType::Connection, r#"{"qp_num":[1]}"#));
+    assert_eq!(reply[8], 0);
+    let text = std::str::from_utf8(&reply[9..]).unwrap();
+    assert!(text.contains(r#""reply_msg":"""#), "{text}");
+    // Data port: a v2 request outside registered memory gets MCTV|1 and a
+    // close; a truncated header just a close.
+    let data = b.data_port();
+    let bad = wire::RequestHeader { size: 10, addr: 8, direction: Direction::Write, acknowledged: true }.encode();
+    assert_eq!(send_raw(data, &bad), wire::encode_status(wire::STATUS_REJECTED));
+    let zero = wire::RequestHeader { size: 0, addr: addr(&target), direction: Direction::Read, acknowledged: true };
+    assert_eq!(send_raw(data, &zero.encode()), wire::encode_status(wire::STATUS_REJECTED));
+    assert!(send_raw(data, &bad[..10]).is_empty());
+    let wrap = wire::RequestHeader { size: u64::MAX, addr: addr(&target), direction: Direction::Read, acknowledged: false };
+    assert!(send_raw(data, &wrap.encode()).is_empty());
+    // A v2 READ served raw: status then the bytes.
+    let good = wire::RequestHeader { size: 4, addr: addr(&target), direction: Direction::Read, acknowledged: true };
+    let mut expect = wire::encode_status(0).to_vec();
+    expect.extend_from_slice(&target[..4]);
+    assert_eq!(send_raw(data, &good.encode()), expect);
+    // Still serving real peers.
+    let src = pattern(4096, 7);
+    unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), 4096)]) }.unwrap();
+    assert!(target == src);
+    a.probe(b.session_id()).unwrap();
+}
+
+#[test]
+fn stop_joins_everything_and_refuses_new_work() {
+    let a = engine();
+    let b = engine();
+    b.probe(a.session_id()).unwrap();
+    a.stop();
+    a.stop(); // idempotent
+    let src = [0u8; 4];
+    let e = unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, 4096, 4)]) }.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Shutdown);
+    assert_eq!(b.probe(a.session_id()).unwrap_err().kind(), ErrorKind::PeerUnreachable);
+}
+
+#[test]
+fn unregister_withdraws_memory() {
+    let (a, b) = (engine(), engine());
+    let target = vec![0u8; 4096];
+    b.register(addr(&target), 4096).unwrap();
+    assert_eq!(b.register(addr(&target) + 10, 10).unwrap_err().kind(), ErrorKind::AddressOverlap);
+    b.unregister(addr(&target)).unwrap();
+    assert_eq!(b.unregister(addr(&target)).unwrap_err().kind(), ErrorKind::NotFound);
+    let src = [1u8; 16];
+    let e = unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), 16)]) }.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::RemoteRejected);
+    assert_eq!(target[0], 0);
+}
