@@ -31,6 +31,113 @@
 
 
 /**
+ * Task and batch states (plain integers on the ABI).
+ */
+#define STATE_PENDING 0
+
+#define STATE_COMPLETED 1
+
+#define STATE_FAILED 2
+
+/**
+ * Largest single send/recv; keeps each syscall (and each revocation check)
+ * bounded.
+ */
+#define MAX_IO_CHUNK (16 << 20)
+
+/**
+ * Requests per window, and bytes per window for writes (more pipelining
+ * buys nothing once a window covers several socket buffers).
+ */
+#define WINDOW_REQUESTS 256
+
+#define WINDOW_BYTES (8 << 20)
+
+/**
+ * Smallest and largest handshake frame limits Mooncake accepts.
+ */
+#define HANDSHAKE_MIN_LIMIT (1 << 20)
+
+#define HANDSHAKE_MAX_LIMIT (128 << 20)
+
+/**
+ * Data-port opcodes.
+ */
+#define OP_READ_V1 0
+
+#define OP_WRITE_V1 1
+
+#define OP_READ_V2 128
+
+#define OP_WRITE_V2 129
+
+/**
+ * Size of the request header on the data port.
+ */
+#define HEADER_LEN 24
+
+/**
+ * Size of the v2 status frame.
+ */
+#define STATUS_LEN 8
+
+/**
+ * v2 status codes.
+ */
+#define STATUS_OK 0
+
+#define STATUS_REJECTED 1
+
+/**
+ * Message level INFO (Python's `logging.INFO`).
+ */
+#define PDX_LOG_INFO 20
+
+/**
+ * Message level WARNING (Python's `logging.WARNING`).
+ */
+#define PDX_LOG_WARNING 30
+
+/**
+ * Kind of a parsed IB device configuration: nothing configured.
+ */
+#define PDX_IB_CONFIG_NONE 0
+
+/**
+ * Kind of a parsed IB device configuration: one device string for all GPUs.
+ */
+#define PDX_IB_CONFIG_ALL_GPUS 1
+
+/**
+ * Kind of a parsed IB device configuration: a per-GPU mapping.
+ */
+#define PDX_IB_CONFIG_PER_GPU 2
+
+/**
+ * Opaque set of PD server arguments. Made by `pdx_args_new`, released by
+ * `pdx_args_free`.
+ */
+typedef struct pdx_args pdx_args;
+
+/**
+ * Opaque parsed IB device configuration; released by
+ * `pdx_ib_device_config_free`.
+ */
+typedef struct pdx_ib_device_config pdx_ib_device_config;
+
+/**
+ * Opaque result of `pdx_validate_ib_devices`; released by
+ * `pdx_ib_validation_free`.
+ */
+typedef struct pdx_ib_validation pdx_ib_validation;
+
+/**
+ * Opaque result of `pdx_resolve_transport`; released by
+ * `pdx_transport_choice_free`.
+ */
+typedef struct pdx_transport_choice pdx_transport_choice;
+
+/**
  * Result of every fallible pdx call: `PDX_OK` (0) or a negative error code.
  */
 typedef int32_t pdx_status;
@@ -179,12 +286,308 @@ extern "C" {
 const char *pdx_last_error_message(void);
 
 /**
+ * Create an argument set holding SGLang's defaults (mode `null`, backend
+ * `mooncake`, rule set `default`).
+ *
+ * On success `*out` receives a new object owned by the caller, to be
+ * released with `pdx_args_free`. Errors: `PDX_ERR_NULL_ARGUMENT` when `out`
+ * is NULL (nothing is allocated).
+ */
+pdx_status pdx_args_new(pdx_args **out);
+
+/**
+ * Release an argument set and every string it handed out.
+ *
+ * NULL is ignored, and so are pointers that are not live `pdx_args`
+ * (already freed or never made by pdx): they are not touched.
+ */
+void pdx_args_free(pdx_args *args);
+
+/**
+ * Set one argument from text.
+ *
+ * `key` is a ServerArgs field name (`"disaggregation_transfer_backend"`) or
+ * one of its CLI flags (`"--disaggregation-transfer-backend"`, and the
+ * aliases `--data-parallel-size`, `--decode-context-parallel-size`). The
+ * extra key `"pdx_rules"` (`"default"` or `"2026-07"`) picks the rule set
+ * of `pdx_normalize_args`.
+ *
+ * `value` is the text of the value; NULL means Python's `None` and is
+ * accepted only by optional fields (`disaggregation_ib_device`,
+ * `disaggregation_decode_extra_slots`, `speculative_algorithm`,
+ * `max_running_requests`, `mooncake_ib_device`). Booleans accept
+ * `true 1 yes y false 0 no n` in any case; integers are decimal.
+ *
+ * Errors (the object is unchanged): `PDX_ERR_NULL_ARGUMENT` (args or key
+ * NULL), `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INVALID_UTF8`,
+ * `PDX_ERR_UNKNOWN_KEY`, `PDX_ERR_INVALID_VALUE` (the message names the
+ * key and lists the allowed values). On success, strings previously
+ * returned by `pdx_args_get` for this object become invalid.
+ */
+pdx_status pdx_args_set(pdx_args *args, const char *key, const char *value);
+
+/**
+ * Read one argument as text (same keys as `pdx_args_set`).
+ *
+ * On success `*out` is NULL for `None`, else a NUL-terminated string owned
+ * by `args`, valid until the next successful mutation of `args`
+ * (`pdx_args_set`, `pdx_args_parse_argv`, `pdx_normalize_args`) or
+ * `pdx_args_free`. Booleans read back as `"true"`/`"false"`.
+ *
+ * Errors (`*out` untouched): `PDX_ERR_NULL_ARGUMENT`,
+ * `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INVALID_UTF8`, `PDX_ERR_UNKNOWN_KEY`.
+ */
+pdx_status pdx_args_get(const pdx_args *args, const char *key, const char **out);
+
+/**
+ * Read the PD-related SGLang flags from a command line.
+ *
+ * Reads `argc` strings from `argv` (a trailing NULL is not required and
+ * not read). Recognized: `--flag value`, `--flag=value` and bare boolean
+ * flags, for every key of `pdx_args_set` in flag form. Everything else
+ * (the program name, unknown flags and their values, positionals, anything
+ * after `--`) is left alone. A repeated flag: the last one wins.
+ *
+ * All-or-nothing: on error the object is unchanged. Errors:
+ * `PDX_ERR_NULL_ARGUMENT` (args, or argv with argc > 0, or an element),
+ * `PDX_ERR_INVALID_ARGUMENT` (argc < 0), `PDX_ERR_INVALID_HANDLE`,
+ * `PDX_ERR_INVALID_UTF8`, `PDX_ERR_INVALID_VALUE` (a recognized flag with a
+ * bad or missing value: `argument --flag: expected one argument`).
+ */
+pdx_status pdx_args_parse_argv(pdx_args *args, int argc, const char *const *argv);
+
+/**
+ * Apply SGLang's PD rules to `args` (`handle_pd_disaggregation` plus
+ * load-balance defaulting) under the rule set chosen by `pdx_rules`.
+ *
+ * On success the arguments are rewritten (e.g. backend `mooncake_tcp` →
+ * `mooncake`, `disaggregation_ib_device` → None) and the INFO/WARNING lines
+ * are logged (`RUST_LOG`) and kept: read them with `pdx_args_message_count`
+ * / `pdx_args_message`. Strings from `pdx_args_get` and earlier messages
+ * of this object become invalid.
+ *
+ * On failure nothing changes (arguments, messages, environment) and the
+ * exact SGLang message is in `pdx_last_error_message()`:
+ * `PDX_ERR_VALUE_ERROR` where SGLang raises `ValueError`,
+ * `PDX_ERR_ASSERTION` where it fails an `assert`; also
+ * `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
+ *
+ * Environment write: when the `mooncake_tcp` alias applies, and only then,
+ * this call sets `MC_FORCE_TCP=1` in the process environment if the
+ * variable is absent (an existing value, even `0` or empty, is kept). The
+ * write happens under a lock that pdx's own environment reads share, but
+ * other code calling `getenv`/`setenv` concurrently is not protected (a
+ * data race in the C library). Normalize before starting threads that read
+ * the environment. What happened is reported as the first message.
+ */
+pdx_status pdx_normalize_args(pdx_args *args);
+
+/**
+ * Number of messages kept by the last successful `pdx_normalize_args` on
+ * `args` (0 before any). Returns 0 for NULL or a stale handle (the error
+ * is recorded for `pdx_last_error_message`).
+ */
+size_t pdx_args_message_count(const pdx_args *args);
+
+/**
+ * Message `i` (0-based, in emission order) of the last successful
+ * normalization, and its level (`PDX_LOG_INFO` or `PDX_LOG_WARNING`) in
+ * `*level` when `level` is not NULL.
+ *
+ * The text is owned by `args` and valid until the next successful
+ * `pdx_normalize_args` on it or `pdx_args_free`. Returns NULL (and leaves
+ * `*level` untouched) on error: stale handle, or `i` out of range
+ * (`PDX_ERR_INDEX_OUT_OF_RANGE` in the recorded error).
+ */
+const char *pdx_args_message(const pdx_args *args, size_t i, int32_t *level);
+
+/**
+ * Append a transfer-backend name to the accepted choices, process-wide
+ * (SGLang's `add_disagg_transfer_backend_choices`, for plugins). Adding a
+ * name that is already accepted does nothing.
+ *
+ * Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_UTF8`,
+ * `PDX_ERR_INVALID_VALUE` (empty name).
+ */
+pdx_status pdx_add_transfer_backend_choice(const char *name);
+
+/**
  * A static, NUL-terminated description of `status`.
  *
  * Never NULL; the string is owned by pdx and lives for the whole process.
  * An unknown code gives "unknown status code".
  */
 const char *pdx_status_str(pdx_status status);
+
+/**
+ * Decide which Mooncake protocol, hostname and device an engine on
+ * `hostname` should use, reading the process environment.
+ *
+ * - Protocol: `protocol` when not NULL, else `"ascend"` when
+ *   `ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE` is true, else `MOONCAKE_PROTOCOL`
+ *   (default `"rdma"`). Known: rdma, efa, tcp, ascend, nvlink, nvlink_intra,
+ *   nvmeof, cxl, barex, hip.
+ * - `MC_FORCE_TCP` present (any value) forces `"tcp"` with device `""` and
+ *   the plain hostname, as Mooncake does; a false-looking value (`0`,
+ *   `false`, empty) adds a warning.
+ * - Device: `device` (NULL = none) resolved for `gpu_id` like SGLang's
+ *   `get_ib_devices_for_gpu` (comma list, inline JSON mapping, or `.json`
+ *   file); `""` when none.
+ * - Ascend: hostname becomes `host:{free_port}:npu_{ASCEND_NPU_PHY_ID, or
+ *   gpu_id when that is -1}`.
+ *
+ * A negative `gpu_id` means "not given" and counts as 0.
+ *
+ * On success `*out` receives a new object owned by the caller (free with
+ * `pdx_transport_choice_free`). Errors (`*out` untouched):
+ * `PDX_ERR_NULL_ARGUMENT` (hostname or out NULL), `PDX_ERR_INVALID_UTF8`,
+ * `PDX_ERR_UNKNOWN_PROTOCOL` (the message lists the known ones), the IB
+ * configuration errors (`PDX_ERR_VALUE_ERROR`, `PDX_ERR_RUNTIME`), and
+ * `PDX_ERR_IO` when no free port is found for Ascend.
+ */
+pdx_status pdx_resolve_transport(const char *hostname,
+                                 const char *protocol,
+                                 const char *device,
+                                 int32_t gpu_id,
+                                 pdx_transport_choice **out);
+
+/**
+ * The protocol to initialize with (`"rdma"`, `"tcp"`, `"ascend"`, ...).
+ * Owned by `choice`; NULL for NULL or a stale handle (error recorded).
+ */
+const char *pdx_transport_choice_protocol(const pdx_transport_choice *choice);
+
+/**
+ * The hostname to initialize with (Ascend: with `:port:npu_N`; the session
+ * id still uses the plain host). Owned by `choice`; NULL on a bad handle.
+ */
+const char *pdx_transport_choice_hostname(const pdx_transport_choice *choice);
+
+/**
+ * The device filter (`""` = auto discovery, or TCP forced). Owned by
+ * `choice`; NULL on a bad handle.
+ */
+const char *pdx_transport_choice_device(const pdx_transport_choice *choice);
+
+/**
+ * One sentence saying why this protocol was chosen. Owned by `choice`;
+ * NULL on a bad handle.
+ */
+const char *pdx_transport_choice_reason(const pdx_transport_choice *choice);
+
+/**
+ * Number of warnings about the environment (0 on a bad handle).
+ */
+size_t pdx_transport_choice_warning_count(const pdx_transport_choice *choice);
+
+/**
+ * Warning `i`, owned by `choice`. NULL on a bad handle or when `i` is out
+ * of range (`PDX_ERR_INDEX_OUT_OF_RANGE` recorded).
+ */
+const char *pdx_transport_choice_warning(const pdx_transport_choice *choice, size_t i);
+
+/**
+ * Release a transport choice and its strings. NULL and stale pointers are
+ * ignored.
+ */
+void pdx_transport_choice_free(pdx_transport_choice *choice);
+
+/**
+ * SGLang's `parse_ib_device_config`: parse `text` (NULL or blank = nothing
+ * configured; a comma list kept as one string; an inline JSON object
+ * `{"0": "mlx5_0"}`; or a path ending in `.json`).
+ *
+ * On success `*out` receives a new object owned by the caller (free with
+ * `pdx_ib_device_config_free`). Errors (`*out` untouched):
+ * `PDX_ERR_NULL_ARGUMENT` (out), `PDX_ERR_INVALID_UTF8`, and SGLang's
+ * `PDX_ERR_VALUE_ERROR` / `PDX_ERR_RUNTIME` with the exact texts.
+ */
+pdx_status pdx_parse_ib_device_config(const char *text, pdx_ib_device_config **out);
+
+/**
+ * The kind of `config`: `PDX_IB_CONFIG_NONE`, `PDX_IB_CONFIG_ALL_GPUS` or
+ * `PDX_IB_CONFIG_PER_GPU`, written to `*kind` on success.
+ * Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
+ */
+pdx_status pdx_ib_device_config_kind(const pdx_ib_device_config *config, int32_t *kind);
+
+/**
+ * Number of GPU entries of a per-GPU mapping (0 for the other kinds),
+ * written to `*count`. Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
+ */
+pdx_status pdx_ib_device_config_gpu_count(const pdx_ib_device_config *config, size_t *count);
+
+/**
+ * Entry `i` of a per-GPU mapping, in the JSON object's order: its GPU id
+ * and its device string (trimmed, not split; owned by `config`).
+ * Errors (outputs untouched): `PDX_ERR_NULL_ARGUMENT`,
+ * `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INDEX_OUT_OF_RANGE`.
+ */
+pdx_status pdx_ib_device_config_gpu_at(const pdx_ib_device_config *config,
+                                       size_t i,
+                                       int64_t *gpu_id,
+                                       const char **devices);
+
+/**
+ * SGLang's `get_ib_devices_for_gpu` on a parsed configuration: `*devices`
+ * is NULL when nothing is configured, else the device string for `gpu_id`
+ * (owned by `config`, valid until it is freed).
+ *
+ * Errors (`*devices` untouched): `PDX_ERR_NULL_ARGUMENT`,
+ * `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_VALUE_ERROR`
+ * (`No IB devices configured for GPU 2. Available GPUs: [0, 1]`).
+ */
+pdx_status pdx_ib_devices_for_gpu(const pdx_ib_device_config *config,
+                                  int64_t gpu_id,
+                                  const char **devices);
+
+/**
+ * Release a parsed IB configuration and its strings. NULL and stale
+ * pointers are ignored.
+ */
+void pdx_ib_device_config_free(pdx_ib_device_config *config);
+
+/**
+ * SGLang's `ServerArgs._validate_ib_devices(devices)`, checking device
+ * names against the entries of `sysfs_root` (NULL = `/sys/class/infiniband`;
+ * tests pass a directory of their own).
+ *
+ * On success `*out` receives a new object owned by the caller (free with
+ * `pdx_ib_validation_free`): the normalized devices (NULL when `devices` is
+ * NULL, meaning auto discovery; a comma list; or compact JSON
+ * `{"0":"mlx5_0,mlx5_1"}`) and its warnings. Errors (`*out` untouched):
+ * `PDX_ERR_NULL_ARGUMENT` (out), `PDX_ERR_INVALID_UTF8`,
+ * `PDX_ERR_VALUE_ERROR` and `PDX_ERR_RUNTIME` with SGLang's texts.
+ */
+pdx_status pdx_validate_ib_devices(const char *devices,
+                                   const char *sysfs_root,
+                                   pdx_ib_validation **out);
+
+/**
+ * The normalized devices of a validation, written to `*devices`: NULL for
+ * auto discovery, else a string owned by `validation`.
+ * Errors (`*devices` untouched): `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
+ */
+pdx_status pdx_ib_validation_devices(const pdx_ib_validation *validation, const char **devices);
+
+/**
+ * Number of warnings of a validation (0 on a bad handle).
+ */
+size_t pdx_ib_validation_message_count(const pdx_ib_validation *validation);
+
+/**
+ * Warning `i` of a validation, owned by `validation`; its level
+ * (`PDX_LOG_WARNING`) goes to `*level` when `level` is not NULL. NULL on a
+ * bad handle or an out-of-range index.
+ */
+const char *pdx_ib_validation_message(const pdx_ib_validation *validation,
+                                      size_t i,
+                                      int32_t *level);
+
+/**
+ * Release a validation result. NULL and stale pointers are ignored.
+ */
+void pdx_ib_validation_free(pdx_ib_validation *validation);
 
 /**
  * The library version as a static string, e.g. `"pdx/0.1.0"`.

@@ -8,6 +8,7 @@ pub(crate) mod boundary;
 pub mod args;
 pub mod engine;
 pub mod status;
+pub mod transport;
 pub mod version;
 
 pub use status::*;
