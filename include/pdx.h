@@ -99,6 +99,16 @@
 #define PDX_LOG_WARNING 30
 
 /**
+ * Opcode of `pdx_batch_submit`: read remote memory into local memory.
+ */
+#define PDX_OPCODE_READ 0
+
+/**
+ * Opcode of `pdx_batch_submit`: write local memory into remote memory.
+ */
+#define PDX_OPCODE_WRITE 1
+
+/**
  * Kind of a parsed IB device configuration: nothing configured.
  */
 #define PDX_IB_CONFIG_NONE 0
@@ -120,6 +130,12 @@
 typedef struct pdx_args pdx_args;
 
 /**
+ * Opaque transfer engine. Made by `pdx_engine_init`, released by
+ * `pdx_engine_free`.
+ */
+typedef struct pdx_engine pdx_engine;
+
+/**
  * Opaque parsed IB device configuration; released by
  * `pdx_ib_device_config_free`.
  */
@@ -132,6 +148,12 @@ typedef struct pdx_ib_device_config pdx_ib_device_config;
 typedef struct pdx_ib_validation pdx_ib_validation;
 
 /**
+ * Opaque list of received notifications. Made by `pdx_notifications_drain`,
+ * released by `pdx_notifications_free`.
+ */
+typedef struct pdx_notifications pdx_notifications;
+
+/**
  * Opaque result of `pdx_resolve_transport`; released by
  * `pdx_transport_choice_free`.
  */
@@ -141,6 +163,33 @@ typedef struct pdx_transport_choice pdx_transport_choice;
  * Result of every fallible pdx call: `PDX_OK` (0) or a negative error code.
  */
 typedef int32_t pdx_status;
+
+/**
+ * Summary of an asynchronous batch, filled by `pdx_batch_status`.
+ */
+typedef struct {
+  /**
+   * `PDX_TASK_PENDING` until every task is terminal, then
+   * `PDX_TASK_COMPLETED` or `PDX_TASK_FAILED`.
+   */
+  int32_t state;
+  /**
+   * Number of tasks (entries) in the batch.
+   */
+  size_t total;
+  /**
+   * Tasks confirmed at the target.
+   */
+  size_t completed;
+  /**
+   * Tasks that failed.
+   */
+  size_t failed;
+  /**
+   * Bytes confirmed at the target so far.
+   */
+  uint64_t bytes;
+} pdx_batch_summary;
 
 /**
  * Success.
@@ -410,6 +459,234 @@ const char *pdx_args_message(const pdx_args *args, size_t i, int32_t *level);
  * `PDX_ERR_INVALID_VALUE` (empty name).
  */
 pdx_status pdx_add_transfer_backend_choice(const char *name);
+
+/**
+ * Start a transfer engine on `hostname`.
+ *
+ * The transport is resolved exactly as `pdx_resolve_transport` does it
+ * (explicit `protocol` > `MOONCAKE_PROTOCOL`, default `"rdma"`;
+ * `MC_FORCE_TCP` present forces `"tcp"`). When the result is `"tcp"`, the
+ * native engine starts: a handshake listener and a data listener on
+ * `hostname`'s address, ports picked in `MC_MIN_RPC_PORT..MC_MAX_RPC_PORT`.
+ * Other protocols need Mooncake's own engine and fail with
+ * `PDX_ERR_BACKEND_UNAVAILABLE` until that backend is loaded.
+ *
+ * `hostname` is required; `protocol` and `device` may be NULL. On success
+ * `*out` receives an engine owned by the caller (release it with
+ * `pdx_engine_free`); on error `*out` is untouched.
+ */
+pdx_status pdx_engine_init(const char *hostname,
+                           const char *protocol,
+                           const char *device,
+                           pdx_engine **out);
+
+/**
+ * Stop and free an engine: listeners close, in-flight transfers fail,
+ * every engine thread is joined before this returns. NULL (and an already
+ * freed engine) is ignored. Other threads must not use the engine after
+ * this call starts; calls already inside it finish with an error.
+ */
+void pdx_engine_free(pdx_engine *engine);
+
+/**
+ * The engine's session id, `host:rpc_port` (IPv6 hosts bracketed): the name
+ * peers pass as `session`. Owned by the engine, valid until
+ * `pdx_engine_free`. NULL for an invalid engine (see the last error).
+ */
+const char *pdx_engine_session_id(const pdx_engine *engine);
+
+/**
+ * The engine's handshake (RPC) port; 0 for an invalid engine.
+ */
+uint16_t pdx_engine_rpc_port(const pdx_engine *engine);
+
+/**
+ * The protocol really in use (`"tcp"` for the native engine). Owned by the
+ * engine, valid until `pdx_engine_free`; NULL for an invalid engine.
+ */
+const char *pdx_engine_protocol(const pdx_engine *engine);
+
+/**
+ * Let peers read and write `[addr, addr+len)`. The memory stays owned by
+ * the caller and must stay valid until it is unregistered (or the engine
+ * freed). Zero lengths and overlaps with registered regions fail with
+ * `PDX_ERR_ADDRESS_OVERLAP`; NULL `addr` with `PDX_ERR_NULL_ARGUMENT`.
+ */
+pdx_status pdx_register_memory(pdx_engine *engine, void *addr, size_t len);
+
+/**
+ * Withdraw the region that starts at `addr`. Returns once no inbound
+ * request touches it any more (an inbound transfer into it is cut off).
+ * `PDX_ERR_NOT_FOUND` if no region starts there.
+ */
+pdx_status pdx_unregister_memory(pdx_engine *engine, void *addr);
+
+/**
+ * Register `n` regions (`addrs[i]`, `lens[i]`), all or none.
+ */
+pdx_status pdx_batch_register_memory(pdx_engine *engine,
+                                     void *const *addrs,
+                                     const size_t *lens,
+                                     size_t n);
+
+/**
+ * Unregister `n` regions by start address, all or none.
+ */
+pdx_status pdx_batch_unregister_memory(pdx_engine *engine, void *const *addrs, size_t n);
+
+/**
+ * Write `len` bytes from `local` to `remote_addr` in the peer `session`
+ * (`host:rpc_port`). Returns `PDX_OK` only when every byte is confirmed at
+ * the target. `PDX_ERR_REMOTE_REJECTED` when the peer has not registered
+ * that range; connection and timeout errors as named.
+ */
+pdx_status pdx_transfer_sync_write(pdx_engine *engine,
+                                   const char *session,
+                                   const void *local,
+                                   uint64_t remote_addr,
+                                   size_t len);
+
+/**
+ * Read `len` bytes at `remote_addr` in the peer `session` into `local`
+ * (the destination). `PDX_OK` only when every byte has arrived.
+ */
+pdx_status pdx_transfer_sync_read(pdx_engine *engine,
+                                  const char *session,
+                                  void *local,
+                                  uint64_t remote_addr,
+                                  size_t len);
+
+/**
+ * Write `n` entries (`locals[i]` → `remotes[i]`, `lens[i]` bytes) to one
+ * peer. `PDX_OK` only when every entry is confirmed; otherwise the status
+ * of the first failed entry, and the message counts the failures. Entries
+ * may complete in any order; a failed entry does not stop the others.
+ */
+pdx_status pdx_batch_transfer_sync_write(pdx_engine *engine,
+                                         const char *session,
+                                         void *const *locals,
+                                         const uint64_t *remotes,
+                                         const size_t *lens,
+                                         size_t n);
+
+/**
+ * Read `n` entries (`remotes[i]` → `locals[i]`, `lens[i]` bytes) from one
+ * peer; as `pdx_batch_transfer_sync_write`.
+ */
+pdx_status pdx_batch_transfer_sync_read(pdx_engine *engine,
+                                        const char *session,
+                                        void *const *locals,
+                                        const uint64_t *remotes,
+                                        const size_t *lens,
+                                        size_t n);
+
+/**
+ * Start an asynchronous batch of `n` entries to `session` and write its id
+ * (never 0) to `*out_batch`. `opcode` is `PDX_OPCODE_READ` or
+ * `PDX_OPCODE_WRITE`. With `notify_name` and `notify_msg` both non-NULL, a
+ * notification is sent to the peer after every entry completed (both NULL:
+ * none). Local memory must stay valid until the batch is finished. Poll
+ * with `pdx_batch_status` / `pdx_task_status`, wait with `pdx_batch_wait`,
+ * release with `pdx_batch_free`.
+ */
+pdx_status pdx_batch_submit(pdx_engine *engine,
+                            const char *session,
+                            int32_t opcode,
+                            void *const *locals,
+                            const uint64_t *remotes,
+                            const size_t *lens,
+                            size_t n,
+                            const char *notify_name,
+                            const char *notify_msg,
+                            uint64_t *out_batch);
+
+/**
+ * Fill `*out` with the batch's summary (state, counts, bytes). A stale,
+ * freed or made-up id gives `PDX_ERR_INVALID_HANDLE`.
+ */
+pdx_status pdx_batch_status(pdx_engine *engine, uint64_t batch, pdx_batch_summary *out);
+
+/**
+ * One task's state (`PDX_TASK_*`), bytes confirmed, and the status code of
+ * its failure (`PDX_OK` when it has none). Any out-param may be NULL.
+ * `PDX_ERR_INDEX_OUT_OF_RANGE` for `task >= total`.
+ */
+pdx_status pdx_task_status(pdx_engine *engine,
+                           uint64_t batch,
+                           size_t task,
+                           int32_t *state,
+                           uint64_t *bytes,
+                           pdx_status *error);
+
+/**
+ * Copy the failure text of one task into `buf` (`buf_len` bytes,
+ * NUL-terminated, truncated if needed) and its full length (without the
+ * NUL) into `*out_len` (may be NULL). An empty string when the task has not
+ * failed. `buf` may be NULL when `buf_len` is 0 (to ask for the length).
+ */
+pdx_status pdx_task_error_message(pdx_engine *engine,
+                                  uint64_t batch,
+                                  size_t task,
+                                  char *buf,
+                                  size_t buf_len,
+                                  size_t *out_len);
+
+/**
+ * Wait up to `timeout_ms` for the batch to finish. `PDX_OK` once every task
+ * is terminal, with the batch state (`PDX_TASK_COMPLETED` or
+ * `PDX_TASK_FAILED`) in `*out_state` (may be NULL); `PDX_ERR_TIMEOUT` while
+ * tasks are still in flight. Every task reaches a terminal state within the
+ * engine's deadlines, so waiting again always ends.
+ */
+pdx_status pdx_batch_wait(pdx_engine *engine,
+                          uint64_t batch,
+                          uint32_t timeout_ms,
+                          int32_t *out_state);
+
+/**
+ * Release a finished batch; its id becomes invalid. `PDX_ERR_BUSY` while
+ * tasks are in flight (nothing is freed then).
+ */
+pdx_status pdx_batch_free(pdx_engine *engine, uint64_t batch);
+
+/**
+ * Ask `session` whether it is alive. `PDX_OK` when it answered.
+ */
+pdx_status pdx_send_probe(pdx_engine *engine, const char *session);
+
+/**
+ * Send the notification (`name`, `msg`) to `session`, as Mooncake's notify.
+ * `PDX_ERR_NOTIFY_REJECTED` if the peer refused it.
+ */
+pdx_status pdx_send_notify(pdx_engine *engine,
+                           const char *session,
+                           const char *name,
+                           const char *msg);
+
+/**
+ * Take every notification received so far (oldest first) into a new list
+ * owned by the caller (`*out`; release with `pdx_notifications_free`).
+ */
+pdx_status pdx_notifications_drain(pdx_engine *engine, pdx_notifications **out);
+
+/**
+ * Number of notifications in the list; 0 for NULL or an invalid list.
+ */
+size_t pdx_notifications_count(const pdx_notifications *list);
+
+/**
+ * Entry `i` of the list: `*name` and `*msg` point to strings owned by the
+ * list, valid until `pdx_notifications_free`. Either out-param may be NULL.
+ */
+pdx_status pdx_notification_get(const pdx_notifications *list,
+                                size_t i,
+                                const char **name,
+                                const char **msg);
+
+/**
+ * Release a notification list; NULL is ignored.
+ */
+void pdx_notifications_free(pdx_notifications *list);
 
 /**
  * A static, NUL-terminated description of `status`.

@@ -123,6 +123,15 @@ pub(crate) fn out_ptr<T>(ptr: *mut T, what: &str) -> Result<*mut T> {
     Ok(ptr)
 }
 
+/// An optional out-param: NULL means "not wanted"; a misaligned pointer is
+/// refused. Check every out-param before doing any work.
+pub(crate) fn opt_out_ptr<T>(ptr: *mut T, what: &str) -> Result<Option<*mut T>> {
+    if ptr.is_null() {
+        return Ok(None);
+    }
+    out_ptr(ptr, what).map(Some)
+}
+
 /// A C array argument of `len` elements. `len == 0` gives an empty slice
 /// whatever the pointer.
 ///

@@ -1,1 +1,528 @@
 //! C ABI for the transfer engine.
+//!
+//! A `pdx_engine` is safe to use from many threads at once. Memory passed as
+//! `local` must stay valid until the call returns (sync calls) or until the
+//! batch is finished (asynchronous batches). Remote addresses are absolute
+//! addresses in the peer's process, inside memory the peer registered.
+//!
+//! ```c
+//! pdx_engine *e;
+//! if (pdx_engine_init("10.0.0.2", "tcp", NULL, &e) != PDX_OK) die(pdx_last_error_message());
+//! pdx_register_memory(e, kv_pool, kv_pool_bytes);
+//! pdx_transfer_sync_write(e, "10.0.0.3:15123", src, remote_addr, len);
+//! pdx_engine_free(e);
+//! ```
+
+use std::ffi::{c_char, c_void, CString};
+use std::time::Duration;
+
+use super::args::to_cstring;
+use super::boundary::{c_slice, c_str, guard, guard_or, opt_c_str, opt_out_ptr, out_ptr, HandleTable};
+use super::status::{pdx_status, status_of, PDX_OK};
+use crate::config::transport::resolve_transport_from_process_env;
+use crate::engine::{Direction, Engine, Request};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Opaque transfer engine. Made by `pdx_engine_init`, released by
+/// `pdx_engine_free`.
+#[allow(non_camel_case_types)]
+pub struct pdx_engine {
+    _private: [u8; 0],
+}
+
+/// Opaque list of received notifications. Made by `pdx_notifications_drain`,
+/// released by `pdx_notifications_free`.
+#[allow(non_camel_case_types)]
+pub struct pdx_notifications {
+    _private: [u8; 0],
+}
+
+/// Opcode of `pdx_batch_submit`: read remote memory into local memory.
+pub const PDX_OPCODE_READ: i32 = 0;
+/// Opcode of `pdx_batch_submit`: write local memory into remote memory.
+pub const PDX_OPCODE_WRITE: i32 = 1;
+
+/// Task or batch state: still in flight.
+pub const PDX_TASK_PENDING: i32 = crate::engine::STATE_PENDING;
+/// Task or batch state: every byte confirmed at the target.
+pub const PDX_TASK_COMPLETED: i32 = crate::engine::STATE_COMPLETED;
+/// Task or batch state: failed (a batch: at least one task failed).
+pub const PDX_TASK_FAILED: i32 = crate::engine::STATE_FAILED;
+
+/// Summary of an asynchronous batch, filled by `pdx_batch_status`.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy)]
+pub struct pdx_batch_summary {
+    /// `PDX_TASK_PENDING` until every task is terminal, then
+    /// `PDX_TASK_COMPLETED` or `PDX_TASK_FAILED`.
+    pub state: i32,
+    /// Number of tasks (entries) in the batch.
+    pub total: usize,
+    /// Tasks confirmed at the target.
+    pub completed: usize,
+    /// Tasks that failed.
+    pub failed: usize,
+    /// Bytes confirmed at the target so far.
+    pub bytes: u64,
+}
+
+struct EngineHandle {
+    engine: Engine,
+    session_id: CString,
+    protocol: CString,
+}
+
+static ENGINES: HandleTable<EngineHandle> = HandleTable::new("pdx_engine");
+static NOTIFICATIONS: HandleTable<Vec<(CString, CString)>> = HandleTable::new("pdx_notifications");
+
+/// Start a transfer engine on `hostname`.
+///
+/// The transport is resolved exactly as `pdx_resolve_transport` does it
+/// (explicit `protocol` > `MOONCAKE_PROTOCOL`, default `"rdma"`;
+/// `MC_FORCE_TCP` present forces `"tcp"`). When the result is `"tcp"`, the
+/// native engine starts: a handshake listener and a data listener on
+/// `hostname`'s address, ports picked in `MC_MIN_RPC_PORT..MC_MAX_RPC_PORT`.
+/// Other protocols need Mooncake's own engine and fail with
+/// `PDX_ERR_BACKEND_UNAVAILABLE` until that backend is loaded.
+///
+/// `hostname` is required; `protocol` and `device` may be NULL. On success
+/// `*out` receives an engine owned by the caller (release it with
+/// `pdx_engine_free`); on error `*out` is untouched.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_engine_init(
+    hostname: *const c_char,
+    protocol: *const c_char,
+    device: *const c_char,
+    out: *mut *mut pdx_engine,
+) -> pdx_status {
+    guard("pdx_engine_init", || {
+        let out = out_ptr(out, "out")?;
+        let hostname = c_str(hostname, "hostname")?;
+        let protocol = opt_c_str(protocol, "protocol")?;
+        let device = opt_c_str(device, "device")?;
+        let choice = resolve_transport_from_process_env(hostname, protocol, device, -1)?;
+        for w in &choice.warnings {
+            log::warn!("{w}");
+        }
+        if choice.protocol != "tcp" {
+            return Err(Error::new(
+                ErrorKind::BackendUnavailable,
+                format!(
+                    "protocol '{}' ({}) needs Mooncake's Transfer Engine, which this process has not loaded; \
+                     the native engine speaks only 'tcp' (set MOONCAKE_PROTOCOL=tcp or MC_FORCE_TCP=1)",
+                    choice.protocol, choice.reason
+                ),
+            ));
+        }
+        log::info!("pdx_engine_init: {}", choice.reason);
+        let engine = Engine::start(&choice.hostname)?;
+        let handle = EngineHandle {
+            session_id: to_cstring(engine.session_id(), "session id")?,
+            protocol: to_cstring(&choice.protocol, "protocol")?,
+            engine,
+        };
+        *out = ENGINES.insert(handle);
+        Ok(())
+    })
+}
+
+/// Stop and free an engine: listeners close, in-flight transfers fail,
+/// every engine thread is joined before this returns. NULL (and an already
+/// freed engine) is ignored. Other threads must not use the engine after
+/// this call starts; calls already inside it finish with an error.
+#[no_mangle]
+pub extern "C" fn pdx_engine_free(engine: *mut pdx_engine) {
+    guard_or("pdx_engine_free", (), || {
+        if let Some(handle) = ENGINES.remove(engine) {
+            handle.engine.stop();
+        }
+        Ok(())
+    })
+}
+
+/// The engine's session id, `host:rpc_port` (IPv6 hosts bracketed): the name
+/// peers pass as `session`. Owned by the engine, valid until
+/// `pdx_engine_free`. NULL for an invalid engine (see the last error).
+#[no_mangle]
+pub extern "C" fn pdx_engine_session_id(engine: *const pdx_engine) -> *const c_char {
+    guard_or("pdx_engine_session_id", std::ptr::null(), || Ok(ENGINES.get(engine)?.session_id.as_ptr()))
+}
+
+/// The engine's handshake (RPC) port; 0 for an invalid engine.
+#[no_mangle]
+pub extern "C" fn pdx_engine_rpc_port(engine: *const pdx_engine) -> u16 {
+    guard_or("pdx_engine_rpc_port", 0, || Ok(ENGINES.get(engine)?.engine.rpc_port()))
+}
+
+/// The protocol really in use (`"tcp"` for the native engine). Owned by the
+/// engine, valid until `pdx_engine_free`; NULL for an invalid engine.
+#[no_mangle]
+pub extern "C" fn pdx_engine_protocol(engine: *const pdx_engine) -> *const c_char {
+    guard_or("pdx_engine_protocol", std::ptr::null(), || Ok(ENGINES.get(engine)?.protocol.as_ptr()))
+}
+
+fn region(addr: *const c_void, len: usize, i: Option<usize>) -> Result<(u64, u64)> {
+    let at = i.map(|i| format!(" (entry {i})")).unwrap_or_default();
+    if addr.is_null() {
+        return Err(Error::new(ErrorKind::NullArgument, format!("addr is NULL{at}")));
+    }
+    Ok((addr as u64, len as u64))
+}
+
+/// Let peers read and write `[addr, addr+len)`. The memory stays owned by
+/// the caller and must stay valid until it is unregistered (or the engine
+/// freed). Zero lengths and overlaps with registered regions fail with
+/// `PDX_ERR_ADDRESS_OVERLAP`; NULL `addr` with `PDX_ERR_NULL_ARGUMENT`.
+#[no_mangle]
+pub extern "C" fn pdx_register_memory(engine: *mut pdx_engine, addr: *mut c_void, len: usize) -> pdx_status {
+    guard("pdx_register_memory", || {
+        let h = ENGINES.get(engine)?;
+        let (a, l) = region(addr, len, None)?;
+        h.engine.register(a, l)
+    })
+}
+
+/// Withdraw the region that starts at `addr`. Returns once no inbound
+/// request touches it any more (an inbound transfer into it is cut off).
+/// `PDX_ERR_NOT_FOUND` if no region starts there.
+#[no_mangle]
+pub extern "C" fn pdx_unregister_memory(engine: *mut pdx_engine, addr: *mut c_void) -> pdx_status {
+    guard("pdx_unregister_memory", || {
+        let h = ENGINES.get(engine)?;
+        let (a, _) = region(addr, 0, None)?;
+        h.engine.unregister(a)
+    })
+}
+
+/// Register `n` regions (`addrs[i]`, `lens[i]`), all or none.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_batch_register_memory(
+    engine: *mut pdx_engine,
+    addrs: *const *mut c_void,
+    lens: *const usize,
+    n: usize,
+) -> pdx_status {
+    guard("pdx_batch_register_memory", || {
+        let h = ENGINES.get(engine)?;
+        let addrs = c_slice(addrs, n, "addrs")?;
+        let lens = c_slice(lens, n, "lens")?;
+        let regions = addrs.iter().zip(lens).enumerate().map(|(i, (&a, &l))| region(a, l, Some(i))).collect::<Result<Vec<_>>>()?;
+        h.engine.register_batch(&regions)
+    })
+}
+
+/// Unregister `n` regions by start address, all or none.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_batch_unregister_memory(engine: *mut pdx_engine, addrs: *const *mut c_void, n: usize) -> pdx_status {
+    guard("pdx_batch_unregister_memory", || {
+        let h = ENGINES.get(engine)?;
+        let addrs = c_slice(addrs, n, "addrs")?;
+        let starts = addrs.iter().enumerate().map(|(i, &a)| region(a, 0, Some(i)).map(|r| r.0)).collect::<Result<Vec<_>>>()?;
+        h.engine.unregister_batch(&starts)
+    })
+}
+
+unsafe fn requests(locals: *const *mut c_void, remotes: *const u64, lens: *const usize, n: usize) -> Result<Vec<Request>> {
+    let locals = c_slice(locals, n, "locals")?;
+    let remotes = c_slice(remotes, n, "remotes")?;
+    let lens = c_slice(lens, n, "lens")?;
+    Ok((0..n).map(|i| Request { local: locals[i] as usize, remote: remotes[i], len: lens[i] }).collect())
+}
+
+unsafe fn sync(engine: *mut pdx_engine, session: *const c_char, dir: Direction, reqs: Result<Vec<Request>>) -> Result<()> {
+    let h = ENGINES.get(engine)?;
+    let session = c_str(session, "session")?;
+    h.engine.transfer_sync(session, dir, reqs?)
+}
+
+/// Write `len` bytes from `local` to `remote_addr` in the peer `session`
+/// (`host:rpc_port`). Returns `PDX_OK` only when every byte is confirmed at
+/// the target. `PDX_ERR_REMOTE_REJECTED` when the peer has not registered
+/// that range; connection and timeout errors as named.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_transfer_sync_write(
+    engine: *mut pdx_engine,
+    session: *const c_char,
+    local: *const c_void,
+    remote_addr: u64,
+    len: usize,
+) -> pdx_status {
+    guard("pdx_transfer_sync_write", || {
+        let r = Request { local: local as usize, remote: remote_addr, len };
+        sync(engine, session, Direction::Write, Ok(vec![r]))
+    })
+}
+
+/// Read `len` bytes at `remote_addr` in the peer `session` into `local`
+/// (the destination). `PDX_OK` only when every byte has arrived.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_transfer_sync_read(
+    engine: *mut pdx_engine,
+    session: *const c_char,
+    local: *mut c_void,
+    remote_addr: u64,
+    len: usize,
+) -> pdx_status {
+    guard("pdx_transfer_sync_read", || {
+        let r = Request { local: local as usize, remote: remote_addr, len };
+        sync(engine, session, Direction::Read, Ok(vec![r]))
+    })
+}
+
+/// Write `n` entries (`locals[i]` → `remotes[i]`, `lens[i]` bytes) to one
+/// peer. `PDX_OK` only when every entry is confirmed; otherwise the status
+/// of the first failed entry, and the message counts the failures. Entries
+/// may complete in any order; a failed entry does not stop the others.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_batch_transfer_sync_write(
+    engine: *mut pdx_engine,
+    session: *const c_char,
+    locals: *const *mut c_void,
+    remotes: *const u64,
+    lens: *const usize,
+    n: usize,
+) -> pdx_status {
+    guard("pdx_batch_transfer_sync_write", || sync(engine, session, Direction::Write, requests(locals, remotes, lens, n)))
+}
+
+/// Read `n` entries (`remotes[i]` → `locals[i]`, `lens[i]` bytes) from one
+/// peer; as `pdx_batch_transfer_sync_write`.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_batch_transfer_sync_read(
+    engine: *mut pdx_engine,
+    session: *const c_char,
+    locals: *const *mut c_void,
+    remotes: *const u64,
+    lens: *const usize,
+    n: usize,
+) -> pdx_status {
+    guard("pdx_batch_transfer_sync_read", || sync(engine, session, Direction::Read, requests(locals, remotes, lens, n)))
+}
+
+/// Start an asynchronous batch of `n` entries to `session` and write its id
+/// (never 0) to `*out_batch`. `opcode` is `PDX_OPCODE_READ` or
+/// `PDX_OPCODE_WRITE`. With `notify_name` and `notify_msg` both non-NULL, a
+/// notification is sent to the peer after every entry completed (both NULL:
+/// none). Local memory must stay valid until the batch is finished. Poll
+/// with `pdx_batch_status` / `pdx_task_status`, wait with `pdx_batch_wait`,
+/// release with `pdx_batch_free`.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_batch_submit(
+    engine: *mut pdx_engine,
+    session: *const c_char,
+    opcode: i32,
+    locals: *const *mut c_void,
+    remotes: *const u64,
+    lens: *const usize,
+    n: usize,
+    notify_name: *const c_char,
+    notify_msg: *const c_char,
+    out_batch: *mut u64,
+) -> pdx_status {
+    guard("pdx_batch_submit", || {
+        let out = out_ptr(out_batch, "out_batch")?;
+        let h = ENGINES.get(engine)?;
+        let session = c_str(session, "session")?;
+        let dir = match opcode {
+            PDX_OPCODE_READ => Direction::Read,
+            PDX_OPCODE_WRITE => Direction::Write,
+            other => return Err(Error::invalid_argument(format!("opcode {other} is neither PDX_OPCODE_READ (0) nor PDX_OPCODE_WRITE (1)"))),
+        };
+        let notify = match (opt_c_str(notify_name, "notify_name")?, opt_c_str(notify_msg, "notify_msg")?) {
+            (Some(n), Some(m)) => Some((n.to_owned(), m.to_owned())),
+            (None, None) => None,
+            _ => return Err(Error::invalid_argument("notify_name and notify_msg must both be NULL or both be set")),
+        };
+        let id = h.engine.submit(session, dir, requests(locals, remotes, lens, n)?, notify)?;
+        *out = id;
+        Ok(())
+    })
+}
+
+/// Fill `*out` with the batch's summary (state, counts, bytes). A stale,
+/// freed or made-up id gives `PDX_ERR_INVALID_HANDLE`.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_batch_status(engine: *mut pdx_engine, batch: u64, out: *mut pdx_batch_summary) -> pdx_status {
+    guard("pdx_batch_status", || {
+        let out = out_ptr(out, "out")?;
+        let s = ENGINES.get(engine)?.engine.batch_summary(batch)?;
+        *out = pdx_batch_summary { state: s.state, total: s.total, completed: s.completed, failed: s.failed, bytes: s.bytes };
+        Ok(())
+    })
+}
+
+/// One task's state (`PDX_TASK_*`), bytes confirmed, and the status code of
+/// its failure (`PDX_OK` when it has none). Any out-param may be NULL.
+/// `PDX_ERR_INDEX_OUT_OF_RANGE` for `task >= total`.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_task_status(
+    engine: *mut pdx_engine,
+    batch: u64,
+    task: usize,
+    state: *mut i32,
+    bytes: *mut u64,
+    error: *mut pdx_status,
+) -> pdx_status {
+    guard("pdx_task_status", || {
+        let state = opt_out_ptr(state, "state")?;
+        let bytes = opt_out_ptr(bytes, "bytes")?;
+        let error = opt_out_ptr(error, "error")?;
+        let t = ENGINES.get(engine)?.engine.task_summary(batch, task)?;
+        if let Some(p) = state {
+            *p = t.state;
+        }
+        if let Some(p) = bytes {
+            *p = t.bytes;
+        }
+        if let Some(p) = error {
+            *p = t.error.map_or(PDX_OK, |e| status_of(e.kind()));
+        }
+        Ok(())
+    })
+}
+
+/// Copy the failure text of one task into `buf` (`buf_len` bytes,
+/// NUL-terminated, truncated if needed) and its full length (without the
+/// NUL) into `*out_len` (may be NULL). An empty string when the task has not
+/// failed. `buf` may be NULL when `buf_len` is 0 (to ask for the length).
+#[no_mangle]
+pub unsafe extern "C" fn pdx_task_error_message(
+    engine: *mut pdx_engine,
+    batch: u64,
+    task: usize,
+    buf: *mut c_char,
+    buf_len: usize,
+    out_len: *mut usize,
+) -> pdx_status {
+    guard("pdx_task_error_message", || {
+        if buf.is_null() && buf_len > 0 {
+            return Err(Error::new(ErrorKind::NullArgument, "buf is NULL but buf_len is not 0"));
+        }
+        let out_len = opt_out_ptr(out_len, "out_len")?;
+        let t = ENGINES.get(engine)?.engine.task_summary(batch, task)?;
+        let text = t.error.map(|e| e.message().to_owned()).unwrap_or_default();
+        if buf_len > 0 {
+            let n = text.len().min(buf_len - 1);
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+            *buf.add(n) = 0;
+        }
+        if let Some(p) = out_len {
+            *p = text.len();
+        }
+        Ok(())
+    })
+}
+
+/// Wait up to `timeout_ms` for the batch to finish. `PDX_OK` once every task
+/// is terminal, with the batch state (`PDX_TASK_COMPLETED` or
+/// `PDX_TASK_FAILED`) in `*out_state` (may be NULL); `PDX_ERR_TIMEOUT` while
+/// tasks are still in flight. Every task reaches a terminal state within the
+/// engine's deadlines, so waiting again always ends.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_batch_wait(engine: *mut pdx_engine, batch: u64, timeout_ms: u32, out_state: *mut i32) -> pdx_status {
+    guard("pdx_batch_wait", || {
+        let out_state = opt_out_ptr(out_state, "out_state")?;
+        let h = ENGINES.get(engine)?;
+        let s = h.engine.batch_wait(batch, Duration::from_millis(u64::from(timeout_ms)))?;
+        if let Some(p) = out_state {
+            *p = s.state;
+        }
+        Ok(())
+    })
+}
+
+/// Release a finished batch; its id becomes invalid. `PDX_ERR_BUSY` while
+/// tasks are in flight (nothing is freed then).
+#[no_mangle]
+pub extern "C" fn pdx_batch_free(engine: *mut pdx_engine, batch: u64) -> pdx_status {
+    guard("pdx_batch_free", || ENGINES.get(engine)?.engine.batch_free(batch))
+}
+
+/// Ask `session` whether it is alive. `PDX_OK` when it answered.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_send_probe(engine: *mut pdx_engine, session: *const c_char) -> pdx_status {
+    guard("pdx_send_probe", || {
+        let h = ENGINES.get(engine)?;
+        h.engine.probe(c_str(session, "session")?)
+    })
+}
+
+/// Send the notification (`name`, `msg`) to `session`, as Mooncake's notify.
+/// `PDX_ERR_NOTIFY_REJECTED` if the peer refused it.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_send_notify(
+    engine: *mut pdx_engine,
+    session: *const c_char,
+    name: *const c_char,
+    msg: *const c_char,
+) -> pdx_status {
+    guard("pdx_send_notify", || {
+        let h = ENGINES.get(engine)?;
+        h.engine.notify(c_str(session, "session")?, c_str(name, "name")?, c_str(msg, "msg")?)
+    })
+}
+
+/// Take every notification received so far (oldest first) into a new list
+/// owned by the caller (`*out`; release with `pdx_notifications_free`).
+#[no_mangle]
+pub unsafe extern "C" fn pdx_notifications_drain(engine: *mut pdx_engine, out: *mut *mut pdx_notifications) -> pdx_status {
+    guard("pdx_notifications_drain", || {
+        let out = out_ptr(out, "out")?;
+        let h = ENGINES.get(engine)?;
+        // A JSON string may carry `\u0000`; C strings cannot, so it is shown
+        // escaped rather than dropping the notification.
+        let list = h
+            .engine
+            .drain_notifications()
+            .into_iter()
+            .map(|(n, m)| {
+                let c = |s: String| CString::new(s.replace('\0', "\\u0000")).unwrap_or_default();
+                (c(n), c(m))
+            })
+            .collect();
+        *out = NOTIFICATIONS.insert(list);
+        Ok(())
+    })
+}
+
+/// Number of notifications in the list; 0 for NULL or an invalid list.
+#[no_mangle]
+pub extern "C" fn pdx_notifications_count(list: *const pdx_notifications) -> usize {
+    guard_or("pdx_notifications_count", 0, || Ok(NOTIFICATIONS.get(list)?.len()))
+}
+
+/// Entry `i` of the list: `*name` and `*msg` point to strings owned by the
+/// list, valid until `pdx_notifications_free`. Either out-param may be NULL.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_notification_get(
+    list: *const pdx_notifications,
+    i: usize,
+    name: *mut *const c_char,
+    msg: *mut *const c_char,
+) -> pdx_status {
+    guard("pdx_notification_get", || {
+        let name = opt_out_ptr(name, "name")?;
+        let msg = opt_out_ptr(msg, "msg")?;
+        let l = NOTIFICATIONS.get(list)?;
+        let (n, m) = l.get(i).ok_or_else(|| {
+            Error::new(ErrorKind::IndexOutOfRange, format!("notification index {i} out of range (list has {})", l.len()))
+        })?;
+        if let Some(p) = name {
+            *p = n.as_ptr();
+        }
+        if let Some(p) = msg {
+            *p = m.as_ptr();
+        }
+        Ok(())
+    })
+}
+
+/// Release a notification list; NULL is ignored.
+#[no_mangle]
+pub extern "C" fn pdx_notifications_free(list: *mut pdx_notifications) {
+    guard_or("pdx_notifications_free", (), || {
+        NOTIFICATIONS.remove(list);
+        Ok(())
+    })
+}
