@@ -1,0 +1,228 @@
+"""pdx_args / pdx_normalize_args through ctypes (python/pdx.py)."""
+
+import ctypes
+
+import pytest
+
+import pdx
+
+_libc = ctypes.CDLL(None)
+_libc.getenv.restype = ctypes.c_char_p
+_libc.getenv.argtypes = [ctypes.c_char_p]
+
+INFO_LINE = "disaggregation transfer backend 'mooncake_tcp' -> mooncake with MC_FORCE_TCP=1 (TCP transport, no RDMA)"
+
+
+def c_getenv(name):
+    """The C library's view (pdx writes with setenv; os.environ is a cached copy)."""
+    raw = _libc.getenv(name.encode())
+    return None if raw is None else raw.decode()
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in ("MC_FORCE_TCP", "SGLANG_DISAGG_STAGING_BUFFER"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    # pdx may have set MC_FORCE_TCP behind os.environ's back.
+    monkeypatch.setenv("MC_FORCE_TCP", "x")
+    monkeypatch.delenv("MC_FORCE_TCP")
+
+
+def test_defaults_and_set_get():
+    with pdx.Args() as a:
+        assert a["disaggregation_mode"] == "null"
+        assert a["--disaggregation-transfer-backend"] == "mooncake"
+        assert a["disaggregation_ib_device"] is None
+        a["enable_hisparse"] = "Y"
+        assert a["enable_hisparse"] == "true"
+        a["--data-parallel-size"] = 3
+        assert a["dp_size"] == "3"
+        a["max_running_requests"] = None
+        assert a["max_running_requests"] is None
+
+
+def test_bad_keys_and_values():
+    a = pdx.Args()
+    with pytest.raises(pdx.PdxError) as e:
+        a.set("model_path", "x")
+    assert e.value.status == pdx.PDX_ERR_UNKNOWN_KEY
+    with pytest.raises(pdx.PdxError) as e:
+        a.set("disaggregation_transfer_backend", "rdma")
+    assert e.value.status == pdx.PDX_ERR_INVALID_VALUE
+    assert e.value.message.endswith("'rdma'; allowed values: mooncake, nixl, ascend, fake, mori, mooncake_tcp")
+    with pytest.raises(pdx.PdxError) as e:
+        a.set("disaggregation_mode", None)
+    assert e.value.status == pdx.PDX_ERR_INVALID_VALUE
+    # Invalid UTF-8 straight through ctypes.
+    assert lib_set(a, b"\xff", b"1") == pdx.PDX_ERR_INVALID_UTF8
+
+
+def lib_set(a, key, value):
+    return pdx.lib.pdx_args_set(a._h, key, value)
+
+
+def test_freed_handle_is_refused():
+    a = pdx.Args()
+    h = a._h
+    a.close()
+    assert pdx.lib.pdx_args_set(h, b"port", b"1") == pdx.PDX_ERR_INVALID_HANDLE
+    assert pdx.lib.pdx_normalize_args(h) == pdx.PDX_ERR_INVALID_HANDLE
+    assert pdx.lib.pdx_args_message_count(h) == 0
+    pdx.lib.pdx_args_free(h)  # second free is ignored
+
+
+def test_mooncake_tcp_argv_normalizes_and_sets_env():
+    a = pdx.Args(argv=["--model-path", "m", "--disaggregation-mode", "prefill",
+                       "--disaggregation-transfer-backend=mooncake_tcp", "--disaggregation-ib-device", "mlx5_0"])
+    msgs = a.normalize()
+    assert a["disaggregation_transfer_backend"] == "mooncake"
+    assert a["disaggregation_ib_device"] is None
+    assert a["load_balance_method"] == "follow_bootstrap_room"
+    assert a["disable_cuda_graph"] == "true"  # default (PR-time) rules
+    assert c_getenv("MC_FORCE_TCP") == "1"
+    assert msgs == [
+        (pdx.PDX_LOG_INFO, "MC_FORCE_TCP=1 set in the process environment (it was unset)"),
+        (pdx.PDX_LOG_INFO, INFO_LINE),
+    ]
+
+
+def test_mc_force_tcp_setdefault_keeps_existing(monkeypatch):
+    monkeypatch.setenv("MC_FORCE_TCP", "0")
+    a = pdx.Args(disaggregation_transfer_backend="mooncake_tcp")
+    msgs = a.normalize()
+    assert c_getenv("MC_FORCE_TCP") == "0"
+    assert msgs[0][0] == pdx.PDX_LOG_WARNING
+    assert msgs[0][1].startswith('MC_FORCE_TCP is already set to "0"; kept (setdefault).')
+    assert msgs[1] == (pdx.PDX_LOG_INFO, INFO_LINE)
+
+
+# SGLang's TestLoadBalanceMethod, through the C ABI.
+@pytest.mark.parametrize("mode,expected", [("null", "round_robin"), ("prefill", "follow_bootstrap_room"),
+                                           ("decode", "round_robin")])
+def test_load_balance_defaults(mode, expected):
+    a = pdx.Args(disaggregation_mode=mode)
+    a.normalize()
+    assert a["load_balance_method"] == expected
+
+
+def test_decode_radix_cache_rejects_hisparse():
+    a = pdx.Args(disaggregation_mode="decode", disaggregation_transfer_backend="nixl",
+                 disaggregation_decode_enable_radix_cache=True, enable_hisparse=True)
+    with pytest.raises(pdx.PdxError) as e:
+        a.normalize()
+    assert e.value.status == pdx.PDX_ERR_VALUE_ERROR
+    assert e.value.message == "--disaggregation-decode-enable-radix-cache is incompatible with --enable-hisparse"
+
+
+@pytest.mark.parametrize("rules,message", [
+    ("default", "--disaggregation-decode-enable-radix-cache currently requires --disaggregation-transfer-backend "
+                "in ('nixl', 'mooncake'), but got 'fake'"),
+    ("2026-07", "--disaggregation-decode-enable-radix-cache is incompatible with --disaggregation-transfer-backend fake"),
+])
+def test_decode_radix_cache_rejects_fake_backend(rules, message):
+    a = pdx.Args(pdx_rules=rules, disaggregation_mode="decode", disaggregation_transfer_backend="fake",
+                 disaggregation_decode_enable_radix_cache=True)
+    with pytest.raises(pdx.PdxError) as e:
+        a.normalize()
+    assert (e.value.status, e.value.message) == (pdx.PDX_ERR_VALUE_ERROR, message)
+
+
+@pytest.mark.parametrize("rules", ["default", "2026-07"])
+def test_decode_radix_cache_allows_mooncake_tcp(rules):
+    a = pdx.Args(pdx_rules=rules, disaggregation_mode="decode", disaggregation_transfer_backend="mooncake_tcp",
+                 disaggregation_decode_enable_radix_cache=True)
+    a.normalize()
+    assert a["disable_radix_cache"] == "false"
+    assert a["disaggregation_transfer_backend"] == "mooncake"
+
+
+def test_prefill_fake_is_assertion_error_and_atomic():
+    a = pdx.Args(disaggregation_mode="prefill", disaggregation_transfer_backend="fake")
+    with pytest.raises(pdx.PdxError) as e:
+        a.normalize()
+    assert e.value.status == pdx.PDX_ERR_ASSERTION
+    assert e.value.message == "Prefill server does not support 'fake' as the transfer backend"
+    assert a["load_balance_method"] == "auto"
+    assert a.messages() == []
+
+
+def test_staging_env_check(monkeypatch):
+    monkeypatch.setenv("SGLANG_DISAGG_STAGING_BUFFER", "true")
+    a = pdx.Args(disaggregation_mode="decode", disaggregation_transfer_backend="mori")
+    with pytest.raises(pdx.PdxError) as e:
+        a.normalize()
+    assert e.value.message == ("SGLANG_DISAGG_STAGING_BUFFER requires disaggregation_transfer_backend='mooncake' "
+                               "or 'nixl', got 'mori'.")
+    monkeypatch.setenv("SGLANG_DISAGG_STAGING_BUFFER", "maybe")
+    msgs = a.normalize()
+    assert (pdx.PDX_LOG_WARNING, 'Invalid value for SGLANG_DISAGG_STAGING_BUFFER: "maybe" is not a valid boolean '
+                                 'value, using default "False"') in msgs
+
+
+@pytest.mark.parametrize("mrr,dp,slots", [(64, 2, "64"), (64, 1, "0"), (1, 4, "0"), (None, 1, "0")])
+def test_extra_slots_2026_07(mrr, dp, slots):
+    a = pdx.Args(pdx_rules="2026-07", disaggregation_mode="decode", max_running_requests=mrr, dp_size=dp)
+    a.normalize()
+    assert a["disaggregation_decode_extra_slots"] == slots
+
+
+def test_parse_argv_missing_value_leaves_args_unchanged():
+    a = pdx.Args()
+    with pytest.raises(pdx.PdxError) as e:
+        a.parse_argv(["--disaggregation-mode", "decode", "--disaggregation-transfer-backend"])
+    assert e.value.message == "argument --disaggregation-transfer-backend: expected one argument"
+    assert a["disaggregation_mode"] == "null"
+
+
+def test_plugin_backend_choice():
+    a = pdx.Args()
+    with pytest.raises(pdx.PdxError):
+        a.set("disaggregation_transfer_backend", "py_plugin")
+    pdx.add_transfer_backend_choice("py_plugin")
+    a.set("disaggregation_transfer_backend", "py_plugin")
+    assert a["disaggregation_transfer_backend"] == "py_plugin"
+
+
+def test_every_config_function_is_declared():
+    for name, restype, argtypes in pdx._CONFIG_SIGNATURES:
+        fn = getattr(pdx.lib, name)
+        assert fn.argtypes == argtypes and fn.restype == restype
+    assert all(sig in pdx._SIGNATURES for sig in pdx._CONFIG_SIGNATURES)
+
+
+def _run_on_worker_threads():
+    """Run every test of this module on a fresh thread.
+
+    pdx_last_error_message() is per thread, and test_basics.py checks that the
+    main thread has seen no failure; the failures provoked here must not leak
+    into it (test files run in alphabetical order).
+    """
+    import functools
+    import threading
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            outcome = {}
+
+            def target():
+                try:
+                    fn(*args, **kwargs)
+                except BaseException as exc:  # re-raised on the test's thread
+                    outcome["error"] = exc
+
+            t = threading.Thread(target=target)
+            t.start()
+            t.join()
+            if "error" in outcome:
+                raise outcome["error"]
+
+        return run
+
+    for name, obj in list(globals().items()):
+        if name.startswith("test_") and callable(obj):
+            globals()[name] = wrap(obj)
+
+
+_run_on_worker_threads()
