@@ -8,6 +8,7 @@
 //! The pure-Rust core never sees a raw C pointer except for the memory
 //! addresses that a transfer engine moves bytes between.
 
+pub mod backend;
 pub mod config;
 pub mod engine;
 pub mod error;

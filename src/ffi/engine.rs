@@ -20,6 +20,7 @@ use super::args::to_cstring;
 use super::boundary::{c_slice, c_str, guard, guard_or, opt_c_str, opt_out_ptr, out_ptr, HandleTable};
 use super::status::{pdx_status, status_of, PDX_OK};
 use crate::config::transport::resolve_transport_from_process_env;
+use crate::backend::TransferBackend;
 use crate::engine::{Direction, Engine, Request};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -68,7 +69,7 @@ pub struct pdx_batch_summary {
 }
 
 struct EngineHandle {
-    engine: Engine,
+    engine: Box<dyn TransferBackend>,
     session_id: CString,
     protocol: CString,
 }
@@ -105,26 +106,32 @@ pub unsafe extern "C" fn pdx_engine_init(
         for w in &choice.warnings {
             log::warn!("{w}");
         }
-        if choice.protocol != "tcp" {
-            return Err(Error::new(
-                ErrorKind::BackendUnavailable,
-                format!(
-                    "protocol '{}' ({}) needs Mooncake's Transfer Engine, which this process has not loaded; \
-                     the native engine speaks only 'tcp' (set MOONCAKE_PROTOCOL=tcp or MC_FORCE_TCP=1)",
-                    choice.protocol, choice.reason
-                ),
-            ));
-        }
         log::info!("pdx_engine_init: {}", choice.reason);
-        let engine = Engine::start(&choice.hostname)?;
+        let engine = start_backend(&choice)?;
         let handle = EngineHandle {
             session_id: to_cstring(engine.session_id(), "session id")?,
-            protocol: to_cstring(&choice.protocol, "protocol")?,
+            protocol: to_cstring(engine.protocol(), "protocol")?,
             engine,
         };
         *out = ENGINES.insert(handle);
         Ok(())
     })
+}
+
+/// The backend for a resolved transport: the native engine for `tcp`;
+/// anything else needs Mooncake's engine.
+fn start_backend(choice: &crate::config::transport::TransportChoice) -> Result<Box<dyn TransferBackend>> {
+    if choice.protocol == "tcp" {
+        return Ok(Box::new(Engine::start(&choice.hostname)?));
+    }
+    Err(crate::backend::unavailable(
+        &choice.protocol,
+        &format!(
+            "{}; it needs Mooncake's Transfer Engine, which this process has not loaded, and the native engine \
+             speaks only 'tcp' (set MOONCAKE_PROTOCOL=tcp or MC_FORCE_TCP=1)",
+            choice.reason
+        ),
+    ))
 }
 
 /// Stop and free an engine: listeners close, in-flight transfers fail,
@@ -178,8 +185,8 @@ fn region(addr: *const c_void, len: usize, i: Option<usize>) -> Result<(u64, u64
 pub extern "C" fn pdx_register_memory(engine: *mut pdx_engine, addr: *mut c_void, len: usize) -> pdx_status {
     guard("pdx_register_memory", || {
         let h = ENGINES.get(engine)?;
-        let (a, l) = region(addr, len, None)?;
-        h.engine.register(a, l)
+        let r = region(addr, len, None)?;
+        h.engine.register_batch(&[r])
     })
 }
 
@@ -191,7 +198,7 @@ pub extern "C" fn pdx_unregister_memory(engine: *mut pdx_engine, addr: *mut c_vo
     guard("pdx_unregister_memory", || {
         let h = ENGINES.get(engine)?;
         let (a, _) = region(addr, 0, None)?;
-        h.engine.unregister(a)
+        h.engine.unregister_batch(&[a])
     })
 }
 
