@@ -1,0 +1,303 @@
+//! pdx-bench: throughput and latency of pdx transfers.
+//!
+//! `pdx-bench` (loopback mode, the default) starts a target process and
+//! measures from this process; `target` and `initiator` run the two sides on
+//! two hosts. Control messages (checksums, quit) travel as pdx
+//! notifications, so the two sides need nothing but the session name.
+
+mod kv;
+mod memory;
+mod pattern;
+mod report;
+mod run;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use pdx::engine::{settings::Settings, Engine};
+
+use memory::Buffer;
+
+#[derive(Parser)]
+#[command(name = "pdx-bench", about = "Measure pdx transfer throughput and latency", version)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Option<Mode>,
+    #[command(flatten)]
+    opts: InitiatorOpts,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    /// Start a target here and measure against it from a second process (default).
+    Loopback(InitiatorOpts),
+    /// Serve a buffer for an initiator; prints one JSON line with the session.
+    Target(TargetOpts),
+    /// Measure against a running target.
+    Initiator {
+        /// The target's session (`host:port`), as printed by `pdx-bench target`.
+        #[arg(long)]
+        session: String,
+        /// Address of the target's buffer (printed by the target).
+        #[arg(long)]
+        remote_addr: u64,
+        /// Length of the target's buffer.
+        #[arg(long)]
+        remote_len: usize,
+        #[command(flatten)]
+        opts: InitiatorOpts,
+    },
+}
+
+#[derive(Args, Clone)]
+struct TargetOpts {
+    /// Hostname to serve on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Size of the served buffer.
+    #[arg(long, default_value = "1G", value_parser = report::parse_bytes)]
+    buffer: usize,
+    /// Seed of the data the buffer is filled with (for read checks).
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+enum Op {
+    Write,
+    Read,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+enum Workload {
+    /// Block-size sweep.
+    Blocks,
+    /// KV-cache handoffs shaped like SGLang's (pages from every layer).
+    Kv,
+    /// Both.
+    All,
+}
+
+#[derive(Args, Clone)]
+struct InitiatorOpts {
+    /// Operation.
+    #[arg(long, value_enum, default_value = "write")]
+    op: Op,
+    /// Block sizes to sweep (comma list).
+    #[arg(long, value_delimiter = ',', default_values = ["4K", "64K", "1M", "16M", "64M"], value_parser = report::parse_bytes)]
+    block: Vec<usize>,
+    /// Entries per batch call (1 = single requests).
+    #[arg(long, default_value_t = 0)]
+    batch: usize,
+    /// Bytes to move per block size (the run stops at this or --duration).
+    #[arg(long, default_value = "1G", value_parser = report::parse_bytes)]
+    total: usize,
+    /// Seconds per block size at most.
+    #[arg(long, default_value_t = 2.0)]
+    duration: f64,
+    /// Threads issuing calls concurrently.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Data connections per peer (PDX_TCP_LANES).
+    #[arg(long)]
+    lanes: Option<usize>,
+    /// Transport protocol (the native engine speaks tcp).
+    #[arg(long, default_value = "tcp")]
+    protocol: String,
+    /// Hostname of the initiator engine (and of the target in loopback mode).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Size of the target buffer in loopback mode.
+    #[arg(long, default_value = "1G", value_parser = report::parse_bytes)]
+    buffer: usize,
+    /// Which workload to run.
+    #[arg(long, value_enum, default_value = "all")]
+    workload: Workload,
+    /// KV workload: model shape (qwen3-8b, llama3-8b, llama3-70b).
+    #[arg(long, default_value = "qwen3-8b")]
+    kv_model: String,
+    /// KV workload: tokens per handoff.
+    #[arg(long, default_value_t = 2048)]
+    kv_tokens: usize,
+    /// KV workload: tokens per page.
+    #[arg(long, default_value_t = 16)]
+    kv_page_tokens: usize,
+    /// KV workload: handoffs to time.
+    #[arg(long, default_value_t = 5)]
+    kv_handoffs: usize,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<String>,
+    /// Write an SVG plot of GB/s against block size to this file.
+    #[arg(long)]
+    plot: Option<String>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.mode {
+        None => loopback(cli.opts),
+        Some(Mode::Loopback(opts)) => loopback(opts),
+        Some(Mode::Target(t)) => target(t),
+        Some(Mode::Initiator { session, remote_addr, remote_len, opts }) => {
+            initiator(&opts, &session, remote_addr, remote_len).map(|_| ())
+        }
+    };
+    if let Err(e) = result {
+        eprintln!("pdx-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn settings(lanes: Option<usize>) -> Settings {
+    let mut s = Settings::from_env();
+    if let Some(l) = lanes {
+        s.lanes_per_peer = l.clamp(1, 64);
+    }
+    s
+}
+
+/// Control messages ride on pdx notifications with this name.
+const CONTROL: &str = "pdx-bench";
+
+fn target(opts: TargetOpts) -> Result<(), String> {
+    let engine = Engine::start_with(&opts.host, settings(None)).map_err(|e| e.to_string())?;
+    let mut buf = Buffer::new(opts.buffer).map_err(|e| format!("cannot map {} bytes: {e}", opts.buffer))?;
+    pattern::fill(buf.as_mut_slice(), opts.seed);
+    engine.register(buf.addr(), buf.len() as u64).map_err(|e| e.to_string())?;
+    println!(
+        "{}",
+        serde_json::json!({"session": engine.session_id(), "addr": buf.addr(), "len": buf.len(), "seed": opts.seed})
+    );
+    // Serve control requests until told to quit or the parent goes away.
+    let parent = unsafe { libc::getppid() };
+    loop {
+        for (name, msg) in engine.drain_notifications() {
+            if name != CONTROL {
+                continue;
+            }
+            let words: Vec<&str> = msg.split_whitespace().collect();
+            match words.as_slice() {
+                ["quit"] => return Ok(()),
+                ["checksum", reply, ranges @ ..] => {
+                    let mut sums = Vec::new();
+                    for pair in ranges.chunks(2) {
+                        let (off, len) = match pair {
+                            [o, l] => (o.parse::<usize>().unwrap_or(usize::MAX), l.parse::<usize>().unwrap_or(0)),
+                            _ => (usize::MAX, 0),
+                        };
+                        let sum = off
+                            .checked_add(len)
+                            .filter(|&end| end <= buf.len())
+                            .map(|end| pattern::checksum(&buf.as_slice()[off..end]));
+                        sums.push(sum.map_or("bad-range".to_owned(), |s| format!("{s:016x}")));
+                    }
+                    if let Err(e) = engine.notify(reply, CONTROL, &format!("checksums {}", sums.join(" "))) {
+                        eprintln!("pdx-bench target: cannot answer {reply}: {e}");
+                    }
+                }
+                _ => eprintln!("pdx-bench target: ignoring control message {msg:?}"),
+            }
+        }
+        if unsafe { libc::getppid() } != parent {
+            return Ok(()); // parent died
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+struct TargetProcess {
+    child: std::process::Child,
+    session: String,
+    addr: u64,
+    len: usize,
+}
+
+fn spawn_target(opts: &InitiatorOpts) -> Result<TargetProcess, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = Command::new(exe)
+        .args(["target", "--host", &opts.host, "--buffer", &opts.buffer.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the target process: {e}"))?;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(l) if !l.trim().is_empty() => l,
+        _ => {
+            let _ = child.kill();
+            return Err("the target process did not start".into());
+        }
+    };
+    let v: serde_json::Value = serde_json::from_str(line.trim()).map_err(|e| format!("target said {line:?}: {e}"))?;
+    Ok(TargetProcess {
+        session: v["session"].as_str().unwrap_or_default().to_owned(),
+        addr: v["addr"].as_u64().unwrap_or(0),
+        len: v["len"].as_u64().unwrap_or(0) as usize,
+        child,
+    })
+}
+
+fn loopback(opts: InitiatorOpts) -> Result<(), String> {
+    let mut t = spawn_target(&opts)?;
+    let result = initiator(&opts, &t.session, t.addr, t.len);
+    // Ask the target to quit; kill it if it does not within a few seconds.
+    if let Ok(e) = Engine::start_with(&opts.host, settings(None)) {
+        let _ = e.notify(&t.session, CONTROL, "quit");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = t.child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = t.child.kill();
+    let _ = t.child.wait();
+    result.map(|_| ())
+}
+
+fn initiator(opts: &InitiatorOpts, session: &str, remote_addr: u64, remote_len: usize) -> Result<Vec<report::Row>, String> {
+    if opts.protocol != "tcp" {
+        return Err(format!("protocol '{}': pdx-bench drives the native engine, which speaks tcp", opts.protocol));
+    }
+    let engine = Engine::start_with(&opts.host, settings(opts.lanes)).map_err(|e| e.to_string())?;
+    let ctx = run::Context { engine: &engine, session, remote_addr, remote_len, opts };
+    let mut rows = Vec::new();
+    if matches!(opts.workload, Workload::Blocks | Workload::All) {
+        rows.extend(run::block_sweep(&ctx)?);
+        report::print_table(&format!("pdx {:?} over tcp ({} -> {})", opts.op, engine.session_id(), session), &rows);
+    }
+    let mut kv_rows = Vec::new();
+    if matches!(opts.workload, Workload::Kv | Workload::All) {
+        kv_rows = kv::run(&ctx)?;
+    }
+    let json = serde_json::json!({
+        "op": format!("{:?}", opts.op).to_lowercase(), "protocol": opts.protocol, "threads": opts.threads,
+        "blocks": rows.iter().map(report::Row::to_json).collect::<Vec<_>>(),
+        "kv": kv_rows,
+    });
+    if let Some(path) = &opts.json {
+        std::fs::write(path, serde_json::to_string_pretty(&json).unwrap_or_default())
+            .map_err(|e| format!("cannot write {path}: {e}"))?;
+    }
+    if let Some(path) = &opts.plot {
+        if !rows.is_empty() {
+            let svg = report::svg_plot(&format!("pdx {:?} throughput over tcp loopback", opts.op), &rows);
+            std::fs::write(path, svg).map_err(|e| format!("cannot write {path}: {e}"))?;
+            println!("plot written to {path}");
+        }
+    }
+    Ok(rows)
+}
