@@ -24,14 +24,23 @@ pub const STATE_FAILED: i32 = 2;
 struct Task {
     state: AtomicI32,
     bytes: AtomicU64,
+    /// Pieces of this task not yet terminal.
+    pieces_left: AtomicUsize,
     error: Mutex<Option<Error>>,
 }
+
+/// Requests larger than this travel as several pieces, so one large entry
+/// can use several lanes (one TCP stream does not saturate both cores).
+pub const PIECE_BYTES: usize = 4 << 20;
 
 /// A running (or finished) batch.
 pub struct BatchRun {
     session: String,
     direction: Direction,
-    reqs: Vec<Request>,
+    /// What crosses the wire: every non-empty request, cut into pieces.
+    pieces: Vec<Request>,
+    /// The task each piece belongs to.
+    piece_task: Vec<usize>,
     tasks: Vec<Task>,
     cursor: AtomicUsize,
     remaining: AtomicUsize,
@@ -79,19 +88,32 @@ impl BatchRun {
         reqs: Vec<Request>,
         notify: Option<(String, String)>,
     ) -> Arc<BatchRun> {
-        let tasks: Vec<Task> = reqs
-            .iter()
-            .map(|r| Task {
+        let mut pieces = Vec::with_capacity(reqs.len());
+        let mut piece_task = Vec::with_capacity(reqs.len());
+        let mut tasks = Vec::with_capacity(reqs.len());
+        for (i, r) in reqs.iter().enumerate() {
+            let mut count = 0;
+            let mut off = 0;
+            while off < r.len {
+                let len = (r.len - off).min(PIECE_BYTES);
+                pieces.push(Request { local: r.local + off, remote: r.remote + off as u64, len });
+                piece_task.push(i);
+                off += len;
+                count += 1;
+            }
+            tasks.push(Task {
                 state: AtomicI32::new(if r.len == 0 { STATE_COMPLETED } else { STATE_PENDING }),
                 bytes: AtomicU64::new(0),
+                pieces_left: AtomicUsize::new(count),
                 error: Mutex::new(None),
-            })
-            .collect();
+            });
+        }
         let pending = reqs.iter().filter(|r| r.len > 0).count();
         Arc::new(BatchRun {
             session: session.to_owned(),
             direction,
-            reqs,
+            pieces,
+            piece_task,
             tasks,
             cursor: AtomicUsize::new(0),
             remaining: AtomicUsize::new(pending),
@@ -113,7 +135,7 @@ impl BatchRun {
             self.finish(inner);
             return;
         }
-        let bytes: usize = self.reqs.iter().map(|r| r.len).fold(0usize, usize::saturating_add);
+        let bytes: usize = self.pieces.iter().map(|r| r.len).fold(0usize, usize::saturating_add);
         // Small batches stay on one lane: pipelining beats thread hand-offs.
         let lanes = (bytes / (WINDOW_BYTES / 2)).clamp(1, inner.settings.lanes_per_peer);
         let on_workers = if on_caller { lanes - 1 } else { lanes };
@@ -128,7 +150,7 @@ impl BatchRun {
     }
 
     fn claim(&self) -> Option<Range<usize>> {
-        let n = self.reqs.len();
+        let n = self.pieces.len();
         loop {
             let start = self.cursor.load(Ordering::Acquire);
             if start >= n {
@@ -136,8 +158,8 @@ impl BatchRun {
             }
             let mut end = start;
             let mut bytes = 0usize;
-            while end < n && end - start < WINDOW_REQUESTS && (end == start || bytes + self.reqs[end].len <= WINDOW_BYTES) {
-                bytes += self.reqs[end].len;
+            while end < n && end - start < WINDOW_REQUESTS && (end == start || bytes + self.pieces[end].len <= WINDOW_BYTES) {
+                bytes += self.pieces[end].len;
                 end += 1;
             }
             if self.cursor.compare_exchange(start, end, Ordering::AcqRel, Ordering::Acquire).is_ok() {
@@ -154,18 +176,22 @@ impl BatchRun {
         self.abort.lock().get_or_insert_with(|| e.clone());
     }
 
+    /// Piece `i` is terminal. Its task is terminal once all its pieces are.
     fn complete(&self, inner: &Inner, i: usize, result: Result<()>) {
-        let task = &self.tasks[i];
+        let task = &self.tasks[self.piece_task[i]];
         match result {
             Ok(()) => {
-                task.bytes.store(self.reqs[i].len as u64, Ordering::Release);
-                task.state.store(STATE_COMPLETED, Ordering::Release);
+                task.bytes.fetch_add(self.pieces[i].len as u64, Ordering::AcqRel);
             }
             Err(e) => {
-                *task.error.lock() = Some(e);
-                task.state.store(STATE_FAILED, Ordering::Release);
+                task.error.lock().get_or_insert(e);
             }
         }
+        if task.pieces_left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let failed = task.error.lock().is_some();
+        task.state.store(if failed { STATE_FAILED } else { STATE_COMPLETED }, Ordering::Release);
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.finish(inner);
         }
@@ -192,7 +218,7 @@ impl BatchRun {
     }
 
     fn rejected(&self, i: usize) -> Error {
-        let r = &self.reqs[i];
+        let r = &self.pieces[i];
         Error::new(
             ErrorKind::RemoteRejected,
             format!(
@@ -210,7 +236,7 @@ impl BatchRun {
             Ok(p) => p,
             Err(e) => {
                 while let Some(w) = self.claim() {
-                    let idx: Vec<usize> = w.filter(|&i| self.reqs[i].len > 0).collect();
+                    let idx: Vec<usize> = w.collect();
                     self.fail_all(inner, &idx, &e);
                 }
                 return;
@@ -218,10 +244,7 @@ impl BatchRun {
         };
         let mut lane: Option<Lane> = None;
         while let Some(w) = self.claim() {
-            let idx: Vec<usize> = w.filter(|&i| self.reqs[i].len > 0).collect();
-            if idx.is_empty() {
-                continue;
-            }
+            let idx: Vec<usize> = w.collect();
             if let Some(e) = self.abort.lock().clone() {
                 self.fail_all(inner, &idx, &e);
                 continue;
@@ -235,7 +258,7 @@ impl BatchRun {
                 }
             };
             let v2 = l.proto_version >= 2 && !self.force_v1;
-            let reqs: Vec<Request> = idx.iter().map(|&i| self.reqs[i]).collect();
+            let reqs: Vec<Request> = idx.iter().map(|&i| self.pieces[i]).collect();
             // SAFETY: the submitter guarantees local memory stays valid until
             // every task of the batch is terminal.
             let out = unsafe { run_window(&mut l.conn, &self.session, self.direction, v2, &reqs) };
@@ -284,7 +307,7 @@ impl BatchRun {
             };
             let v2 = l.proto_version >= 2 && !self.force_v1;
             // SAFETY: as in `lane_job`.
-            let out = unsafe { run_window(&mut l.conn, &self.session, self.direction, v2, &[self.reqs[i]]) };
+            let out = unsafe { run_window(&mut l.conn, &self.session, self.direction, v2, &[self.pieces[i]]) };
             match out.broken {
                 None => {
                     peer.release(l, true);

@@ -7,7 +7,7 @@
 //! "Completed" always means confirmed at the target: v2 acknowledgements, or
 //! for v1 peers a fence read after the writes.
 
-mod batch;
+pub(crate) mod batch;
 mod conn;
 pub mod descriptor;
 mod notify;

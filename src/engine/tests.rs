@@ -403,3 +403,23 @@ fn unregister_withdraws_memory() {
     assert_eq!(e.kind(), ErrorKind::RemoteRejected);
     assert_eq!(target[0], 0);
 }
+
+#[test]
+fn large_entries_travel_as_pieces_and_fail_as_one_task() {
+    let (a, b) = (engine(), engine());
+    let len = 3 * batch::PIECE_BYTES + 12345;
+    let target = vec![0u8; len];
+    b.register(addr(&target), len as u64).unwrap();
+    let src = pattern(len, 8);
+    unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), len)]) }.unwrap();
+    assert!(target == src);
+    // The last piece runs past the region: the whole entry fails, once.
+    let reqs = vec![req(&src, 0, addr(&target) + 1, len), req(&src, 0, addr(&target), 100)];
+    let id = unsafe { a.submit(b.session_id(), Direction::Read, reqs, None) }.unwrap();
+    let s = a.batch_wait(id, Duration::from_secs(30)).unwrap();
+    assert_eq!((s.state, s.total, s.completed, s.failed), (STATE_FAILED, 2, 1, 1));
+    let t = a.task_summary(id, 0).unwrap();
+    assert_eq!(t.state, STATE_FAILED);
+    assert_eq!(t.error.unwrap().kind(), ErrorKind::RemoteRejected);
+    assert!(t.bytes < len as u64, "a failed entry reports only the bytes that moved");
+}
