@@ -16,4 +16,11 @@ def test_status_strings():
 
 
 def test_last_error_empty_before_any_failure():
-    assert pdx.last_error() == ""
+    # The last error is per thread: a thread that never failed sees "".
+    import threading
+
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(pdx.last_error()))
+    t.start()
+    t.join()
+    assert seen == [""]
