@@ -21,6 +21,8 @@ pub mod wire;
 mod workers;
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;
 
 use std::net::{IpAddr, TcpListener, ToSocketAddrs};
