@@ -31,64 +31,6 @@
 
 
 /**
- * Task and batch states (plain integers on the ABI).
- */
-#define STATE_PENDING 0
-
-#define STATE_COMPLETED 1
-
-#define STATE_FAILED 2
-
-/**
- * Largest single send/recv; keeps each syscall (and each revocation check)
- * bounded.
- */
-#define MAX_IO_CHUNK (16 << 20)
-
-/**
- * Requests per window, and bytes per window for writes (more pipelining
- * buys nothing once a window covers several socket buffers).
- */
-#define WINDOW_REQUESTS 256
-
-#define WINDOW_BYTES (8 << 20)
-
-/**
- * Smallest and largest handshake frame limits Mooncake accepts.
- */
-#define HANDSHAKE_MIN_LIMIT (1 << 20)
-
-#define HANDSHAKE_MAX_LIMIT (128 << 20)
-
-/**
- * Data-port opcodes.
- */
-#define OP_READ_V1 0
-
-#define OP_WRITE_V1 1
-
-#define OP_READ_V2 128
-
-#define OP_WRITE_V2 129
-
-/**
- * Size of the request header on the data port.
- */
-#define HEADER_LEN 24
-
-/**
- * Size of the v2 status frame.
- */
-#define STATUS_LEN 8
-
-/**
- * v2 status codes.
- */
-#define STATUS_OK 0
-
-#define STATUS_REJECTED 1
-
-/**
  * Message level INFO (Python's `logging.INFO`).
  */
 #define PDX_LOG_INFO 20

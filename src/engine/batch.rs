@@ -17,9 +17,9 @@ use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
 
 /// Task and batch states (plain integers on the ABI).
-pub const STATE_PENDING: i32 = 0;
-pub const STATE_COMPLETED: i32 = 1;
-pub const STATE_FAILED: i32 = 2;
+pub(crate) const STATE_PENDING: i32 = 0;
+pub(crate) const STATE_COMPLETED: i32 = 1;
+pub(crate) const STATE_FAILED: i32 = 2;
 
 struct Task {
     state: AtomicI32,
@@ -31,7 +31,7 @@ struct Task {
 
 /// Requests larger than this travel as several pieces, so one large entry
 /// can use several lanes (one TCP stream does not saturate both cores).
-pub const PIECE_BYTES: usize = 4 << 20;
+pub(crate) const PIECE_BYTES: usize = 4 << 20;
 
 /// A running (or finished) batch.
 pub struct BatchRun {

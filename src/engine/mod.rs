@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-pub use batch::{BatchSummary, TaskSummary, STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
+pub use batch::{BatchSummary, TaskSummary};
+pub(crate) use batch::{STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
 pub use transfer::Request;
 pub use wire::Direction;
 

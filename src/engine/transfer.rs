@@ -20,8 +20,8 @@ pub struct Request {
 
 /// Requests per window, and bytes per window for writes (more pipelining
 /// buys nothing once a window covers several socket buffers).
-pub const WINDOW_REQUESTS: usize = 256;
-pub const WINDOW_BYTES: usize = 8 << 20;
+pub(crate) const WINDOW_REQUESTS: usize = 256;
+pub(crate) const WINDOW_BYTES: usize = 8 << 20;
 /// Bytes gathered into one `sendmsg` for small pipelined writes.
 const SEND_GATHER_BYTES: usize = 256 * 1024;
 

@@ -34,8 +34,8 @@ impl FrameType {
 }
 
 /// Smallest and largest handshake frame limits Mooncake accepts.
-pub const HANDSHAKE_MIN_LIMIT: usize = 1 << 20;
-pub const HANDSHAKE_MAX_LIMIT: usize = 128 << 20;
+pub(crate) const HANDSHAKE_MIN_LIMIT: usize = 1 << 20;
+pub(crate) const HANDSHAKE_MAX_LIMIT: usize = 128 << 20;
 
 /// Why a handshake length prefix is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,16 +85,16 @@ pub fn encode_frame(kind: FrameType, json: &str) -> Vec<u8> {
 }
 
 /// Data-port opcodes.
-pub const OP_READ_V1: u8 = 0x00;
-pub const OP_WRITE_V1: u8 = 0x01;
-pub const OP_READ_V2: u8 = 0x80;
-pub const OP_WRITE_V2: u8 = 0x81;
+pub(crate) const OP_READ_V1: u8 = 0x00;
+pub(crate) const OP_WRITE_V1: u8 = 0x01;
+pub(crate) const OP_READ_V2: u8 = 0x80;
+pub(crate) const OP_WRITE_V2: u8 = 0x81;
 const V2_FLAG: u8 = 0x80;
 
 /// Size of the request header on the data port.
-pub const HEADER_LEN: usize = 24;
+pub(crate) const HEADER_LEN: usize = 24;
 /// Size of the v2 status frame.
-pub const STATUS_LEN: usize = 8;
+pub(crate) const STATUS_LEN: usize = 8;
 const STATUS_MAGIC: u32 = 0x4D43_5456; // "MCTV"
 
 /// Direction of a data request.
@@ -145,8 +145,8 @@ impl RequestHeader {
 }
 
 /// v2 status codes.
-pub const STATUS_OK: u32 = 0;
-pub const STATUS_REJECTED: u32 = 1;
+pub(crate) const STATUS_OK: u32 = 0;
+pub(crate) const STATUS_REJECTED: u32 = 1;
 
 /// Encode a v2 status frame.
 pub fn encode_status(code: u32) -> [u8; STATUS_LEN] {
