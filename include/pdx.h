@@ -51,6 +51,21 @@
 #define PDX_OPCODE_WRITE 1
 
 /**
+ * Task or batch state: still in flight.
+ */
+#define PDX_TASK_PENDING 0
+
+/**
+ * Task or batch state: every byte confirmed at the target.
+ */
+#define PDX_TASK_COMPLETED 1
+
+/**
+ * Task or batch state: failed (a batch: at least one task failed).
+ */
+#define PDX_TASK_FAILED 2
+
+/**
  * Kind of a parsed IB device configuration: nothing configured.
  */
 #define PDX_IB_CONFIG_NONE 0
@@ -479,7 +494,8 @@ pdx_status pdx_batch_unregister_memory(pdx_engine *engine, void *const *addrs, s
 /**
  * Write `len` bytes from `local` to `remote_addr` in the peer `session`
  * (`host:rpc_port`). Returns `PDX_OK` only when every byte is confirmed at
- * the target. `PDX_ERR_REMOTE_REJECTED` when the peer has not registered
+ * the target. `len == 0` succeeds at once without touching memory or the
+ * network (`local` may then be NULL), as in Mooncake. `PDX_ERR_REMOTE_REJECTED` when the peer has not registered
  * that range; connection and timeout errors as named.
  */
 pdx_status pdx_transfer_sync_write(pdx_engine *engine,

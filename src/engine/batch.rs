@@ -184,6 +184,12 @@ impl BatchRun {
                 task.bytes.fetch_add(self.pieces[i].len as u64, Ordering::AcqRel);
             }
             Err(e) => {
+                // Whatever broke while stopping, the cause is the stop.
+                let e = if inner.registry.stopping() && e.kind() != ErrorKind::Shutdown {
+                    Error::new(ErrorKind::Shutdown, format!("engine is shutting down ({e})"))
+                } else {
+                    e
+                };
                 task.error.lock().get_or_insert(e);
             }
         }

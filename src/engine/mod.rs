@@ -33,6 +33,7 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 pub use batch::{BatchSummary, TaskSummary};
+#[cfg(test)]
 pub(crate) use batch::{STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
 pub use transfer::Request;
 pub use wire::Direction;
@@ -283,7 +284,7 @@ impl Engine {
     pub fn probe(&self, session: &str) -> Result<()> {
         self.check_running()?;
         let addr = peers::parse_session(session, self.inner.settings.default_handshake_port)?;
-        let reply = peers::exchange_json(&self.inner.settings, &addr, FrameType::Probe, "{}")?;
+        let reply = peers::exchange_json(&self.inner, &addr, FrameType::Probe, "{}")?;
         match reply.get("status").and_then(Value::as_str) {
             Some("success") => Ok(()),
             _ => Err(Error::protocol(format!("probe of {session} answered {reply}"))),
@@ -309,6 +310,7 @@ impl Engine {
             return;
         }
         self.inner.registry.begin_stop();
+        self.inner.peers.wake_all();
         for l in &listeners {
             server::wake_listener(l);
         }
@@ -344,7 +346,7 @@ fn host_part(hostname: &str) -> Result<String> {
 pub(crate) fn send_notify_to(inner: &Inner, peer: &Peer, name: &str, msg: &str) -> Result<()> {
     let target = peers::parse_session(&peer.descriptor().notify_name, inner.settings.default_handshake_port)?;
     let body = json!({"name": name, "notify_msg": msg}).to_string();
-    let reply = peers::exchange_json(&inner.settings, &target, FrameType::Notify, &body)?;
+    let reply = peers::exchange_json(inner, &target, FrameType::Notify, &body)?;
     match reply.get("notify_msg").and_then(Value::as_str) {
         Some(m) if !m.is_empty() => Ok(()),
         _ => Err(Error::new(ErrorKind::NotifyRejected, format!("{} rejected the notification", peer.session))),

@@ -83,16 +83,23 @@ pub fn connect(settings: &Settings, host: &str, port: u16) -> Result<TcpStream> 
 /// One handshake exchange: send `json` as a `kind` frame, return the reply
 /// body. The connection is closed at once (Mooncake serves handshakes one at
 /// a time, so lingering would stall its other clients).
-pub fn exchange(settings: &Settings, addr: &SessionAddr, kind: FrameType, json: &str) -> Result<Vec<u8>> {
+pub fn exchange(inner: &Inner, addr: &SessionAddr, kind: FrameType, json: &str) -> Result<Vec<u8>> {
+    let settings = &inner.settings;
     let mut stream = connect(settings, &addr.host, addr.port)?;
+    // Tracked so that stopping the engine interrupts a peer that never answers.
+    let _tracked = inner
+        .registry
+        .track(&stream)
+        .ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
     let where_ = format!("handshake with {}:{}", addr.host, addr.port);
     let io_err = |e: std::io::Error| {
-        let kind = if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
-            ErrorKind::Timeout
-        } else {
-            ErrorKind::PeerUnreachable
-        };
-        Error::new(kind, format!("{where_}: {e}"))
+        if inner.registry.stopping() {
+            return Error::new(ErrorKind::Shutdown, format!("{where_}: engine is shutting down"));
+        }
+        if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+            return Error::timeout(format!("{where_}: no reply within {:?}", settings.handshake_timeout));
+        }
+        Error::new(ErrorKind::PeerUnreachable, format!("{where_}: {e}"))
     };
     stream.set_nodelay(true).map_err(io_err)?;
     stream.set_read_timeout(Some(settings.handshake_timeout)).map_err(io_err)?;
@@ -115,8 +122,8 @@ pub fn exchange(settings: &Settings, addr: &SessionAddr, kind: FrameType, json: 
 }
 
 /// Send a JSON request and parse the JSON reply.
-pub fn exchange_json(settings: &Settings, addr: &SessionAddr, kind: FrameType, json: &str) -> Result<Value> {
-    let body = exchange(settings, addr, kind, json)?;
+pub fn exchange_json(inner: &Inner, addr: &SessionAddr, kind: FrameType, json: &str) -> Result<Value> {
+    let body = exchange(inner, addr, kind, json)?;
     serde_json::from_slice(&body).map_err(|e| Error::protocol(format!("malformed JSON reply from {}:{}: {e}", addr.host, addr.port)))
 }
 
@@ -150,7 +157,7 @@ impl Peer {
     }
 
     fn fetch(inner: &Inner, addr: &SessionAddr, session: &str) -> Result<PeerDescriptor> {
-        let body = exchange(&inner.settings, addr, FrameType::Metadata, &super::server::own_descriptor(inner))
+        let body = exchange(inner, addr, FrameType::Metadata, &super::server::own_descriptor(inner))
             .map_err(|e| e.context(format!("cannot open session {session}")))?;
         parse_descriptor(&body, session, &addr.host)
     }
@@ -240,6 +247,14 @@ pub struct Peers {
 }
 
 impl Peers {
+    /// Wake every thread waiting for a lane (they see the stop and leave).
+    pub fn wake_all(&self) {
+        for p in self.map.lock().values() {
+            let _guard = p.lanes.lock();
+            p.lane_freed.notify_all();
+        }
+    }
+
     /// The peer for `session`, opening it (one Metadata exchange) on first use.
     pub fn get(&self, inner: &Inner, session: &str) -> Result<Arc<Peer>> {
         if let Some(p) = self.map.lock().get(session) {

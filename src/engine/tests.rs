@@ -423,3 +423,25 @@ fn large_entries_travel_as_pieces_and_fail_as_one_task() {
     assert_eq!(t.error.unwrap().kind(), ErrorKind::RemoteRejected);
     assert!(t.bytes < len as u64, "a failed entry reports only the bytes that moved");
 }
+
+#[test]
+fn stop_interrupts_work_stuck_on_a_silent_peer() {
+    // The default handshake timeout is 30 s; stopping must not wait for it.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let session = silent.local_addr().unwrap().to_string();
+    let a = engine();
+    let src = [1u8; 8];
+    let id = unsafe { a.submit(&session, Direction::Write, vec![req(&src, 0, 4096, 8)], None) }.unwrap();
+    let sync_err = std::thread::scope(|s| {
+        let sync = s.spawn(|| unsafe { a.transfer_sync(&session, Direction::Write, vec![req(&src, 0, 4096, 8)]) });
+        std::thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        a.stop();
+        assert!(started.elapsed() < Duration::from_secs(10), "stop took {:?}", started.elapsed());
+        sync.join().unwrap().unwrap_err()
+    });
+    assert_eq!(sync_err.kind(), ErrorKind::Shutdown, "{sync_err}");
+    let s = a.batch_wait(id, Duration::ZERO).unwrap();
+    assert_eq!(s.state, STATE_FAILED);
+    assert_eq!(a.task_summary(id, 0).unwrap().error.unwrap().kind(), ErrorKind::Shutdown);
+}

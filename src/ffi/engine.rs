@@ -43,12 +43,13 @@ pub const PDX_OPCODE_READ: i32 = 0;
 /// Opcode of `pdx_batch_submit`: write local memory into remote memory.
 pub const PDX_OPCODE_WRITE: i32 = 1;
 
+// Literal values so cbindgen can write them; a test ties them to the engine.
 /// Task or batch state: still in flight.
-pub const PDX_TASK_PENDING: i32 = crate::engine::STATE_PENDING;
+pub const PDX_TASK_PENDING: i32 = 0;
 /// Task or batch state: every byte confirmed at the target.
-pub const PDX_TASK_COMPLETED: i32 = crate::engine::STATE_COMPLETED;
+pub const PDX_TASK_COMPLETED: i32 = 1;
 /// Task or batch state: failed (a batch: at least one task failed).
-pub const PDX_TASK_FAILED: i32 = crate::engine::STATE_FAILED;
+pub const PDX_TASK_FAILED: i32 = 2;
 
 /// Summary of an asynchronous batch, filled by `pdx_batch_status`.
 #[repr(C)]
@@ -245,7 +246,8 @@ unsafe fn sync(engine: *mut pdx_engine, session: *const c_char, dir: Direction, 
 
 /// Write `len` bytes from `local` to `remote_addr` in the peer `session`
 /// (`host:rpc_port`). Returns `PDX_OK` only when every byte is confirmed at
-/// the target. `PDX_ERR_REMOTE_REJECTED` when the peer has not registered
+/// the target. `len == 0` succeeds at once without touching memory or the
+/// network (`local` may then be NULL), as in Mooncake. `PDX_ERR_REMOTE_REJECTED` when the peer has not registered
 /// that range; connection and timeout errors as named.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_transfer_sync_write(
@@ -532,4 +534,16 @@ pub extern "C" fn pdx_notifications_free(list: *mut pdx_notifications) {
         NOTIFICATIONS.remove(list);
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_states_match_the_engine() {
+        assert_eq!(PDX_TASK_PENDING, crate::engine::STATE_PENDING);
+        assert_eq!(PDX_TASK_COMPLETED, crate::engine::STATE_COMPLETED);
+        assert_eq!(PDX_TASK_FAILED, crate::engine::STATE_FAILED);
+    }
 }
