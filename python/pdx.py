@@ -322,3 +322,296 @@ def validate_ib_devices(devices: str | None, sysfs_root: str | None = None) -> t
         return _dec(out.value), messages
     finally:
         lib.pdx_ib_validation_free(handle)
+
+
+# --- engine ---
+# The transfer engine (src/ffi/engine.rs). Declared here, in one block, and
+# appended to _SIGNATURES so the signature table stays complete.
+
+PDX_OPCODE_READ = 0
+PDX_OPCODE_WRITE = 1
+PDX_TASK_PENDING = 0
+PDX_TASK_COMPLETED = 1
+PDX_TASK_FAILED = 2
+
+
+class BatchSummary(ctypes.Structure):
+    """`pdx_batch_summary`: state (PDX_TASK_*), task counts, bytes confirmed."""
+
+    _fields_ = [
+        ("state", c_int32),
+        ("total", c_size_t),
+        ("completed", c_size_t),
+        ("failed", c_size_t),
+        ("bytes", c_uint64),
+    ]
+
+    def __repr__(self) -> str:
+        return (f"BatchSummary(state={self.state}, total={self.total}, completed={self.completed}, "
+                f"failed={self.failed}, bytes={self.bytes})")
+
+
+_ENGINE_SIGNATURES = [
+    ("pdx_engine_init", pdx_status, [c_char_p, c_char_p, c_char_p, POINTER(c_void_p)]),
+    ("pdx_engine_free", None, [c_void_p]),
+    ("pdx_engine_session_id", c_char_p, [c_void_p]),
+    ("pdx_engine_rpc_port", c_uint16, [c_void_p]),
+    ("pdx_engine_protocol", c_char_p, [c_void_p]),
+    ("pdx_register_memory", pdx_status, [c_void_p, c_void_p, c_size_t]),
+    ("pdx_unregister_memory", pdx_status, [c_void_p, c_void_p]),
+    ("pdx_batch_register_memory", pdx_status, [c_void_p, POINTER(c_void_p), POINTER(c_size_t), c_size_t]),
+    ("pdx_batch_unregister_memory", pdx_status, [c_void_p, POINTER(c_void_p), c_size_t]),
+    ("pdx_transfer_sync_write", pdx_status, [c_void_p, c_char_p, c_void_p, c_uint64, c_size_t]),
+    ("pdx_transfer_sync_read", pdx_status, [c_void_p, c_char_p, c_void_p, c_uint64, c_size_t]),
+    ("pdx_batch_transfer_sync_write", pdx_status,
+     [c_void_p, c_char_p, POINTER(c_void_p), POINTER(c_uint64), POINTER(c_size_t), c_size_t]),
+    ("pdx_batch_transfer_sync_read", pdx_status,
+     [c_void_p, c_char_p, POINTER(c_void_p), POINTER(c_uint64), POINTER(c_size_t), c_size_t]),
+    ("pdx_batch_submit", pdx_status,
+     [c_void_p, c_char_p, c_int32, POINTER(c_void_p), POINTER(c_uint64), POINTER(c_size_t), c_size_t,
+      c_char_p, c_char_p, POINTER(c_uint64)]),
+    ("pdx_batch_status", pdx_status, [c_void_p, c_uint64, POINTER(BatchSummary)]),
+    ("pdx_task_status", pdx_status,
+     [c_void_p, c_uint64, c_size_t, POINTER(c_int32), POINTER(c_uint64), POINTER(pdx_status)]),
+    ("pdx_task_error_message", pdx_status,
+     [c_void_p, c_uint64, c_size_t, POINTER(ctypes.c_char), c_size_t, POINTER(c_size_t)]),
+    ("pdx_batch_wait", pdx_status, [c_void_p, c_uint64, ctypes.c_uint32, POINTER(c_int32)]),
+    ("pdx_batch_free", pdx_status, [c_void_p, c_uint64]),
+    ("pdx_send_probe", pdx_status, [c_void_p, c_char_p]),
+    ("pdx_send_notify", pdx_status, [c_void_p, c_char_p, c_char_p, c_char_p]),
+    ("pdx_notifications_drain", pdx_status, [c_void_p, POINTER(c_void_p)]),
+    ("pdx_notifications_count", c_size_t, [c_void_p]),
+    ("pdx_notification_get", pdx_status, [c_void_p, c_size_t, POINTER(c_char_p), POINTER(c_char_p)]),
+    ("pdx_notifications_free", None, [c_void_p]),
+]
+_SIGNATURES += _ENGINE_SIGNATURES
+for _name, _restype, _argtypes in _ENGINE_SIGNATURES:
+    _fn = getattr(lib, _name)
+    _fn.restype = _restype
+    _fn.argtypes = _argtypes
+
+
+def _memory(obj: object, length: int | None = None, writable: bool = False) -> tuple[int, int, object]:
+    """(address, length, keep-alive) of `obj`: an int address (with `length`),
+    `bytes` (read-only), or any C-contiguous object with the buffer protocol
+    (bytearray, memoryview, ctypes arrays, numpy arrays). `length` defaults
+    to the buffer's size and may not exceed it."""
+    if isinstance(obj, bool):
+        raise TypeError("a memory address or buffer is required, not bool")
+    if isinstance(obj, int):
+        if length is None:
+            raise TypeError("a length is required with an integer address")
+        return obj, length, None
+    if isinstance(obj, bytes):
+        if writable:
+            raise TypeError("bytes are read-only; use a bytearray or another writable buffer")
+        addr = ctypes.cast(ctypes.c_char_p(obj), c_void_p).value or 0
+        size, keep = len(obj), obj
+    else:
+        view = memoryview(obj)
+        if not view.c_contiguous:
+            raise ValueError("buffer is not C-contiguous")
+        if view.readonly:
+            raise TypeError("buffer is read-only; pass bytes or a writable buffer")
+        view = view.cast("B")
+        size = view.nbytes
+        keep = (ctypes.c_char * size).from_buffer(view)
+        addr = ctypes.addressof(keep)
+    if length is None:
+        length = size
+    elif length > size:
+        raise ValueError(f"length {length} exceeds the buffer's {size} bytes")
+    return addr, length, keep
+
+
+def _entries(entries, writable: bool):
+    """C arrays (locals, remotes, lens, n) and keep-alives for a batch of
+    (local, remote_addr) or (local, remote_addr, length) entries."""
+    n = len(entries)
+    locals_, remotes, lens = (c_void_p * max(n, 1))(), (c_uint64 * max(n, 1))(), (c_size_t * max(n, 1))()
+    keep = []
+    for i, entry in enumerate(entries):
+        local, remote, *rest = entry
+        addr, length, k = _memory(local, rest[0] if rest else None, writable)
+        locals_[i], remotes[i], lens[i] = addr, remote, length
+        keep.append(k)
+    return locals_, remotes, lens, n, keep
+
+
+def _opcode(op: int | str) -> int:
+    if isinstance(op, str):
+        return {"read": PDX_OPCODE_READ, "write": PDX_OPCODE_WRITE}[op.lower()]
+    return op
+
+
+class Engine:
+    """A `pdx_engine`: a transfer engine on `hostname` (see pdx_engine_init).
+
+    Memory arguments are int addresses (with a length) or buffers (bytes for
+    sources, bytearray / memoryview / ctypes or numpy arrays for anything).
+    Remote addresses are ints in the peer's process. Every failure raises
+    PdxError. Buffers of registered regions and of submitted batches are
+    kept referenced until they are unregistered / the batch is freed.
+    """
+
+    def __init__(self, hostname: str = "127.0.0.1", protocol: str | None = "tcp", device: str | None = None):
+        handle = c_void_p()
+        check(lib.pdx_engine_init(_enc(hostname), _enc(protocol), _enc(device), ctypes.byref(handle)))
+        self._h = handle
+        self._registered: dict[int, object] = {}
+        self._batches: dict[int, object] = {}
+
+    @property
+    def handle(self) -> c_void_p:
+        return self._h
+
+    def close(self) -> None:
+        if self._h:
+            lib.pdx_engine_free(self._h)
+            self._h = c_void_p()
+            self._registered.clear()
+            self._batches.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _string(self, raw: bytes | None) -> str:
+        if raw is None:
+            check(PDX_ERR_INVALID_HANDLE if self._h else PDX_ERR_NULL_ARGUMENT)
+        return raw.decode()
+
+    @property
+    def session_id(self) -> str:
+        return self._string(lib.pdx_engine_session_id(self._h))
+
+    @property
+    def rpc_port(self) -> int:
+        port = lib.pdx_engine_rpc_port(self._h)
+        if port == 0:
+            check(PDX_ERR_INVALID_HANDLE if self._h else PDX_ERR_NULL_ARGUMENT)
+        return port
+
+    @property
+    def protocol(self) -> str:
+        return self._string(lib.pdx_engine_protocol(self._h))
+
+    # Registration.
+    def register(self, memory: object, length: int | None = None) -> int:
+        """Register a buffer (or `length` bytes at an int address); returns its address."""
+        addr, length, keep = _memory(memory, length, writable=not isinstance(memory, int))
+        check(lib.pdx_register_memory(self._h, addr, length))
+        self._registered[addr] = keep
+        return addr
+
+    def unregister(self, memory: object) -> None:
+        addr = memory if isinstance(memory, int) else _memory(memory, writable=True)[0]
+        check(lib.pdx_unregister_memory(self._h, addr))
+        self._registered.pop(addr, None)
+
+    def batch_register(self, regions: list) -> list[int]:
+        """Register buffers or (address, length) pairs, all or none."""
+        found = [_memory(*r, writable=False) if isinstance(r, tuple) else _memory(r, writable=True) for r in regions]
+        n = len(found)
+        addrs = (c_void_p * max(n, 1))(*[f[0] for f in found])
+        lens = (c_size_t * max(n, 1))(*[f[1] for f in found])
+        check(lib.pdx_batch_register_memory(self._h, addrs, lens, n))
+        for addr, _, keep in found:
+            self._registered[addr] = keep
+        return [f[0] for f in found]
+
+    def batch_unregister(self, regions: list) -> None:
+        addrs = [r if isinstance(r, int) else _memory(r, writable=True)[0] for r in regions]
+        arr = (c_void_p * max(len(addrs), 1))(*addrs)
+        check(lib.pdx_batch_unregister_memory(self._h, arr, len(addrs)))
+        for addr in addrs:
+            self._registered.pop(addr, None)
+
+    # Synchronous transfers.
+    def write(self, session: str, src: object, remote_addr: int, length: int | None = None) -> None:
+        addr, length, _keep = _memory(src, length)
+        check(lib.pdx_transfer_sync_write(self._h, _enc(session), addr, remote_addr, length))
+
+    def read(self, session: str, dst: object, remote_addr: int, length: int | None = None) -> None:
+        addr, length, _keep = _memory(dst, length, writable=True)
+        check(lib.pdx_transfer_sync_read(self._h, _enc(session), addr, remote_addr, length))
+
+    def batch_write(self, session: str, entries: list) -> None:
+        """entries: (src, remote_addr[, length]) tuples."""
+        locals_, remotes, lens, n, _keep = _entries(entries, writable=False)
+        check(lib.pdx_batch_transfer_sync_write(self._h, _enc(session), locals_, remotes, lens, n))
+
+    def batch_read(self, session: str, entries: list) -> None:
+        """entries: (dst, remote_addr[, length]) tuples."""
+        locals_, remotes, lens, n, _keep = _entries(entries, writable=True)
+        check(lib.pdx_batch_transfer_sync_read(self._h, _enc(session), locals_, remotes, lens, n))
+
+    # Asynchronous batches.
+    def submit(self, session: str, opcode: int | str, entries: list,
+               notify: tuple[str, str] | None = None) -> int:
+        """Start a batch ("read"/"write" or PDX_OPCODE_*); returns its id."""
+        op = _opcode(opcode)
+        locals_, remotes, lens, n, keep = _entries(entries, writable=op == PDX_OPCODE_READ)
+        name, msg = notify if notify is not None else (None, None)
+        out = c_uint64()
+        check(lib.pdx_batch_submit(self._h, _enc(session), op, locals_, remotes, lens, n,
+                                   _enc(name), _enc(msg), ctypes.byref(out)))
+        self._batches[out.value] = keep
+        return out.value
+
+    def status(self, batch: int) -> BatchSummary:
+        out = BatchSummary()
+        check(lib.pdx_batch_status(self._h, batch, ctypes.byref(out)))
+        return out
+
+    def task_status(self, batch: int, task: int) -> tuple[int, int, int]:
+        """(state, bytes confirmed, error status) of one task."""
+        state, nbytes, error = c_int32(), c_uint64(), pdx_status()
+        check(lib.pdx_task_status(self._h, batch, task, ctypes.byref(state), ctypes.byref(nbytes), ctypes.byref(error)))
+        return state.value, nbytes.value, error.value
+
+    def task_error(self, batch: int, task: int) -> str:
+        """The failure text of one task ("" if it has not failed)."""
+        need = c_size_t()
+        check(lib.pdx_task_error_message(self._h, batch, task, None, 0, ctypes.byref(need)))
+        buf = ctypes.create_string_buffer(need.value + 1)
+        check(lib.pdx_task_error_message(self._h, batch, task, buf, len(buf), ctypes.byref(need)))
+        return buf.value.decode(errors="replace")
+
+    def wait(self, batch: int, timeout_ms: int = 60000) -> int:
+        """Wait for the batch; returns its state. PdxError(PDX_ERR_TIMEOUT) if still in flight."""
+        state = c_int32()
+        check(lib.pdx_batch_wait(self._h, batch, timeout_ms, ctypes.byref(state)))
+        return state.value
+
+    def free(self, batch: int) -> None:
+        check(lib.pdx_batch_free(self._h, batch))
+        self._batches.pop(batch, None)
+
+    # Control messages.
+    def probe(self, session: str) -> None:
+        check(lib.pdx_send_probe(self._h, _enc(session)))
+
+    def notify(self, session: str, name: str, msg: str) -> None:
+        check(lib.pdx_send_notify(self._h, _enc(session), _enc(name), _enc(msg)))
+
+    def drain_notifications(self) -> list[tuple[str, str]]:
+        out = c_void_p()
+        check(lib.pdx_notifications_drain(self._h, ctypes.byref(out)))
+        try:
+            pairs = []
+            for i in range(lib.pdx_notifications_count(out)):
+                name, msg = c_char_p(), c_char_p()
+                check(lib.pdx_notification_get(out, i, ctypes.byref(name), ctypes.byref(msg)))
+                pairs.append((name.value.decode(), msg.value.decode()))
+            return pairs
+        finally:
+            lib.pdx_notifications_free(out)
