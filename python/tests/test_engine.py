@@ -774,3 +774,23 @@ def test_last_error_is_per_thread(pair):
     t.join()
     assert seen == [""]
     assert pdx.last_error() == main_text
+
+
+def test_notify_rejected_when_queue_full(monkeypatch):
+    monkeypatch.setenv("PDX_MAX_QUEUED_NOTIFICATIONS", "2")
+    with pdx.Engine() as a, pdx.Engine() as b:
+        a.notify(b.session_id, "n0", "m")
+        a.notify(b.session_id, "n1", "m")
+        with pytest.raises(pdx.PdxError) as err:
+            a.notify(b.session_id, "n2", "m")
+        assert err.value.status == pdx.PDX_ERR_NOTIFY_REJECTED
+        # A batch whose notification is refused still completed its transfers.
+        mem = bytearray(16)
+        remote = b.register(mem)
+        batch = a.submit(b.session_id, "write", [(b"data", remote)], notify=("n3", "m"))
+        assert a.wait(batch, WAIT_MS) == pdx.PDX_TASK_COMPLETED
+        a.free(batch)
+        assert bytes(mem[:4]) == b"data"
+        assert b.drain_notifications() == [("n0", "m"), ("n1", "m")]
+        a.notify(b.session_id, "after", "drain")
+        assert b.drain_notifications() == [("after", "drain")]
