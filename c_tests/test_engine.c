@@ -13,18 +13,6 @@
 
 #include "harness.h"
 
-/* The task states are documented as PDX_TASK_*; fall back to their values if
- * the header does not define them. */
-#ifndef PDX_TASK_PENDING
-#define PDX_TASK_PENDING 0
-#endif
-#ifndef PDX_TASK_COMPLETED
-#define PDX_TASK_COMPLETED 1
-#endif
-#ifndef PDX_TASK_FAILED
-#define PDX_TASK_FAILED 2
-#endif
-
 #define WAIT_MS 30000u
 
 /* A failing call: the expected status and a non-empty last error. */

@@ -118,8 +118,6 @@ def test_constants_match_header():
         assert m and int(m.group(1)) == name
 
 
-@pytest.mark.xfail(strict=False, reason="PDX_TASK_* are defined from crate::engine::STATE_* and cbindgen "
-                   "does not emit them; pdx.h has STATE_PENDING/COMPLETED/FAILED instead")
 def test_task_state_constants_in_header():
     text = HEADER.read_text()
     for name in ("PDX_TASK_PENDING", "PDX_TASK_COMPLETED", "PDX_TASK_FAILED"):
