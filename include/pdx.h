@@ -418,6 +418,33 @@ const char *pdx_args_message(const pdx_args *args, size_t i, int32_t *level);
 pdx_status pdx_add_transfer_backend_choice(const char *name);
 
 /**
+ * 1 when the backend `name` can run in this process, else 0.
+ *
+ * Names: `"tcp"` (alias `"native"`): the native TCP engine, always 1.
+ * `"mooncake"`: Mooncake's Transfer Engine, 1 when the library that
+ * `PDX_MOONCAKE_LIB` names (default `libtransfer_engine.so`) loads and
+ * exports its whole C API. Whether that build supports a given protocol
+ * shows only when `pdx_engine_init` installs it. Unknown names and NULL
+ * give 0. The library is loaded once and stays loaded.
+ */
+int32_t pdx_backend_available(const char *name);
+
+/**
+ * Why the backend `name` is not available: the text is copied into `buf`
+ * (`buf_len` bytes, NUL-terminated, truncated if needed) and its full length
+ * (without the NUL) into `*out_len` (may be NULL). Empty when the backend is
+ * available. `buf` may be NULL when `buf_len` is 0 (to ask for the length).
+ * The caller owns `buf`; pdx keeps no pointer to it.
+ *
+ * Errors: `PDX_ERR_NULL_ARGUMENT` (`name` NULL, or `buf` NULL with
+ * `buf_len` > 0), `PDX_ERR_INVALID_UTF8`. Nothing is written on error.
+ */
+pdx_status pdx_backend_unavailable_reason(const char *name,
+                                          char *buf,
+                                          size_t buf_len,
+                                          size_t *out_len);
+
+/**
  * Start a transfer engine on `hostname`.
  *
  * The transport is resolved exactly as `pdx_resolve_transport` does it

@@ -75,6 +75,8 @@ _SIGNATURES = [
     ("pdx_version", c_char_p, []),
     ("pdx_status_str", c_char_p, [pdx_status]),
     ("pdx_last_error_message", c_char_p, []),
+    ("pdx_backend_available", c_int32, [c_char_p]),
+    ("pdx_backend_unavailable_reason", pdx_status, [c_char_p, POINTER(ctypes.c_char), c_size_t, POINTER(c_size_t)]),
 ]
 
 

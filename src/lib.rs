@@ -14,5 +14,6 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod logging;
+pub mod mooncake;
 
 pub use error::{Error, ErrorKind, Result};

@@ -119,20 +119,13 @@ pub unsafe extern "C" fn pdx_engine_init(
     })
 }
 
-/// The backend for a resolved transport: the native engine for `tcp`;
-/// anything else needs Mooncake's engine.
+/// The backend for a resolved transport: the native engine for `tcp`
+/// (unless `PDX_TCP_ENGINE=mooncake`), Mooncake's engine for the rest.
 fn start_backend(choice: &crate::config::transport::TransportChoice) -> Result<Box<dyn TransferBackend>> {
-    if choice.protocol == "tcp" {
+    if choice.protocol == "tcp" && !crate::mooncake::tcp_uses_mooncake()? {
         return Ok(Box::new(Engine::start(&choice.hostname)?));
     }
-    Err(crate::backend::unavailable(
-        &choice.protocol,
-        &format!(
-            "{}; it needs Mooncake's Transfer Engine, which this process has not loaded, and the native engine \
-             speaks only 'tcp' (set MOONCAKE_PROTOCOL=tcp or MC_FORCE_TCP=1)",
-            choice.reason
-        ),
-    ))
+    Ok(Box::new(crate::mooncake::MooncakeBackend::start(choice)?))
 }
 
 /// Stop and free an engine: listeners close, in-flight transfers fail,

@@ -6,6 +6,7 @@
 #[macro_use]
 pub(crate) mod boundary;
 pub mod args;
+pub mod backend;
 pub mod engine;
 pub mod status;
 pub mod transport;

@@ -1,0 +1,665 @@
+//! [`MooncakeBackend`]: Mooncake's engine behind [`TransferBackend`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mooncake_sys::{Api, BufferEntry, Convention, NotifyMsg, SegmentId, TransferEngineT, TransferRequest, TransferStatus};
+use parking_lot::{Mutex, RwLock};
+
+use super::batches::{BatchTable, McBatch, Task};
+use super::convert::{check, task_state, STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
+use super::topology;
+use crate::backend::TransferBackend;
+use crate::config::transport::TransportChoice;
+use crate::engine::{BatchSummary, Direction, Request, TaskSummary};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Sync-call deadline when `MC_TRANSFER_TIMEOUT` is unset (seconds), and its
+/// minimum, as in Mooncake's Python layer.
+const DEFAULT_SYNC_TIMEOUT_S: u64 = 30;
+const MIN_SYNC_TIMEOUT_S: u64 = 5;
+/// Longest sleep between two status polls.
+const MAX_POLL_SLEEP: Duration = Duration::from_millis(1);
+
+/// The engine pointer Mooncake gave us. Mooncake's engine is thread-safe.
+struct EnginePtr(TransferEngineT);
+// SAFETY: the pointer is only passed back to Mooncake, whose engine may be
+// used from any thread.
+unsafe impl Send for EnginePtr {}
+unsafe impl Sync for EnginePtr {}
+
+/// Mooncake's transfer engine, loaded at run time.
+pub struct MooncakeBackend {
+    api: Arc<Api>,
+    engine: RwLock<Option<EnginePtr>>,
+    stopping: AtomicBool,
+    protocol: String,
+    session_id: String,
+    rpc_port: u16,
+    segments: Mutex<HashMap<String, SegmentId>>,
+    regions: Mutex<BTreeMap<u64, u64>>,
+    batches: BatchTable,
+    /// Mooncake batches a sync call gave up on while tasks were in flight;
+    /// freed once Mooncake agrees (never forgotten, never freed twice).
+    orphans: Mutex<Vec<u64>>,
+    sync_timeout: Duration,
+}
+
+/// The host of an engine name: `h`, `h:port`, `h:port:npu_N` (Ascend),
+/// `[v6]:port` or a bare IPv6 literal.
+pub fn plain_host(hostname: &str) -> &str {
+    let h = hostname.trim();
+    if let Some(rest) = h.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    if crate::config::net::is_ipv6(h) {
+        return h;
+    }
+    h.split(':').next().unwrap_or(h)
+}
+
+fn cstring(s: &str, what: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::invalid_argument(format!("{what} contains a NUL byte")))
+}
+
+fn sync_timeout_from_env() -> Duration {
+    let secs = match std::env::var("MC_TRANSFER_TIMEOUT") {
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(n) => n.max(MIN_SYNC_TIMEOUT_S),
+            Err(_) => {
+                log::warn!("MC_TRANSFER_TIMEOUT={v:?} is not a number of seconds; using {DEFAULT_SYNC_TIMEOUT_S}");
+                DEFAULT_SYNC_TIMEOUT_S
+            }
+        },
+        Err(_) => DEFAULT_SYNC_TIMEOUT_S,
+    };
+    Duration::from_secs(secs)
+}
+
+/// Sleeps that grow from a yield to [`MAX_POLL_SLEEP`].
+struct Backoff(u32);
+
+impl Backoff {
+    fn wait(&mut self) {
+        if self.0 == 0 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep((Duration::from_micros(10) * 2u32.saturating_pow(self.0)).min(MAX_POLL_SLEEP));
+        }
+        self.0 = self.0.saturating_add(1).min(16);
+    }
+}
+
+fn op_name(d: Direction) -> &'static str {
+    match d {
+        Direction::Write => "WRITE",
+        Direction::Read => "READ",
+    }
+}
+
+impl MooncakeBackend {
+    /// Load the library (`PDX_MOONCAKE_LIB`, default `libtransfer_engine.so`)
+    /// and start an engine for `choice`.
+    pub fn start(choice: &TransportChoice) -> Result<MooncakeBackend> {
+        let api = super::load()
+            .map_err(|why| crate::backend::unavailable(&choice.protocol, &format!("{}; {why}", choice.reason)))?;
+        Self::start_with(api, &choice.protocol, &choice.hostname, &choice.device)
+    }
+
+    /// Start an engine with an already loaded library: P2PHANDSHAKE metadata,
+    /// auto-discovery off, exactly `protocol` installed, `device` (a comma
+    /// list, `""` = let Mooncake discover) as the NIC priority matrix.
+    pub fn start_with(api: Arc<Api>, protocol: &str, hostname: &str, device: &str) -> Result<MooncakeBackend> {
+        let host = plain_host(hostname).to_owned();
+        if host.is_empty() {
+            return Err(Error::invalid_argument("hostname is empty"));
+        }
+        let metadata = cstring(mooncake_sys::P2PHANDSHAKE, "metadata")?;
+        let server_name = cstring(hostname.trim(), "hostname")?;
+        let ip = cstring(&host, "hostname")?;
+        let proto = cstring(protocol, "protocol")?;
+        let lib = api.path().to_owned();
+        // SAFETY: valid NUL-terminated strings; Mooncake copies them.
+        let engine = unsafe { (api.create_transfer_engine)(metadata.as_ptr(), server_name.as_ptr(), ip.as_ptr(), 0, 0) };
+        if engine.is_null() {
+            return Err(crate::backend::unavailable(
+                protocol,
+                &format!("createTransferEngine(P2PHANDSHAKE, {hostname:?}) failed in Mooncake library '{lib}' (its log says why)"),
+            ));
+        }
+        let destroy = |why: Error| {
+            // SAFETY: `engine` came from createTransferEngine and is not used again.
+            unsafe { (api.destroy_transfer_engine)(engine) };
+            why
+        };
+
+        let devices = topology::split_devices(device);
+        let matrix = topology::nic_priority_matrix(&devices, &topology::numa_nodes());
+        let matrix = match matrix.as_deref().map(|m| cstring(m, "device list")) {
+            Some(Err(e)) => return Err(destroy(e)),
+            Some(Ok(m)) => Some(m),
+            None => None,
+        };
+        if matrix.is_none() && protocol != "tcp" {
+            if let Some(discover) = api.discover_topology {
+                // SAFETY: live engine.
+                let rc = unsafe { discover(engine) };
+                if let Err(e) = check(rc, Convention::NegativeErr, "discoverTopology") {
+                    log::warn!("Mooncake topology discovery failed ({e}); installing '{protocol}' anyway");
+                }
+            }
+        }
+        let mut args: [*mut c_void; 2] = [matrix.as_ref().map_or(ptr::null_mut(), |m| m.as_ptr() as *mut c_void), ptr::null_mut()];
+        let args_ptr = if matrix.is_some() { args.as_mut_ptr() } else { ptr::null_mut() };
+        // SAFETY: live engine, valid strings; args is NULL or a NULL-ended
+        // array whose first entry is a NUL-terminated JSON string.
+        let transport = unsafe { (api.install_transport)(engine, proto.as_ptr(), args_ptr) };
+        if transport.is_null() {
+            let devs = if devices.is_empty() { "auto-discovered".to_owned() } else { devices.join(",") };
+            return Err(destroy(crate::backend::unavailable(
+                protocol,
+                &format!(
+                    "Mooncake library '{lib}' cannot install the '{protocol}' transport (installTransport returned NULL; \
+                     devices: {devs}): it was built without '{protocol}' support, or no usable device for it was found"
+                ),
+            )));
+        }
+
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: live engine; the buffer and its length match.
+        let rc = unsafe { (api.get_local_ip_and_port)(engine, buf.as_mut_ptr(), buf.len()) };
+        if let Err(e) = check(rc, Convention::NegativeErr, "getLocalIpAndPort") {
+            return Err(destroy(e));
+        }
+        // SAFETY: the buffer is NUL-terminated (zeroed, and snprintf-style).
+        buf[buf.len() - 1] = 0;
+        let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+        let port = text.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).filter(|p| *p != 0);
+        let Some(rpc_port) = port else {
+            return Err(destroy(Error::protocol(format!("getLocalIpAndPort gave {text:?}, which has no port"))));
+        };
+        let session_id = crate::config::net::session_id(&host, rpc_port);
+        log::info!("Mooncake engine {session_id} up: protocol '{protocol}', library '{lib}'");
+        Ok(MooncakeBackend {
+            api,
+            engine: RwLock::new(Some(EnginePtr(engine))),
+            stopping: AtomicBool::new(false),
+            protocol: protocol.to_owned(),
+            session_id,
+            rpc_port,
+            segments: Mutex::new(HashMap::new()),
+            regions: Mutex::new(BTreeMap::new()),
+            batches: BatchTable::default(),
+            orphans: Mutex::new(Vec::new()),
+            sync_timeout: sync_timeout_from_env(),
+        })
+    }
+
+    /// The library this engine runs on.
+    pub fn library(&self) -> &str {
+        self.api.path()
+    }
+
+    /// Run `f` with the live engine; `Shutdown` once stopping.
+    fn with_engine<T>(&self, f: impl FnOnce(TransferEngineT) -> Result<T>) -> Result<T> {
+        let guard = self.engine.read();
+        match &*guard {
+            Some(e) if !self.stopping.load(Ordering::Acquire) => f(e.0),
+            _ => Err(Error::new(ErrorKind::Shutdown, "engine is shutting down")),
+        }
+    }
+
+    fn segment(&self, eng: TransferEngineT, session: &str) -> Result<SegmentId> {
+        if let Some(id) = self.segments.lock().get(session) {
+            return Ok(*id);
+        }
+        let name = cstring(session, "session")?;
+        // SAFETY: live engine, valid string.
+        let id = unsafe { (self.api.open_segment)(eng, name.as_ptr()) };
+        if id < 0 {
+            return Err(Error::new(
+                ErrorKind::PeerUnreachable,
+                format!("cannot open Mooncake segment {session:?} (openSegment returned {id}): the peer is unreachable or not a Mooncake engine"),
+            ));
+        }
+        self.segments.lock().insert(session.to_owned(), id);
+        Ok(id)
+    }
+
+    fn check_requests(reqs: &[Request]) -> Result<()> {
+        for (i, r) in reqs.iter().enumerate() {
+            if r.len > 0 && r.local == 0 {
+                return Err(Error::new(ErrorKind::NullArgument, format!("request {i}: local address is NULL")));
+            }
+            if r.local.checked_add(r.len).is_none() || r.remote.checked_add(r.len as u64).is_none() {
+                return Err(Error::invalid_argument(format!("request {i}: address + length overflows")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocate a Mooncake batch for the non-empty requests and submit them.
+    fn start_batch(&self, session: &str, direction: Direction, reqs: &[Request], notify: Option<&(String, String)>) -> Result<McBatch> {
+        Self::check_requests(reqs)?;
+        self.free_orphans();
+        let mut tasks = Vec::with_capacity(reqs.len());
+        let mut wire = Vec::new();
+        self.with_engine(|eng| {
+            let seg = if reqs.iter().any(|r| r.len > 0) || notify.is_some() { Some(self.segment(eng, session)?) } else { None };
+            for r in reqs {
+                let mc_index = (r.len > 0).then(|| {
+                    wire.push(TransferRequest {
+                        opcode: match direction {
+                            Direction::Read => mooncake_sys::OPCODE_READ,
+                            Direction::Write => mooncake_sys::OPCODE_WRITE,
+                        },
+                        source: r.local as *mut c_void,
+                        target_id: seg.unwrap_or(0),
+                        file_id: 0,
+                        target_offset: r.remote,
+                        length: r.len as u64,
+                    });
+                    wire.len() - 1
+                });
+                tasks.push(Task { mc_index, len: r.len as u64, remote: r.remote });
+            }
+            let notify_c = match notify {
+                Some((n, m)) => Some((cstring(n, "notify_name")?, cstring(m, "notify_msg")?)),
+                None => None,
+            };
+            if wire.is_empty() {
+                // Nothing crosses the wire; a requested notification goes out at once.
+                if let (Some((n, m)), Some(seg)) = (&notify_c, seg) {
+                    self.send_notify_to(eng, seg, session, n, m)?;
+                }
+                return Ok(McBatch::new(session, direction, tasks, None));
+            }
+            // SAFETY: live engine.
+            let mc = unsafe { (self.api.allocate_batch_id)(eng, wire.len()) };
+            if mc == mooncake_sys::INVALID_BATCH {
+                return Err(Error::new(ErrorKind::Busy, format!("allocateBatchID({}) failed (Mooncake returned INVALID_BATCH)", wire.len())));
+            }
+            // SAFETY: `mc` is a batch Mooncake just gave us; `wire` holds
+            // `wire.len()` requests; the notification strings outlive the call.
+            let rc = unsafe {
+                match &notify_c {
+                    Some((n, m)) => {
+                        let msg = NotifyMsg { name: n.as_ptr() as *mut c_char, msg: m.as_ptr() as *mut c_char };
+                        (self.api.submit_transfer_with_notify)(eng, mc, wire.as_mut_ptr(), wire.len(), msg)
+                    }
+                    None => (self.api.submit_transfer)(eng, mc, wire.as_mut_ptr(), wire.len()),
+                }
+            };
+            let call = if notify_c.is_some() { "submitTransferWithNotify" } else { "submitTransfer" };
+            if let Err(e) = check(rc, Convention::StatusCode, call) {
+                // Nothing was accepted: the batch is idle and can go.
+                // SAFETY: `mc` is ours and has no task in flight.
+                let frc = unsafe { (self.api.free_batch_id)(eng, mc) };
+                if frc != 0 {
+                    self.orphans.lock().push(mc);
+                }
+                return Err(e.context(format!("{} {} request(s) to {session}", op_name(direction), wire.len())));
+            }
+            Ok(McBatch::new(session, direction, tasks, Some(mc)))
+        })
+    }
+
+    /// Poll Mooncake for every task not yet terminal.
+    fn refresh(&self, b: &McBatch) -> Result<()> {
+        if b.is_done() {
+            return Ok(());
+        }
+        self.with_engine(|eng| {
+            let mc = b.mc_id.read();
+            let Some(mc) = *mc else { return Ok(()) };
+            let mut states = b.states.lock();
+            for (i, t) in b.tasks.iter().enumerate() {
+                let Some(idx) = t.mc_index else { continue };
+                if states[i].state != STATE_PENDING {
+                    continue;
+                }
+                let mut st = TransferStatus::default();
+                // SAFETY: `mc` is live (the read lock keeps it from being
+                // freed) and `idx` is below the count submitted into it.
+                let rc = unsafe { (self.api.get_transfer_status)(eng, mc, idx, &mut st) };
+                let where_ = || format!("task {i} ({} of {} bytes at remote {:#x} on {})", op_name(b.direction), t.len, t.remote, b.session);
+                if let Err(e) = check(rc, Convention::StatusCode, "getTransferStatus") {
+                    states[i].state = STATE_FAILED;
+                    states[i].error = Some(e.context(where_()));
+                    continue;
+                }
+                let (state, failure) = task_state(st.status);
+                states[i].state = state;
+                match state {
+                    STATE_COMPLETED => states[i].bytes = t.len,
+                    STATE_PENDING => states[i].bytes = st.transferred_bytes.min(t.len),
+                    _ => {}
+                }
+                if let Some((kind, text)) = failure {
+                    states[i].error = Some(Error::new(kind, format!("{}: {text} (status {})", where_(), st.status)));
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Poll until the batch is done or `deadline` passes; true if done.
+    fn wait_done(&self, b: &McBatch, deadline: Option<Instant>) -> Result<bool> {
+        let mut backoff = Backoff(0);
+        loop {
+            self.refresh(b)?;
+            if b.is_done() {
+                return Ok(true);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(false);
+            }
+            backoff.wait();
+        }
+    }
+
+    /// Free the Mooncake side of a finished batch (exactly once).
+    fn release(&self, b: &McBatch) -> Result<()> {
+        let mut mc = b.mc_id.write();
+        let Some(id) = *mc else { return Ok(()) };
+        let eng = self.engine.read();
+        let Some(eng) = &*eng else { return Ok(()) };
+        // SAFETY: `id` is a live batch of this engine with no task in flight
+        // (checked by the caller); the write lock keeps pollers out.
+        let rc = unsafe { (self.api.free_batch_id)(eng.0, id) };
+        check(rc, Convention::StatusCode, "freeBatchID")?;
+        *mc = None;
+        Ok(())
+    }
+
+    /// Retry freeing batches abandoned by timed-out sync calls.
+    fn free_orphans(&self) {
+        let mut orphans = self.orphans.lock();
+        if orphans.is_empty() {
+            return;
+        }
+        let eng = self.engine.read();
+        let Some(eng) = &*eng else { return };
+        // SAFETY: each id is a live batch of this engine, freed at most once
+        // (removed from the list when Mooncake accepts).
+        orphans.retain(|&id| unsafe { (self.api.free_batch_id)(eng.0, id) } != 0);
+    }
+
+    fn send_notify_to(&self, eng: TransferEngineT, seg: SegmentId, session: &str, name: &CStr, msg: &CStr) -> Result<()> {
+        let m = NotifyMsg { name: name.as_ptr() as *mut c_char, msg: msg.as_ptr() as *mut c_char };
+        // SAFETY: live engine; Mooncake copies the strings.
+        let rc = unsafe { (self.api.gen_notify_in_engine)(eng, seg as u64, m) };
+        check(rc, Convention::NegativeErr, "genNotifyInEngine")
+            .map_err(|e| Error::new(ErrorKind::NotifyRejected, format!("notification to {session} failed: {e}")))
+    }
+}
+
+impl TransferBackend for MooncakeBackend {
+    fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    fn rpc_port(&self) -> u16 {
+        self.rpc_port
+    }
+
+    fn protocol(&self) -> &str {
+        &self.protocol
+    }
+
+    fn register_batch(&self, regions: &[(u64, u64)]) -> Result<()> {
+        if regions.is_empty() {
+            return Ok(());
+        }
+        let mut known = self.regions.lock();
+        let mut sorted: Vec<(u64, u64)> = regions.to_vec();
+        sorted.sort_unstable();
+        for (i, &(addr, len)) in sorted.iter().enumerate() {
+            let end = addr.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
+                Error::new(ErrorKind::AddressOverlap, format!("region {addr:#x} with length {len} is empty or wraps around"))
+            })?;
+            if let Some(&(next, _)) = sorted.get(i + 1) {
+                if next < end {
+                    return Err(Error::new(ErrorKind::AddressOverlap, format!("regions at {addr:#x} and {next:#x} overlap")));
+                }
+            }
+            let before = known.range(..end).next_back();
+            if let Some((&a, &l)) = before.filter(|(&a, &l)| a + l > addr) {
+                return Err(Error::new(
+                    ErrorKind::AddressOverlap,
+                    format!("region {addr:#x}..{end:#x} overlaps registered region {a:#x}..{:#x}", a + l),
+                ));
+            }
+        }
+        let loc = cstring(mooncake_sys::WILDCARD_LOCATION, "location")?;
+        self.with_engine(|eng| {
+            let rc = if let [(addr, len)] = regions {
+                // SAFETY: live engine; the caller keeps the memory valid.
+                unsafe { (self.api.register_local_memory)(eng, *addr as *mut c_void, *len as usize, loc.as_ptr(), 1) }
+            } else {
+                let mut entries: Vec<BufferEntry> =
+                    regions.iter().map(|&(a, l)| BufferEntry { addr: a as *mut c_void, length: l as usize }).collect();
+                // SAFETY: as above; `entries` holds `entries.len()` items.
+                unsafe { (self.api.register_local_memory_batch)(eng, entries.as_mut_ptr(), entries.len(), loc.as_ptr()) }
+            };
+            let call = if regions.len() == 1 { "registerLocalMemory" } else { "registerLocalMemoryBatch" };
+            check(rc, Convention::NegativeErr, call)
+        })?;
+        known.extend(regions.iter().copied());
+        Ok(())
+    }
+
+    fn unregister_batch(&self, addrs: &[u64]) -> Result<()> {
+        if addrs.is_empty() {
+            return Ok(());
+        }
+        let mut known = self.regions.lock();
+        for a in addrs {
+            if !known.contains_key(a) {
+                return Err(Error::new(ErrorKind::NotFound, format!("no registered region starts at {a:#x}")));
+            }
+        }
+        self.with_engine(|eng| {
+            let rc = if let [a] = addrs {
+                // SAFETY: live engine; `a` starts a region registered with it.
+                unsafe { (self.api.unregister_local_memory)(eng, *a as *mut c_void) }
+            } else {
+                let mut list: Vec<*mut c_void> = addrs.iter().map(|&a| a as *mut c_void).collect();
+                // SAFETY: as above; `list` holds `list.len()` addresses.
+                unsafe { (self.api.unregister_local_memory_batch)(eng, list.as_mut_ptr(), list.len()) }
+            };
+            let call = if addrs.len() == 1 { "unregisterLocalMemory" } else { "unregisterLocalMemoryBatch" };
+            check(rc, Convention::NegativeErr, call)
+        })?;
+        for a in addrs {
+            known.remove(a);
+        }
+        Ok(())
+    }
+
+    unsafe fn transfer_sync(&self, session: &str, direction: Direction, reqs: Vec<Request>) -> Result<()> {
+        let b = self.start_batch(session, direction, &reqs, None)?;
+        let deadline = Instant::now() + self.sync_timeout;
+        match self.wait_done(&b, Some(deadline)) {
+            Ok(true) => {
+                if let Err(e) = self.release(&b) {
+                    log::warn!("freeing a finished Mooncake batch failed: {e}");
+                    if let Some(id) = b.mc_id.write().take() {
+                        self.orphans.lock().push(id);
+                    }
+                }
+                b.outcome()
+            }
+            Err(e) => {
+                if let Some(id) = b.mc_id.write().take() {
+                    self.orphans.lock().push(id);
+                }
+                Err(e)
+            }
+            Ok(false) => {
+                // Tasks still in flight: Mooncake refuses to free the batch
+                // now; it is freed by a later call once they end.
+                if let Some(id) = b.mc_id.write().take() {
+                    self.orphans.lock().push(id);
+                }
+                let s = b.summary();
+                Err(Error::timeout(format!(
+                    "{} to {session} not finished after {:?} (MC_TRANSFER_TIMEOUT): {} of {} requests still in flight",
+                    op_name(direction),
+                    self.sync_timeout,
+                    s.total - s.completed - s.failed,
+                    s.total
+                )))
+            }
+        }
+    }
+
+    unsafe fn submit(&self, session: &str, direction: Direction, reqs: Vec<Request>, notify: Option<(String, String)>) -> Result<u64> {
+        let b = Arc::new(self.start_batch(session, direction, &reqs, notify.as_ref())?);
+        match self.batches.insert(b.clone()) {
+            Ok(id) => Ok(id),
+            Err(e) => {
+                if let Some(id) = b.mc_id.write().take() {
+                    self.orphans.lock().push(id);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn batch_summary(&self, id: u64) -> Result<BatchSummary> {
+        let b = self.batches.get(id)?;
+        self.refresh(&b)?;
+        Ok(b.summary())
+    }
+
+    fn task_summary(&self, id: u64, task: usize) -> Result<TaskSummary> {
+        let b = self.batches.get(id)?;
+        self.refresh(&b)?;
+        b.task(task)
+    }
+
+    fn batch_wait(&self, id: u64, timeout: Duration) -> Result<BatchSummary> {
+        let b = self.batches.get(id)?;
+        let deadline = Instant::now().checked_add(timeout);
+        if !self.wait_done(&b, deadline)? {
+            let s = b.summary();
+            return Err(Error::timeout(format!(
+                "batch {id:#x} not finished after {timeout:?}: {} of {} tasks still in flight",
+                s.total - s.completed - s.failed,
+                s.total
+            )));
+        }
+        Ok(b.summary())
+    }
+
+    fn batch_free(&self, id: u64) -> Result<()> {
+        self.batches.remove_with(id, |b| {
+            if self.engine.read().is_none() {
+                return Ok(()); // stopped: Mooncake's side went with the engine
+            }
+            self.refresh(b)?;
+            if !b.is_done() {
+                return Err(Error::new(ErrorKind::Busy, format!("batch id {id:#x} still has tasks in flight")));
+            }
+            self.release(b)
+        })
+    }
+
+    fn probe(&self, session: &str) -> Result<()> {
+        self.with_engine(|eng| {
+            let name = cstring(session, "session")?;
+            // Mooncake's C API has no probe: fetching the peer's segment
+            // afresh (a handshake with it) shows it is alive.
+            // SAFETY: live engine, valid string.
+            let id = unsafe {
+                match self.api.open_segment_no_cache {
+                    Some(f) => f(eng, name.as_ptr()),
+                    None => (self.api.open_segment)(eng, name.as_ptr()),
+                }
+            };
+            if id < 0 {
+                return Err(Error::new(ErrorKind::PeerUnreachable, format!("probe of {session} failed (openSegment returned {id})")));
+            }
+            self.segments.lock().insert(session.to_owned(), id);
+            Ok(())
+        })
+    }
+
+    fn notify(&self, session: &str, name: &str, msg: &str) -> Result<()> {
+        let (n, m) = (cstring(name, "name")?, cstring(msg, "msg")?);
+        self.with_engine(|eng| {
+            let seg = self.segment(eng, session)?;
+            self.send_notify_to(eng, seg, session, &n, &m)
+        })
+    }
+
+    fn drain_notifications(&self) -> Vec<(String, String)> {
+        self.with_engine(|eng| {
+            let mut n: std::ffi::c_int = 0;
+            // SAFETY: live engine; `n` receives the count.
+            let list = unsafe { (self.api.get_notifs_from_engine)(eng, &mut n) };
+            if list.is_null() || n <= 0 {
+                return Ok(Vec::new());
+            }
+            // SAFETY: Mooncake returned an array of `n` entries whose strings
+            // are NULL or NUL-terminated; it is handed back to it just after.
+            let out = unsafe {
+                let text = |p: *const c_char| if p.is_null() { String::new() } else { CStr::from_ptr(p).to_string_lossy().into_owned() };
+                let v = std::slice::from_raw_parts(list, n as usize).iter().map(|m| (text(m.name), text(m.msg))).collect();
+                (self.api.free_notifs_msg_buf)(list, n);
+                v
+            };
+            Ok(out)
+        })
+        .unwrap_or_default()
+    }
+
+    fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        let mut guard = self.engine.write();
+        let Some(eng) = guard.take() else { return };
+        for b in self.batches.all() {
+            let mut mc = b.mc_id.write();
+            if let Some(id) = *mc {
+                // SAFETY: a live batch of this engine; Mooncake refuses
+                // (BatchBusy) when tasks are still in flight.
+                if unsafe { (self.api.free_batch_id)(eng.0, id) } == 0 {
+                    *mc = None;
+                }
+            }
+        }
+        for id in self.orphans.lock().drain(..) {
+            // SAFETY: as above.
+            unsafe { (self.api.free_batch_id)(eng.0, id) };
+        }
+        // SAFETY: the engine came from createTransferEngine; no call can use
+        // it any more (the write lock is held and the slot is now empty).
+        unsafe { (self.api.destroy_transfer_engine)(eng.0) };
+        log::info!("Mooncake engine {} stopped", self.session_id);
+    }
+}
+
+impl Drop for MooncakeBackend {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_host_strips_ports_and_npu_suffixes() {
+        assert_eq!(plain_host("10.0.0.1"), "10.0.0.1");
+        assert_eq!(plain_host("10.0.0.1:17000:npu_3"), "10.0.0.1");
+        assert_eq!(plain_host("node7:1234"), "node7");
+        assert_eq!(plain_host("[::1]:5"), "::1");
+        assert_eq!(plain_host("fe80::1"), "fe80::1");
+    }
+}

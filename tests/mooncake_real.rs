@@ -1,0 +1,57 @@
+//! Against a real Mooncake library: two engines on the tcp protocol in one
+//! process, a write and a read back, bytes verified.
+//!
+//! Runs only when `PDX_MOONCAKE_LIB` points to a build of Mooncake's transfer
+//! engine with its C API; otherwise it prints why it is skipped and passes.
+//! (The PyPI wheel's engine does not export the C API.)
+
+use std::sync::Arc;
+
+use pdx::backend::TransferBackend;
+use pdx::engine::{Direction, Request};
+use pdx::mooncake::MooncakeBackend;
+
+fn real_library() -> Option<Arc<mooncake_sys::Api>> {
+    let Ok(path) = std::env::var(mooncake_sys::LIB_ENV) else {
+        eprintln!("SKIPPED mooncake_real: {} is not set (point it to a real libtransfer_engine.so)", mooncake_sys::LIB_ENV);
+        return None;
+    };
+    match mooncake_sys::load_cached(&path) {
+        Ok(api) => Some(api),
+        Err(e) => {
+            eprintln!("SKIPPED mooncake_real: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn two_engines_tcp_write_and_read_back() {
+    let Some(api) = real_library() else { return };
+    let a = MooncakeBackend::start_with(api.clone(), "tcp", "127.0.0.1", "").expect("engine a");
+    let b = MooncakeBackend::start_with(api, "tcp", "127.0.0.1", "").expect("engine b");
+    assert_eq!(a.protocol(), "tcp");
+    assert!(b.session_id().starts_with("127.0.0.1:"), "{}", b.session_id());
+
+    let src: Vec<u8> = (0..1 << 16).map(|i| (i * 31 + 7) as u8).collect();
+    let mut back = vec![0u8; src.len()];
+    let mut remote = vec![0u8; src.len()];
+    a.register_batch(&[(src.as_ptr() as u64, src.len() as u64), (back.as_mut_ptr() as u64, back.len() as u64)])
+        .expect("register on a");
+    b.register_batch(&[(remote.as_mut_ptr() as u64, remote.len() as u64)]).expect("register on b");
+
+    let write = Request { local: src.as_ptr() as usize, remote: remote.as_ptr() as u64, len: src.len() };
+    // SAFETY: the buffers outlive the calls.
+    unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![write]) }.expect("write");
+    assert!(remote == src, "bytes written to b differ");
+
+    let read = Request { local: back.as_mut_ptr() as usize, remote: remote.as_ptr() as u64, len: back.len() };
+    // SAFETY: as above.
+    unsafe { a.transfer_sync(b.session_id(), Direction::Read, vec![read]) }.expect("read");
+    assert!(back == src, "bytes read back differ");
+
+    a.unregister_batch(&[src.as_ptr() as u64, back.as_ptr() as u64]).expect("unregister a");
+    b.unregister_batch(&[remote.as_ptr() as u64]).expect("unregister b");
+    a.stop();
+    b.stop();
+}
