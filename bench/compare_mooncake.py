@@ -24,7 +24,9 @@ Workloads: (a) one transfer_sync_write (and _read) of 64 MiB, 256 MiB, 1 GiB;
 apart and scattered on the target, so no two entries are adjacent);
 (c) 4 KiB transfer_sync_write latency; (d) iperf3 single-stream loopback
 (`iperf3 -c 127.0.0.1 -l <size> -J`) in the same rounds, for the "80% of
-iperf3" target. Only 127.0.0.1 is used.
+iperf3" target, and because iperf3 caps writes at 1 MiB, (e) one raw TCP
+connection writing the same sizes as (a) (bench/tcp_stream.py: sendall() of
+the whole buffer). Only 127.0.0.1 is used.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tcp_stream  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PEER_SCRIPT = HERE / "bench_peer.py"
@@ -63,6 +68,38 @@ def fmt_size(n: int) -> str:
 
 # --------------------------------------------------------------------------
 # peers
+
+
+def _busy_jiffies() -> int:
+    """Non-idle CPU time of the whole machine, in clock ticks (/proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v) - v[3] - v[4]  # minus idle and iowait
+
+
+def _proc_jiffies(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+    except OSError:
+        return 0
+
+
+class ForeignLoad:
+    """CPU used by processes other than ours during a span, as a share of all CPUs."""
+
+    def __init__(self, pids):
+        self.pids = list(pids) + [os.getpid()]
+        self.t0, self.busy0 = time.monotonic(), _busy_jiffies()
+        self.ours0 = sum(_proc_jiffies(p) for p in self.pids)
+
+    def share(self) -> float | None:
+        """None for spans under half a second (the counters tick every 10 ms)."""
+        hz = os.sysconf("SC_CLK_TCK")
+        dt = time.monotonic() - self.t0
+        other = (_busy_jiffies() - self.busy0) - (sum(_proc_jiffies(p) for p in self.pids) - self.ours0)
+        return max(0.0, other / hz / dt / os.cpu_count()) if dt >= 0.5 else None
 
 
 class PeerFailed(RuntimeError):
@@ -173,13 +210,16 @@ class Pair:
             src, src_buf, src_ranges = self.target, self.tbuf, remote_ranges
             dst, dst_buf, dst_ranges = self.init, self.ibuf, local_ranges
         dst.call("clear", buf=dst_buf["buf"], ranges=dst_ranges)
+        load = ForeignLoad(p.proc.pid for p in self.peers)
         r = self.init.call("bench", timeout=600, op=w["op"], mode=w["mode"], target=self.target.session,
                            buf=self.ibuf["buf"], entries=entries, iters=w["iters"], warmup=w["warmup"],
                            max_seconds=w["max_seconds"])
+        foreign = load.share()
         want = src.call("crc", buf=src_buf["buf"], ranges=src_ranges)["crc32"]
         got = dst.call("crc", buf=dst_buf["buf"], ranges=dst_ranges)["crc32"]
         return {"rc": r["rc"], "error": r.get("error"), "stage": r.get("stage"), "times_ns": r["times_ns"],
-                "verified": r["rc"] == 0 and want == got, "crc_src": want, "crc_dst": got}
+                "verified": r["rc"] == 0 and want == got, "crc_src": want, "crc_dst": got,
+                "foreign_cpu": foreign}
 
     def close(self):
         for p in self.peers:
@@ -282,7 +322,7 @@ def med(values):
     return statistics.median(values) if values else None
 
 
-def summarize(ws, results, iperf, rounds):
+def summarize(ws, results, iperf, rounds, tcp=None):
     """results[name][kind] = list of per-round stats; returns rows and target checks."""
     rows = []
     for w in ws:
@@ -315,6 +355,13 @@ def summarize(ws, results, iperf, rounds):
                   f"{p:.2f} / {base:.2f} GB/s = {100 * p / base:.0f}%" if p else "n/a")
     else:
         check("pdx >= 80% of iperf3 single stream", None, iperf.get("error", "iperf3 not run"))
+    for r in large:
+        t = (tcp or {}).get(r["block"])
+        if t:
+            p, base = r["pdx"]["median"], statistics.median(t)
+            ok = p is not None and p >= 0.8 * base
+            check(f"{r['workload']}: pdx >= 80% of one raw TCP stream, same write size", ok,
+                  f"{p:.2f} / {base:.2f} GB/s = {100 * p / base:.0f}%" if p else "n/a")
     for r in rows:
         if r["group"] == "batch":
             ok = r["ratio"] is not None and r["ratio"] >= 3.0
@@ -326,7 +373,7 @@ def summarize(ws, results, iperf, rounds):
     return rows, checks, verified
 
 
-def print_report(rows, checks, verified, iperf, meta, out=sys.stdout):
+def print_report(rows, checks, verified, iperf, meta, tcp=None, out=sys.stdout):
     def num(v, spec):
         return format(v, spec) if v is not None else "-"
 
@@ -361,6 +408,9 @@ def print_report(rows, checks, verified, iperf, meta, out=sys.stdout):
         print(f"\niperf3: skipped ({iperf.get('error')})", file=out)
     if iperf.get("note"):
         print(iperf["note"], file=out)
+    for size, vals in sorted((tcp or {}).items()):
+        print(f"raw TCP single stream, {fmt_size(size)} writes: {statistics.median(vals):.2f} GB/s "
+              f"(rounds {' '.join(f'{v:.2f}' for v in vals)})", file=out)
     print("\ntargets", file=out)
     for c in checks:
         mark = "PASS" if c["pass"] else ("SKIP" if c["pass"] is None else "FAIL")
@@ -379,25 +429,32 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds (for the test suite)")
     ap.add_argument("--rounds", type=int, help="rounds (default 3, --quick 2, --smoke 1)")
     ap.add_argument("--no-read", action="store_true", help="skip the large transfer_sync_read runs")
+    ap.add_argument("--only", metavar="GROUPS", help="comma list of large,batch,latency (default: all)")
     ap.add_argument("--no-iperf", action="store_true", help="skip iperf3")
+    ap.add_argument("--no-tcp", action="store_true", help="skip the raw TCP single-stream baseline")
     ap.add_argument("--iperf-seconds", type=float, help="seconds per iperf3 run (default 3)")
     ap.add_argument("--json", metavar="FILE", help="write all results as JSON")
     args = ap.parse_args(argv)
 
     if args.smoke:
         cfg = dict(large=[1 * MiB, 4 * MiB], blocks=[4 * KiB, 64 * KiB], batch=16, lat_iters=50, large_iters=3,
-                   batch_iters=5, seconds=0.5, rounds=1, iperf_s=1)
+                   batch_iters=5, seconds=0.5, rounds=1, iperf_s=1, tcp_s=0.2)
     elif args.quick:
         cfg = dict(large=[64 * MiB, 256 * MiB], blocks=[4 * KiB, 16 * KiB, 64 * KiB], batch=256, lat_iters=500,
-                   large_iters=3, batch_iters=30, seconds=1.0, rounds=2, iperf_s=1)
+                   large_iters=3, batch_iters=30, seconds=1.0, rounds=2, iperf_s=1, tcp_s=0.5)
     else:
         cfg = dict(large=[64 * MiB, 256 * MiB, GiB], blocks=[4 * KiB, 16 * KiB, 64 * KiB], batch=256,
-                   lat_iters=2000, large_iters=5, batch_iters=200, seconds=2.0, rounds=3, iperf_s=3)
+                   lat_iters=2000, large_iters=5, batch_iters=200, seconds=2.0, rounds=3, iperf_s=3, tcp_s=1.5)
     rounds = args.rounds or cfg["rounds"]
     iperf_s = args.iperf_seconds or cfg["iperf_s"]
     ops = ["write"] if args.no_read else ["write", "read"]
     ws = workloads(cfg["large"], ops, cfg["blocks"], cfg["batch"], cfg["lat_iters"], cfg["large_iters"],
                    cfg["batch_iters"], cfg["seconds"])
+    if args.only:
+        groups = set(args.only.split(","))
+        if not groups <= {"large", "batch", "latency"}:
+            ap.error(f"--only takes large, batch, latency; got {args.only}")
+        ws = [w for w in ws if w["group"] in groups]
     size = buffer_size(ws)
     iperf_block = min(max(cfg["large"]), IPERF3_MAX_BLOCK)
 
@@ -419,6 +476,8 @@ def main(argv=None) -> int:
     iperf3 = None
     results = {w["name"]: {k: [] for k in KINDS} for w in ws}
     iperf = {"block": iperf_block, "rounds": []}
+    tcp = {}
+    tcp_sizes = [] if args.no_tcp else sorted({w["block"] for w in ws if w["group"] == "large" and w["op"] == "write"})
     failed = False
     try:
         for kind in KINDS:
@@ -435,10 +494,12 @@ def main(argv=None) -> int:
                 for kind in order:
                     r = pairs[kind].run(w)
                     st = run_stats(w, r)
-                    st.update(verified=r["verified"], rc=r["rc"], times_ns=r["times_ns"])
+                    st.update(verified=r["verified"], rc=r["rc"], times_ns=r["times_ns"],
+                              foreign_cpu=r["foreign_cpu"])
                     results[w["name"]][kind].append(st)
                     shown = (f"p50 {st['p50_us']:.1f} us" if w["group"] == "latency" else
                              f"{st['gbps']:.3f} GB/s") if st["calls"] else "no calls"
+                    fcpu = "  -" if r["foreign_cpu"] is None else f"{100 * r['foreign_cpu']:3.0f}%"
                     if r["verified"]:
                         status = "ok"
                     elif r["rc"] != 0:
@@ -447,7 +508,8 @@ def main(argv=None) -> int:
                         status = f"FAILED: crc32 {r['crc_dst']:#x} on the destination, {r['crc_src']:#x} at the source"
                     failed |= not r["verified"]
                     print(f"round {rnd + 1}/{rounds}  {w['name']:<18} {kind:<8} {shown:>16}  "
-                          f"({st['calls']} calls) {status}", flush=True)
+                          f"({st['calls']:>4} calls, other processes {fcpu} CPU) {status}",
+                          flush=True)
             if iperf3 and iperf3.path:
                 res = iperf3.run(iperf_block, iperf_s)
                 if "error" in res:
@@ -457,6 +519,10 @@ def main(argv=None) -> int:
                     iperf["rounds"].append(res["gbps"])
                     print(f"round {rnd + 1}/{rounds}  iperf3 -l {fmt_size(iperf_block)} {'':<8} "
                           f"{res['gbps']:.3f} GB/s", flush=True)
+            for tsize in tcp_sizes:
+                rate = tcp_stream.send(tsize, cfg["tcp_s"])
+                tcp.setdefault(tsize, []).append(rate)
+                print(f"round {rnd + 1}/{rounds}  raw TCP {fmt_size(tsize):<10} {'':<8} {rate:.3f} GB/s", flush=True)
     finally:
         for p in pairs.values():
             p.close()
@@ -467,13 +533,14 @@ def main(argv=None) -> int:
         if max(cfg["large"]) > IPERF3_MAX_BLOCK:
             iperf["note"] = (f"(iperf3 accepts -l up to {fmt_size(IPERF3_MAX_BLOCK)} for TCP, so its largest write "
                              f"size stands in for the {fmt_size(min(cfg['large']))}+ transfer sizes)")
-    rows, checks, verified = summarize(ws, results, iperf, rounds)
+    rows, checks, verified = summarize(ws, results, iperf, rounds, tcp)
     meta["seconds"] = round(time.monotonic() - t_start, 1)
     meta["loadavg_end"] = round(os.getloadavg()[0], 2)
-    print_report(rows, checks, verified, iperf, meta)
+    print_report(rows, checks, verified, iperf, meta, tcp)
     print(f"({meta['seconds']} s)")
     if args.json:
         doc = {"meta": meta, "rows": rows, "targets": checks, "verified": verified, "iperf3": iperf,
+               "raw_tcp": {str(k): v for k, v in tcp.items()},
                "runs": {name: {k: [{x: v for x, v in st.items() if x != "times_ns"} for st in by_kind[k]]
                                for k in KINDS} for name, by_kind in results.items()}}
         Path(args.json).write_text(json.dumps(doc, indent=2))
