@@ -449,11 +449,13 @@ pdx_status pdx_backend_unavailable_reason(const char *name,
  *
  * The transport is resolved exactly as `pdx_resolve_transport` does it
  * (explicit `protocol` > `MOONCAKE_PROTOCOL`, default `"rdma"`;
- * `MC_FORCE_TCP` present forces `"tcp"`). When the result is `"tcp"`, the
- * native engine starts: a handshake listener and a data listener on
- * `hostname`'s address, ports picked in `MC_MIN_RPC_PORT..MC_MAX_RPC_PORT`.
- * Other protocols need Mooncake's own engine and fail with
- * `PDX_ERR_BACKEND_UNAVAILABLE` until that backend is loaded.
+ * `MC_FORCE_TCP` present forces `"tcp"`). For `"tcp"` the native engine
+ * starts: a handshake listener and a data listener on `hostname`'s address,
+ * ports picked in `MC_MIN_RPC_PORT..MC_MAX_RPC_PORT`. Every other protocol
+ * (and `"tcp"` with `PDX_TCP_ENGINE=mooncake`) runs on Mooncake's engine,
+ * loaded from `PDX_MOONCAKE_LIB` (default `libtransfer_engine.so`); when it
+ * cannot be loaded, or cannot install the protocol, the call fails with
+ * `PDX_ERR_BACKEND_UNAVAILABLE` naming the protocol and the library.
  *
  * `hostname` is required; `protocol` and `device` may be NULL. On success
  * `*out` receives an engine owned by the caller (release it with
@@ -521,9 +523,9 @@ pdx_status pdx_batch_unregister_memory(pdx_engine *engine, void *const *addrs, s
 /**
  * Write `len` bytes from `local` to `remote_addr` in the peer `session`
  * (`host:rpc_port`). Returns `PDX_OK` only when every byte is confirmed at
- * the target. `len == 0` succeeds at once without touching memory or the
- * network (`local` may then be NULL), as in Mooncake. `PDX_ERR_REMOTE_REJECTED` when the peer has not registered
- * that range; connection and timeout errors as named.
+ * the target; `PDX_ERR_REMOTE_REJECTED` when the peer has not registered
+ * that range; connection and timeout errors as named. `len == 0` succeeds
+ * at once without touching memory or the network (`local` may be NULL).
  */
 pdx_status pdx_transfer_sync_write(pdx_engine *engine,
                                    const char *session,

@@ -13,6 +13,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod ffi;
+pub mod ids;
 pub mod logging;
 pub mod mooncake;
 

@@ -39,7 +39,8 @@ pub use transfer::Request;
 pub use wire::Direction;
 
 use crate::error::{Error, ErrorKind, Result};
-use batch::{BatchRun, BatchTable};
+use batch::BatchRun;
+use crate::ids::IdTable;
 use notify::Notifications;
 use peers::{Peer, Peers, SessionAddr};
 use regions::Regions;
@@ -74,7 +75,7 @@ pub(crate) struct Inner {
     pub notifications: Notifications,
     pub peers: Peers,
     pub workers: Arc<Workers>,
-    pub batches: BatchTable,
+    pub batches: IdTable<BatchRun>,
 }
 
 /// A running engine. Dropping it (or calling [`Engine::stop`]) stops the
@@ -130,7 +131,7 @@ impl Engine {
             regions: Regions::default(),
             peers: Peers::default(),
             workers: workers.clone(),
-            batches: BatchTable::default(),
+            batches: IdTable::new("batch"),
             settings,
         });
         let clone = |l: &TcpListener| l.try_clone().map_err(|e| Error::io(format!("listener: {e}")));
@@ -193,18 +194,6 @@ impl Engine {
         Ok(())
     }
 
-    fn check_requests(reqs: &[Request]) -> Result<()> {
-        for (i, r) in reqs.iter().enumerate() {
-            if r.len > 0 && r.local == 0 {
-                return Err(Error::new(ErrorKind::NullArgument, format!("request {i}: local address is NULL")));
-            }
-            if r.local.checked_add(r.len).is_none() || r.remote.checked_add(r.len as u64).is_none() {
-                return Err(Error::invalid_argument(format!("request {i}: address + length overflows")));
-            }
-        }
-        Ok(())
-    }
-
     /// Move every request and return when each is confirmed at the target
     /// (or failed). Returns the first failure, with a count.
     ///
@@ -213,7 +202,7 @@ impl Engine {
     /// writable for reads) until this returns.
     pub unsafe fn transfer_sync(&self, session: &str, direction: Direction, reqs: Vec<Request>) -> Result<()> {
         self.check_running()?;
-        Self::check_requests(&reqs)?;
+        Request::validate_all(&reqs)?;
         let run = BatchRun::new(&self.inner.settings, session, direction, reqs, None);
         run.start(&self.inner, true);
         run.wait_until(None);
@@ -233,7 +222,7 @@ impl Engine {
         notify: Option<(String, String)>,
     ) -> Result<u64> {
         self.check_running()?;
-        Self::check_requests(&reqs)?;
+        Request::validate_all(&reqs)?;
         let run = BatchRun::new(&self.inner.settings, session, direction, reqs, notify);
         let id = self.inner.batches.insert(run.clone())?;
         run.start(&self.inner, false);
@@ -277,7 +266,13 @@ impl Engine {
 
     /// Free a finished batch; `Busy` while tasks are in flight.
     pub fn batch_free(&self, id: u64) -> Result<()> {
-        self.inner.batches.remove(id)
+        self.inner.batches.remove_with(id, |run| {
+            if run.is_done() {
+                Ok(())
+            } else {
+                Err(Error::new(ErrorKind::Busy, format!("batch id {id:#x} still has tasks in flight")))
+            }
+        })
     }
 
     /// Ask the peer whether it is alive (a Probe exchange).

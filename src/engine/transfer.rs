@@ -18,6 +18,22 @@ pub struct Request {
     pub len: usize,
 }
 
+impl Request {
+    /// Refuse requests no backend may start: a NULL local address with a
+    /// length, or a range that wraps around.
+    pub fn validate_all(reqs: &[Request]) -> crate::error::Result<()> {
+        for (i, r) in reqs.iter().enumerate() {
+            if r.len > 0 && r.local == 0 {
+                return Err(Error::new(ErrorKind::NullArgument, format!("request {i}: local address is NULL")));
+            }
+            if r.local.checked_add(r.len).is_none() || r.remote.checked_add(r.len as u64).is_none() {
+                return Err(Error::invalid_argument(format!("request {i}: address + length overflows")));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Requests per window, and bytes per window for writes (more pipelining
 /// buys nothing once a window covers several socket buffers).
 pub(crate) const WINDOW_REQUESTS: usize = 256;

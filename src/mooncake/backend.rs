@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use mooncake_sys::{Api, BufferEntry, Convention, NotifyMsg, SegmentId, TransferEngineT, TransferRequest, TransferStatus};
 use parking_lot::{Mutex, RwLock};
 
-use super::batches::{BatchTable, McBatch, Task};
+use super::batches::{McBatch, Task};
+use crate::ids::IdTable;
 use super::convert::{check, task_state, STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
 use super::topology;
 use crate::backend::TransferBackend;
@@ -42,7 +43,7 @@ pub struct MooncakeBackend {
     rpc_port: u16,
     segments: Mutex<HashMap<String, SegmentId>>,
     regions: Mutex<BTreeMap<u64, u64>>,
-    batches: BatchTable,
+    batches: IdTable<McBatch>,
     /// Mooncake batches a sync call gave up on while tasks were in flight;
     /// freed once Mooncake agrees (never forgotten, never freed twice).
     orphans: Mutex<Vec<u64>>,
@@ -193,7 +194,7 @@ impl MooncakeBackend {
             rpc_port,
             segments: Mutex::new(HashMap::new()),
             regions: Mutex::new(BTreeMap::new()),
-            batches: BatchTable::default(),
+            batches: IdTable::new("batch"),
             orphans: Mutex::new(Vec::new()),
             sync_timeout: sync_timeout_from_env(),
         })
@@ -230,21 +231,9 @@ impl MooncakeBackend {
         Ok(id)
     }
 
-    fn check_requests(reqs: &[Request]) -> Result<()> {
-        for (i, r) in reqs.iter().enumerate() {
-            if r.len > 0 && r.local == 0 {
-                return Err(Error::new(ErrorKind::NullArgument, format!("request {i}: local address is NULL")));
-            }
-            if r.local.checked_add(r.len).is_none() || r.remote.checked_add(r.len as u64).is_none() {
-                return Err(Error::invalid_argument(format!("request {i}: address + length overflows")));
-            }
-        }
-        Ok(())
-    }
-
     /// Allocate a Mooncake batch for the non-empty requests and submit them.
     fn start_batch(&self, session: &str, direction: Direction, reqs: &[Request], notify: Option<&(String, String)>) -> Result<McBatch> {
-        Self::check_requests(reqs)?;
+        Request::validate_all(reqs)?;
         self.free_orphans();
         let mut tasks = Vec::with_capacity(reqs.len());
         let mut wire = Vec::new();

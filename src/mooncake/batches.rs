@@ -1,13 +1,12 @@
-//! pdx batch ids for Mooncake batches.
+//! Mooncake batches behind pdx batch ids.
 //!
 //! Mooncake's `batch_id_t` is a pointer cast to an integer: a stale or made-up
-//! value crashes it. So C never sees it. pdx hands out ids of index +
-//! generation (never 0) from this table; the Mooncake id stays inside the
-//! entry, behind a lock that freeing takes exclusively, so no thread can poll
-//! a Mooncake batch while another frees it.
+//! value crashes it. So C never sees it: pdx hands out checked ids
+//! ([`crate::ids::IdTable`]) and the Mooncake id stays inside the entry,
+//! behind a lock that freeing takes exclusively, so no thread can poll a
+//! Mooncake batch while another frees it.
 
 use parking_lot::{Mutex, RwLock};
-use std::sync::Arc;
 
 use super::convert::{STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
 use crate::engine::{BatchSummary, Direction, TaskSummary};
@@ -99,93 +98,15 @@ impl McBatch {
     }
 }
 
-/// Most batches alive at once.
-const MAX_LIVE: usize = 1 << 20;
-
-/// Live batches by pdx id.
-#[derive(Default)]
-pub struct BatchTable {
-    slots: Mutex<Slots>,
-}
-
-#[derive(Default)]
-struct Slots {
-    entries: Vec<(u32, Option<Arc<McBatch>>)>,
-    free: Vec<u32>,
-}
-
-fn split(id: u64) -> (usize, u32) {
-    (((id & 0xffff_ffff) as usize).wrapping_sub(1), (id >> 32) as u32)
-}
-
-fn not_live(id: u64) -> Error {
-    Error::new(ErrorKind::InvalidHandle, format!("batch id {id:#x} is not a live batch"))
-}
-
-impl BatchTable {
-    /// Store `batch`; the id is never 0.
-    pub fn insert(&self, batch: Arc<McBatch>) -> Result<u64> {
-        let mut s = self.slots.lock();
-        let index = match s.free.pop() {
-            Some(i) => i as usize,
-            None if s.entries.len() < MAX_LIVE => {
-                s.entries.push((0, None));
-                s.entries.len() - 1
-            }
-            None => return Err(Error::new(ErrorKind::Busy, format!("{MAX_LIVE} batches are alive; free some first"))),
-        };
-        let slot = &mut s.entries[index];
-        slot.0 = slot.0.wrapping_add(1).max(1);
-        slot.1 = Some(batch);
-        Ok((u64::from(slot.0) << 32) | (index as u64 + 1))
-    }
-
-    pub fn get(&self, id: u64) -> Result<Arc<McBatch>> {
-        let (index, generation) = split(id);
-        match self.slots.lock().entries.get(index) {
-            Some((g, Some(b))) if *g == generation => Ok(b.clone()),
-            _ => Err(not_live(id)),
-        }
-    }
-
-    /// Remove `id` if `release` agrees (it frees the Mooncake side). The
-    /// table stays locked meanwhile, so one id is released at most once.
-    pub fn remove_with(&self, id: u64, release: impl FnOnce(&McBatch) -> Result<()>) -> Result<()> {
-        let (index, generation) = split(id);
-        let mut s = self.slots.lock();
-        let batch = match s.entries.get(index) {
-            Some((g, Some(b))) if *g == generation => b.clone(),
-            _ => return Err(not_live(id)),
-        };
-        release(&batch)?;
-        s.entries[index].1 = None;
-        s.free.push(index as u32);
-        Ok(())
-    }
-
-    /// Every live batch (for shutdown).
-    pub fn all(&self) -> Vec<Arc<McBatch>> {
-        self.slots.lock().entries.iter().filter_map(|(_, b)| b.clone()).collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn ids_are_checked_and_never_zero() {
-        let t = BatchTable::default();
-        let b = Arc::new(McBatch::new("s", Direction::Write, vec![Task { mc_index: None, len: 0, remote: 0 }], None));
-        let id = t.insert(b).unwrap();
-        assert_ne!(id, 0);
-        assert!(t.get(id).unwrap().is_done());
-        assert_eq!(t.get(0).unwrap_err().kind(), ErrorKind::InvalidHandle);
-        assert_eq!(t.get(id ^ (1 << 32)).unwrap_err().kind(), ErrorKind::InvalidHandle);
-        assert_eq!(t.remove_with(id, |_| Err(Error::new(ErrorKind::Busy, "no"))).unwrap_err().kind(), ErrorKind::Busy);
-        t.remove_with(id, |_| Ok(())).unwrap();
-        assert_eq!(t.get(id).unwrap_err().kind(), ErrorKind::InvalidHandle);
-        let id2 = t.insert(Arc::new(McBatch::new("s", Direction::Read, vec![], None))).unwrap();
-        assert_ne!(id, id2, "a reused slot gets a new generation");
+    fn zero_length_tasks_are_done_at_once() {
+        let b = McBatch::new("s", Direction::Write, vec![Task { mc_index: None, len: 0, remote: 0 }], None);
+        assert!(b.is_done());
+        let b = McBatch::new("s", Direction::Write, vec![Task { mc_index: Some(0), len: 8, remote: 64 }], Some(1));
+        assert!(!b.is_done());
     }
 }
