@@ -183,8 +183,9 @@ impl Peer {
             }
         };
         let s = &inner.settings;
-        let conn = Conn::new(stream, s.progress_timeout, s.progress_timeout.min(s.status_timeout))
+        let mut conn = Conn::new(stream, s.progress_timeout, s.progress_timeout.min(s.status_timeout))
             .map_err(|e| Error::io(format!("configuring a data connection: {e}")))?;
+        conn.set_spin(s.spin);
         let tracked = inner
             .registry
             .track_owned(conn.stream())

@@ -187,6 +187,7 @@ fn serve_handshake(inner: &Inner, mut stream: TcpStream) {
 fn serve_data(inner: &Inner, stream: TcpStream) {
     let t = inner.settings.progress_timeout;
     let Ok(mut conn) = Conn::new(stream, t, t) else { return };
+    conn.set_spin(inner.settings.spin);
     let mut pending_acks: Vec<u8> = Vec::with_capacity(256);
     let stopping = || inner.registry.stopping();
     loop {

@@ -42,6 +42,8 @@ pub struct Settings {
     /// Initiate with protocol v1 only; `None` reads `MC_TCP_PROTO` on every
     /// transfer, as Mooncake does.
     pub force_v1: Option<bool>,
+    /// How long a receive polls before blocking (0 = never poll).
+    pub spin: Duration,
     /// Address the listeners bind to; `None` means the hostname's address.
     pub bind_address: Option<String>,
 }
@@ -116,6 +118,9 @@ impl Settings {
             max_handshake_connections: pick(&["PDX_MAX_HANDSHAKE_CONNECTIONS"], count(1, 4096)).unwrap_or(64),
             max_queued_notifications: pick(&["PDX_MAX_QUEUED_NOTIFICATIONS"], count(1, 1 << 24)).unwrap_or(65536),
             workers: pick(&["PDX_WORKERS"], count(1, 256)).unwrap_or(8),
+            spin: pick(&["PDX_SPIN_US"], |t| t.parse::<u64>().ok().filter(|&u| u <= 10_000))
+                .map(Duration::from_micros)
+                .unwrap_or(Duration::from_micros(50)),
             bind_address: raw("PDX_BIND_ADDRESS").filter(|s| !s.is_empty()),
         }
     }
