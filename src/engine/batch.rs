@@ -29,9 +29,12 @@ struct Task {
     error: Mutex<Option<Error>>,
 }
 
-/// Requests larger than this travel as several pieces, so one large entry
-/// can use several lanes (one TCP stream does not saturate both cores).
+/// Requests larger than this travel as several pieces: windows stay bounded
+/// and a very large entry can spread over several lanes.
 pub(crate) const PIECE_BYTES: usize = 4 << 20;
+
+/// Bytes per extra lane a single batch may use.
+const LANE_FANOUT_BYTES: usize = 64 << 20;
 
 /// A running (or finished) batch.
 pub struct BatchRun {
@@ -136,8 +139,10 @@ impl BatchRun {
             return;
         }
         let bytes: usize = self.pieces.iter().map(|r| r.len).fold(0usize, usize::saturating_add);
-        // Small batches stay on one lane: pipelining beats thread hand-offs.
-        let lanes = (bytes / (WINDOW_BYTES / 2)).clamp(1, inner.settings.lanes_per_peer);
+        // One pipelined lane keeps up with loopback on this class of machine
+        // (measured: 64 KiB x 256 at 5.6 GB/s on one lane, 4.5 on four);
+        // only very large batches fan out, for links one stream cannot fill.
+        let lanes = (bytes / LANE_FANOUT_BYTES).clamp(1, inner.settings.lanes_per_peer);
         let on_workers = if on_caller { lanes - 1 } else { lanes };
         for _ in 0..on_workers {
             let run = self.clone();

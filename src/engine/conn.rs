@@ -14,7 +14,7 @@ const RECV_BUF: usize = 256 * 1024;
 
 /// Largest single send/recv; keeps each syscall (and each revocation check)
 /// bounded.
-pub(crate) const MAX_IO_CHUNK: usize = 16 << 20;
+pub(crate) const MAX_IO_CHUNK: usize = 1 << 20;
 
 /// A connected data or handshake socket.
 pub struct Conn {
