@@ -92,6 +92,23 @@ impl TransferBackend for crate::engine::Engine {
     }
 }
 
+/// Resolve the transport for an engine on `hostname` (explicit `protocol` >
+/// `MOONCAKE_PROTOCOL`; `MC_FORCE_TCP` forces tcp; see
+/// [`crate::config::transport`]) and start the backend that serves it: the
+/// native engine for `tcp` (unless `PDX_TCP_ENGINE=mooncake`), Mooncake's
+/// engine for every other protocol.
+pub fn start(hostname: &str, protocol: Option<&str>, device: Option<&str>) -> Result<Box<dyn TransferBackend>> {
+    let choice = crate::config::transport::resolve_transport_from_process_env(hostname, protocol, device, -1)?;
+    for w in &choice.warnings {
+        log::warn!("{w}");
+    }
+    log::info!("starting a transfer engine: {}", choice.reason);
+    if choice.protocol == "tcp" && !crate::mooncake::tcp_uses_mooncake()? {
+        return Ok(Box::new(crate::engine::Engine::start(&choice.hostname)?));
+    }
+    Ok(Box::new(crate::mooncake::MooncakeBackend::start(&choice)?))
+}
+
 /// The error for a protocol no loaded backend can serve.
 pub fn unavailable(protocol: &str, why: &str) -> Error {
     Error::new(crate::ErrorKind::BackendUnavailable, format!("protocol '{protocol}': {why}"))

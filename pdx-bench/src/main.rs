@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use pdx::engine::{settings::Settings, Engine};
+use pdx::backend::TransferBackend;
 
 use memory::Buffer;
 
@@ -62,6 +62,9 @@ struct TargetOpts {
     /// Seed of the data the buffer is filled with (for read checks).
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Transport protocol (tcp runs the native engine; others Mooncake's).
+    #[arg(long, default_value = "tcp")]
+    protocol: String,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
@@ -103,7 +106,8 @@ struct InitiatorOpts {
     /// Data connections per peer (PDX_TCP_LANES).
     #[arg(long)]
     lanes: Option<usize>,
-    /// Transport protocol (the native engine speaks tcp).
+    /// Transport protocol (tcp runs the native engine; rdma, efa, ... run
+    /// Mooncake's, see PDX_MOONCAKE_LIB).
     #[arg(long, default_value = "tcp")]
     protocol: String,
     /// Hostname of the initiator engine (and of the target in loopback mode).
@@ -140,6 +144,15 @@ struct InitiatorOpts {
 
 fn main() {
     let cli = Cli::parse();
+    let lanes = match &cli.mode {
+        None => cli.opts.lanes,
+        Some(Mode::Loopback(o)) | Some(Mode::Initiator { opts: o, .. }) => o.lanes,
+        Some(Mode::Target(_)) => None,
+    };
+    if let Some(l) = lanes {
+        // Read by the engine when it starts; set before any thread exists.
+        std::env::set_var("PDX_TCP_LANES", l.clamp(1, 64).to_string());
+    }
     let result = match cli.mode {
         None => loopback(cli.opts),
         Some(Mode::Loopback(opts)) => loopback(opts),
@@ -154,29 +167,38 @@ fn main() {
     }
 }
 
-fn settings(lanes: Option<usize>) -> Settings {
-    let mut s = Settings::from_env();
-    if let Some(l) = lanes {
-        s.lanes_per_peer = l.clamp(1, 64);
-    }
-    s
+fn start_engine(host: &str, protocol: &str) -> Result<Box<dyn TransferBackend>, String> {
+    pdx::backend::start(host, Some(protocol), None).map_err(|e| e.to_string())
 }
 
 /// Control messages ride on pdx notifications with this name.
 const CONTROL: &str = "pdx-bench";
 
 fn target(opts: TargetOpts) -> Result<(), String> {
-    let engine = Engine::start_with(&opts.host, settings(None)).map_err(|e| e.to_string())?;
+    let engine = start_engine(&opts.host, &opts.protocol)?;
     let mut buf = Buffer::new(opts.buffer).map_err(|e| format!("cannot map {} bytes: {e}", opts.buffer))?;
     pattern::fill(buf.as_mut_slice(), opts.seed);
-    engine.register(buf.addr(), buf.len() as u64).map_err(|e| e.to_string())?;
+    engine.register_batch(&[(buf.addr(), buf.len() as u64)]).map_err(|e| e.to_string())?;
     println!(
         "{}",
         serde_json::json!({"session": engine.session_id(), "addr": buf.addr(), "len": buf.len(), "seed": opts.seed})
     );
-    // Serve control requests until told to quit or the parent goes away.
+    // Serve control requests until told to quit, stdin closes (the loopback
+    // parent holds it), or the parent goes away.
     let parent = unsafe { libc::getppid() };
+    let stdin_closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stdin_closed.clone();
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while matches!(std::io::stdin().read_line(&mut sink), Ok(n) if n > 0) {
+            sink.clear();
+        }
+        flag.store(true, std::sync::atomic::Ordering::Release);
+    });
     loop {
+        if stdin_closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
         for (name, msg) in engine.drain_notifications() {
             if name != CONTROL {
                 continue;
@@ -221,8 +243,8 @@ struct TargetProcess {
 fn spawn_target(opts: &InitiatorOpts) -> Result<TargetProcess, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
-        .args(["target", "--host", &opts.host, "--buffer", &opts.buffer.to_string()])
-        .stdin(Stdio::null())
+        .args(["target", "--host", &opts.host, "--buffer", &opts.buffer.to_string(), "--protocol", &opts.protocol])
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start the target process: {e}"))?;
@@ -252,10 +274,8 @@ fn spawn_target(opts: &InitiatorOpts) -> Result<TargetProcess, String> {
 fn loopback(opts: InitiatorOpts) -> Result<(), String> {
     let mut t = spawn_target(&opts)?;
     let result = initiator(&opts, &t.session, t.addr, t.len);
-    // Ask the target to quit; kill it if it does not within a few seconds.
-    if let Ok(e) = Engine::start_with(&opts.host, settings(None)) {
-        let _ = e.notify(&t.session, CONTROL, "quit");
-    }
+    // Closing its stdin tells the target to quit; kill it if it lingers.
+    drop(t.child.stdin.take());
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
         if let Ok(Some(_)) = t.child.try_wait() {
@@ -269,15 +289,15 @@ fn loopback(opts: InitiatorOpts) -> Result<(), String> {
 }
 
 fn initiator(opts: &InitiatorOpts, session: &str, remote_addr: u64, remote_len: usize) -> Result<Vec<report::Row>, String> {
-    if opts.protocol != "tcp" {
-        return Err(format!("protocol '{}': pdx-bench drives the native engine, which speaks tcp", opts.protocol));
-    }
-    let engine = Engine::start_with(&opts.host, settings(opts.lanes)).map_err(|e| e.to_string())?;
-    let ctx = run::Context { engine: &engine, session, remote_addr, remote_len, opts };
+    let engine = start_engine(&opts.host, &opts.protocol)?;
+    let ctx = run::Context { engine: engine.as_ref(), session, remote_addr, remote_len, opts };
     let mut rows = Vec::new();
     if matches!(opts.workload, Workload::Blocks | Workload::All) {
         rows.extend(run::block_sweep(&ctx)?);
-        report::print_table(&format!("pdx {:?} over tcp ({} -> {})", opts.op, engine.session_id(), session), &rows);
+        report::print_table(
+            &format!("pdx {:?} over {} ({} -> {})", opts.op, engine.protocol(), engine.session_id(), session),
+            &rows,
+        );
     }
     let mut kv_rows = Vec::new();
     if matches!(opts.workload, Workload::Kv | Workload::All) {
@@ -294,7 +314,7 @@ fn initiator(opts: &InitiatorOpts, session: &str, remote_addr: u64, remote_len: 
     }
     if let Some(path) = &opts.plot {
         if !rows.is_empty() {
-            let svg = report::svg_plot(&format!("pdx {:?} throughput over tcp loopback", opts.op), &rows);
+            let svg = report::svg_plot(&format!("pdx {:?} throughput over {} loopback", opts.op, engine.protocol()), &rows);
             std::fs::write(path, svg).map_err(|e| format!("cannot write {path}: {e}"))?;
             println!("plot written to {path}");
         }

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use pdx::engine::{Direction, Engine, Request};
+use pdx::backend::TransferBackend;
+use pdx::engine::{Direction, Request};
 
 use crate::memory::Buffer;
 use crate::report::{human_bytes, Row};
@@ -18,7 +19,7 @@ const SOURCE_SEED: u64 = 11;
 pub const TARGET_SEED: u64 = 7;
 
 pub struct Context<'a> {
-    pub engine: &'a Engine,
+    pub engine: &'a dyn TransferBackend,
     pub session: &'a str,
     pub remote_addr: u64,
     pub remote_len: usize,

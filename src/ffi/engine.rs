@@ -19,9 +19,8 @@ use std::time::Duration;
 use super::args::to_cstring;
 use super::boundary::{c_slice, c_str, guard, guard_or, opt_c_str, opt_out_ptr, out_ptr, HandleTable};
 use super::status::{pdx_status, status_of, PDX_OK};
-use crate::config::transport::resolve_transport_from_process_env;
 use crate::backend::TransferBackend;
-use crate::engine::{Direction, Engine, Request};
+use crate::engine::{Direction, Request};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Opaque transfer engine. Made by `pdx_engine_init`, released by
@@ -105,12 +104,7 @@ pub unsafe extern "C" fn pdx_engine_init(
         let hostname = c_str(hostname, "hostname")?;
         let protocol = opt_c_str(protocol, "protocol")?;
         let device = opt_c_str(device, "device")?;
-        let choice = resolve_transport_from_process_env(hostname, protocol, device, -1)?;
-        for w in &choice.warnings {
-            log::warn!("{w}");
-        }
-        log::info!("pdx_engine_init: {}", choice.reason);
-        let engine = start_backend(&choice)?;
+        let engine = crate::backend::start(hostname, protocol, device)?;
         let handle = EngineHandle {
             session_id: to_cstring(engine.session_id(), "session id")?,
             protocol: to_cstring(engine.protocol(), "protocol")?,
@@ -119,15 +113,6 @@ pub unsafe extern "C" fn pdx_engine_init(
         *out = ENGINES.insert(handle);
         Ok(())
     })
-}
-
-/// The backend for a resolved transport: the native engine for `tcp`
-/// (unless `PDX_TCP_ENGINE=mooncake`), Mooncake's engine for the rest.
-fn start_backend(choice: &crate::config::transport::TransportChoice) -> Result<Box<dyn TransferBackend>> {
-    if choice.protocol == "tcp" && !crate::mooncake::tcp_uses_mooncake()? {
-        return Ok(Box::new(Engine::start(&choice.hostname)?));
-    }
-    Ok(Box::new(crate::mooncake::MooncakeBackend::start(choice)?))
 }
 
 /// Stop and free an engine: listeners close, in-flight transfers fail,
