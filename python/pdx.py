@@ -617,3 +617,20 @@ class Engine:
             return pairs
         finally:
             lib.pdx_notifications_free(out)
+
+
+# --- backends ---
+
+
+def backend_available(name: str) -> bool:
+    """Whether backend `name` ("tcp", "mooncake") can run in this process."""
+    return lib.pdx_backend_available(_enc(name)) == 1
+
+
+def backend_unavailable_reason(name: str) -> str:
+    """Why `backend_available(name)` is false ("" when it is available)."""
+    needed = c_size_t()
+    check(lib.pdx_backend_unavailable_reason(_enc(name), None, 0, ctypes.byref(needed)))
+    buf = ctypes.create_string_buffer(needed.value + 1)
+    check(lib.pdx_backend_unavailable_reason(_enc(name), buf, len(buf), ctypes.byref(needed)))
+    return buf.value.decode()

@@ -792,3 +792,13 @@ def test_notify_rejected_when_queue_full(monkeypatch):
         assert b.drain_notifications() == [("n0", "m"), ("n1", "m")]
         a.notify(b.session_id, "after", "drain")
         assert b.drain_notifications() == [("after", "drain")]
+
+
+def test_backend_availability():
+    assert pdx.backend_available("tcp")
+    assert pdx.backend_unavailable_reason("tcp") == ""
+    assert not pdx.backend_available("no-such-backend")
+    assert pdx.backend_unavailable_reason("no-such-backend")
+    if not pdx.backend_available("mooncake"):
+        assert "libtransfer_engine" in pdx.backend_unavailable_reason("mooncake") or "PDX_MOONCAKE_LIB" in \
+            pdx.backend_unavailable_reason("mooncake")

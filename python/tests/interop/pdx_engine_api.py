@@ -1,9 +1,8 @@
-"""The slice of pdx's engine C ABI that the interop tests use, declared here with ctypes.
+"""The slice of pdx's engine C ABI that the interop tests use, through ctypes.
 
-This deliberately does not depend on the engine wrapper in python/pdx.py: it
-opens its own ctypes handle on the same libpdx.so (found by pdx.py), so the
-argtypes declared here never clash with the ones pdx.py sets, and the tests
-call exactly the C functions of the planned ABI. Methods return the raw
+It uses pdx.py's declarations but not its Engine wrapper: it opens its own
+ctypes handle on the same libpdx.so, and the tests call exactly the C
+functions of the ABI. Methods return the raw
 `pdx_status` (0 ok, negative error) so tests can check exact codes; the last
 error text comes from `pdx.last_error()`.
 """
@@ -12,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from ctypes import POINTER, byref, c_char_p, c_int32, c_size_t, c_uint16, c_uint32, c_uint64, c_void_p
+from ctypes import byref, c_char_p, c_int32, c_size_t, c_uint64, c_void_p
 from pathlib import Path
 
 _PYTHON_DIR = Path(__file__).resolve().parents[2]
@@ -27,34 +26,17 @@ PDX_ERR_REMOTE_REJECTED = -16
 OPCODE_READ = 0
 OPCODE_WRITE = 1
 
-_ENGINE_FUNCTIONS = [
-    ("pdx_engine_init", c_int32, [c_char_p, c_char_p, c_char_p, POINTER(c_void_p)]),
-    ("pdx_engine_free", None, [c_void_p]),
-    ("pdx_engine_session_id", c_char_p, [c_void_p]),
-    ("pdx_engine_rpc_port", c_uint16, [c_void_p]),
-    ("pdx_engine_protocol", c_char_p, [c_void_p]),
-    ("pdx_register_memory", c_int32, [c_void_p, c_void_p, c_size_t]),
-    ("pdx_unregister_memory", c_int32, [c_void_p, c_void_p]),
-    ("pdx_batch_register_memory", c_int32, [c_void_p, POINTER(c_void_p), POINTER(c_size_t), c_size_t]),
-    ("pdx_batch_unregister_memory", c_int32, [c_void_p, POINTER(c_void_p), c_size_t]),
-    ("pdx_transfer_sync_write", c_int32, [c_void_p, c_char_p, c_void_p, c_uint64, c_size_t]),
-    ("pdx_transfer_sync_read", c_int32, [c_void_p, c_char_p, c_void_p, c_uint64, c_size_t]),
-    ("pdx_batch_transfer_sync_write", c_int32,
-     [c_void_p, c_char_p, POINTER(c_void_p), POINTER(c_uint64), POINTER(c_size_t), c_size_t]),
-    ("pdx_batch_transfer_sync_read", c_int32,
-     [c_void_p, c_char_p, POINTER(c_void_p), POINTER(c_uint64), POINTER(c_size_t), c_size_t]),
-    ("pdx_send_probe", c_int32, [c_void_p, c_char_p]),
-    ("pdx_send_notify", c_int32, [c_void_p, c_char_p, c_char_p, c_char_p]),
-    ("pdx_notifications_drain", c_int32, [c_void_p, POINTER(c_void_p)]),
-    ("pdx_notifications_count", c_size_t, [c_void_p]),
-    ("pdx_notification_get", c_int32, [c_void_p, c_size_t, POINTER(c_char_p), POINTER(c_char_p)]),
-    ("pdx_notifications_free", None, [c_void_p]),
-    ("pdx_batch_submit", c_int32,
-     [c_void_p, c_char_p, c_int32, POINTER(c_void_p), POINTER(c_uint64), POINTER(c_size_t), c_size_t,
-      c_char_p, c_char_p, POINTER(c_uint64)]),
-    ("pdx_batch_wait", c_int32, [c_void_p, c_uint64, c_uint32, POINTER(c_int32)]),
-    ("pdx_batch_free", c_int32, [c_void_p, c_uint64]),
-]
+# The engine functions the interop tests call, with pdx.py's declarations
+# (one source of truth for argtypes/restype).
+_USED = {
+    "pdx_engine_init", "pdx_engine_free", "pdx_engine_session_id", "pdx_engine_rpc_port", "pdx_engine_protocol",
+    "pdx_register_memory", "pdx_unregister_memory", "pdx_batch_register_memory", "pdx_batch_unregister_memory",
+    "pdx_transfer_sync_write", "pdx_transfer_sync_read", "pdx_batch_transfer_sync_write",
+    "pdx_batch_transfer_sync_read", "pdx_send_probe", "pdx_send_notify", "pdx_notifications_drain",
+    "pdx_notifications_count", "pdx_notification_get", "pdx_notifications_free", "pdx_batch_submit",
+    "pdx_batch_wait", "pdx_batch_free",
+}
+_ENGINE_FUNCTIONS = [sig for sig in pdx._SIGNATURES if sig[0] in _USED]
 
 
 def has_engine_api() -> bool:
