@@ -228,7 +228,36 @@ static void test_ib_validation(void) {
   rmdir(root);
 }
 
+static void test_session_id(void) {
+  char buf[64];
+  size_t len = 0;
+  CHECK_OK(pdx_session_id("10.0.0.1", 17000, buf, sizeof buf, &len));
+  CHECK_STR(buf, "10.0.0.1:17000");
+  CHECK(len == strlen("10.0.0.1:17000"));
+  CHECK_OK(pdx_session_id("::1", 15001, buf, sizeof buf, NULL));
+  CHECK_STR(buf, "[::1]:15001");
+  CHECK_OK(pdx_session_id("[fe80::1]", 1, buf, sizeof buf, NULL));
+  CHECK_STR(buf, "[fe80::1]:1");
+  CHECK_OK(pdx_session_id("host.example", 2, NULL, 0, &len)); /* length only */
+  CHECK(len == strlen("host.example:2"));
+  char tiny[5];
+  CHECK_OK(pdx_session_id("abcdef", 9, tiny, sizeof tiny, &len)); /* truncated, terminated */
+  CHECK_STR(tiny, "abcd");
+  CHECK(len == 8);
+  /* Errors leave the buffer alone. */
+  strcpy(buf, "untouched");
+  len = 77;
+  CHECK_STATUS(pdx_session_id(NULL, 1, buf, sizeof buf, &len), PDX_ERR_NULL_ARGUMENT);
+  CHECK_STATUS(pdx_session_id("", 1, buf, sizeof buf, &len), PDX_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(pdx_session_id("[]", 1, buf, sizeof buf, &len), PDX_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(pdx_session_id("\xff", 1, buf, sizeof buf, &len), PDX_ERR_INVALID_UTF8);
+  CHECK_STATUS(pdx_session_id("h", 1, NULL, 8, &len), PDX_ERR_NULL_ARGUMENT);
+  CHECK_STR(buf, "untouched");
+  CHECK(len == 77);
+}
+
 int main(void) {
+  test_session_id();
   test_protocol_resolution();
   test_forced_tcp();
   test_ascend();

@@ -757,6 +757,23 @@ const char *pdx_transport_choice_warning(const pdx_transport_choice *choice, siz
 void pdx_transport_choice_free(pdx_transport_choice *choice);
 
 /**
+ * The session id of an engine listening on `port` at `host`: `"host:port"`,
+ * with an IPv6 literal bracketed (`"[::1]:15000"`; input brackets are
+ * stripped first), as Mooncake names segments and SGLang passes them.
+ * Copied into `buf` (`buf_len` bytes, NUL-terminated, truncated to fit);
+ * the full length without the NUL goes to `*out_len` (may be NULL). `buf`
+ * may be NULL when `buf_len` is 0, to ask for the length.
+ *
+ * Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_UTF8`,
+ * `PDX_ERR_INVALID_ARGUMENT` (empty host). Nothing is written on error.
+ */
+pdx_status pdx_session_id(const char *host,
+                          uint16_t port,
+                          char *buf,
+                          size_t buf_len,
+                          size_t *out_len);
+
+/**
  * SGLang's `parse_ib_device_config`: parse `text` (NULL or blank = nothing
  * configured; a comma list kept as one string; an inline JSON object
  * `{"0": "mlx5_0"}`; or a path ending in `.json`).

@@ -76,6 +76,7 @@ _SIGNATURES = [
     ("pdx_status_str", c_char_p, [pdx_status]),
     ("pdx_last_error_message", c_char_p, []),
     ("pdx_backend_available", c_int32, [c_char_p]),
+    ("pdx_session_id", pdx_status, [c_char_p, c_uint16, POINTER(ctypes.c_char), c_size_t, POINTER(c_size_t)]),
     ("pdx_backend_unavailable_reason", pdx_status, [c_char_p, POINTER(ctypes.c_char), c_size_t, POINTER(c_size_t)]),
 ]
 
@@ -633,4 +634,15 @@ def backend_unavailable_reason(name: str) -> str:
     check(lib.pdx_backend_unavailable_reason(_enc(name), None, 0, ctypes.byref(needed)))
     buf = ctypes.create_string_buffer(needed.value + 1)
     check(lib.pdx_backend_unavailable_reason(_enc(name), buf, len(buf), ctypes.byref(needed)))
+    return buf.value.decode()
+
+
+def session_id(host: str, port: int) -> str:
+    """`host:port` as Mooncake names sessions (IPv6 literals bracketed)."""
+    buf = ctypes.create_string_buffer(300)
+    needed = c_size_t()
+    check(lib.pdx_session_id(_enc(host), port, buf, len(buf), ctypes.byref(needed)))
+    if needed.value >= len(buf):
+        buf = ctypes.create_string_buffer(needed.value + 1)
+        check(lib.pdx_session_id(_enc(host), port, buf, len(buf), ctypes.byref(needed)))
     return buf.value.decode()

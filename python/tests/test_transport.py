@@ -116,3 +116,13 @@ def test_validate_errors_and_warnings(sysfs):
         pdx.validate_ib_devices("mlx5_0", sysfs + "/nope")
     assert e.value.status == pdx.PDX_ERR_RUNTIME
     assert e.value.message.startswith("InfiniBand sysfs path not found: ")
+
+
+def test_session_id_brackets_ipv6():
+    assert pdx.session_id("10.0.0.1", 17000) == "10.0.0.1:17000"
+    assert pdx.session_id("::1", 15001) == "[::1]:15001"
+    assert pdx.session_id("[::1]", 15001) == "[::1]:15001"
+    assert pdx.session_id("h" * 400, 1) == "h" * 400 + ":1"
+    with pytest.raises(pdx.PdxError) as e:
+        pdx.session_id("", 1)
+    assert e.value.status == pdx.PDX_ERR_INVALID_ARGUMENT

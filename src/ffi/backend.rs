@@ -10,9 +10,8 @@
 
 use std::ffi::c_char;
 
-use super::boundary::{c_str, guard, guard_or, opt_out_ptr};
+use super::boundary::{c_str, guard, guard_or, text_out};
 use super::status::pdx_status;
-use crate::error::{Error, ErrorKind};
 
 /// Backend names `pdx_backend_available` knows.
 const NAMES: &str = "tcp (the native engine), mooncake (Mooncake's Transfer Engine, loaded from PDX_MOONCAKE_LIB)";
@@ -58,27 +57,11 @@ pub unsafe extern "C" fn pdx_backend_unavailable_reason(
     out_len: *mut usize,
 ) -> pdx_status {
     guard("pdx_backend_unavailable_reason", || {
-        if buf.is_null() && buf_len > 0 {
-            return Err(Error::new(ErrorKind::NullArgument, "buf is NULL but buf_len is not 0"));
-        }
-        let out_len = opt_out_ptr(out_len, "out_len")?;
+        let out = text_out(buf, buf_len, out_len)?;
         let name = c_str(name, "name")?;
-        let text = unavailable_reason(name).unwrap_or_default().replace('\0', "\\0");
-        copy_out(&text, buf, buf_len);
-        if let Some(p) = out_len {
-            *p = text.len();
-        }
+        out.write(&unavailable_reason(name).unwrap_or_default().replace('\0', "\\0"));
         Ok(())
     })
-}
-
-/// Copy `text` into a caller buffer, truncated and NUL-terminated.
-unsafe fn copy_out(text: &str, buf: *mut c_char, buf_len: usize) {
-    if buf_len > 0 {
-        let n = text.len().min(buf_len - 1);
-        std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
-        *buf.add(n) = 0;
-    }
 }
 
 #[cfg(test)]

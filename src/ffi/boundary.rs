@@ -132,6 +132,44 @@ pub(crate) fn opt_out_ptr<T>(ptr: *mut T, what: &str) -> Result<Option<*mut T>> 
     out_ptr(ptr, what).map(Some)
 }
 
+/// A caller-owned text buffer (`buf`, `buf_len`) plus an optional length
+/// out-param, checked before any work is done.
+pub(crate) struct TextOut {
+    buf: *mut c_char,
+    buf_len: usize,
+    out_len: Option<*mut usize>,
+}
+
+/// Check a text out-param triple. `buf` may be NULL only with `buf_len == 0`
+/// (the caller asks for the length alone).
+pub(crate) fn text_out(buf: *mut c_char, buf_len: usize, out_len: *mut usize) -> Result<TextOut> {
+    if buf.is_null() && buf_len > 0 {
+        return Err(Error::new(ErrorKind::NullArgument, "buf is NULL but buf_len is not 0"));
+    }
+    Ok(TextOut { buf, buf_len, out_len: opt_out_ptr(out_len, "out_len")? })
+}
+
+impl TextOut {
+    /// Copy `text` (NUL-terminated, cut at a character boundary to fit) and
+    /// store its full length in bytes, without the NUL.
+    ///
+    /// # Safety
+    /// `buf` must be writable for `buf_len` bytes (checked shape only).
+    pub(crate) unsafe fn write(&self, text: &str) {
+        if self.buf_len > 0 {
+            let mut n = text.len().min(self.buf_len - 1);
+            while !text.is_char_boundary(n) {
+                n -= 1;
+            }
+            std::ptr::copy_nonoverlapping(text.as_ptr(), self.buf.cast::<u8>(), n);
+            *self.buf.add(n) = 0;
+        }
+        if let Some(p) = self.out_len {
+            *p = text.len();
+        }
+    }
+}
+
 /// A C array argument of `len` elements. `len == 0` gives an empty slice
 /// whatever the pointer.
 ///
@@ -246,6 +284,21 @@ mod tests {
             assert_eq!(c_slice(misaligned, 1, "a").unwrap_err().kind(), ErrorKind::InvalidArgument);
             assert_eq!(c_slice(8 as *const u64, usize::MAX / 4, "a").unwrap_err().kind(), ErrorKind::InvalidArgument);
         }
+    }
+
+    #[test]
+    fn text_out_truncates_at_char_boundaries() {
+        let mut buf = [0x55 as c_char; 4];
+        let mut len = 0usize;
+        let out = text_out(buf.as_mut_ptr(), buf.len(), &mut len).unwrap();
+        unsafe { out.write("aé€") }; // 1 + 2 + 3 bytes
+        assert_eq!(len, 6);
+        let got = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        assert_eq!(got.to_str().unwrap(), "aé");
+        assert_eq!(text_out(std::ptr::null_mut(), 1, std::ptr::null_mut()).err().unwrap().kind(), ErrorKind::NullArgument);
+        let out = text_out(std::ptr::null_mut(), 0, &mut len).unwrap();
+        unsafe { out.write("xyz") };
+        assert_eq!(len, 3);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::ffi::{c_char, c_void, CString};
 use std::time::Duration;
 
 use super::args::to_cstring;
-use super::boundary::{c_slice, c_str, guard, guard_or, opt_c_str, opt_out_ptr, out_ptr, HandleTable};
+use super::boundary::{c_slice, c_str, guard, guard_or, opt_c_str, opt_out_ptr, out_ptr, text_out, HandleTable};
 use super::status::{pdx_status, status_of, PDX_OK};
 use crate::backend::TransferBackend;
 use crate::engine::{Direction, Request};
@@ -385,20 +385,9 @@ pub unsafe extern "C" fn pdx_task_error_message(
     out_len: *mut usize,
 ) -> pdx_status {
     guard("pdx_task_error_message", || {
-        if buf.is_null() && buf_len > 0 {
-            return Err(Error::new(ErrorKind::NullArgument, "buf is NULL but buf_len is not 0"));
-        }
-        let out_len = opt_out_ptr(out_len, "out_len")?;
+        let out = text_out(buf, buf_len, out_len)?;
         let t = ENGINES.get(engine)?.engine.task_summary(batch, task)?;
-        let text = t.error.map(|e| e.message().to_owned()).unwrap_or_default();
-        if buf_len > 0 {
-            let n = text.len().min(buf_len - 1);
-            std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
-            *buf.add(n) = 0;
-        }
-        if let Some(p) = out_len {
-            *p = text.len();
-        }
+        out.write(&t.error.map(|e| e.message().to_owned()).unwrap_or_default());
         Ok(())
     })
 }

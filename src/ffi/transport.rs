@@ -8,7 +8,7 @@ use std::ffi::{c_char, CString};
 use std::path::Path;
 
 use super::args::{messages_to_c, to_cstring};
-use super::boundary::{c_str, guard, guard_or, opt_c_str, out_ptr, HandleTable};
+use super::boundary::{c_str, guard, guard_or, opt_c_str, out_ptr, text_out, HandleTable};
 use super::status::pdx_status;
 use crate::config::ib_device::{self, IbDeviceConfig};
 use crate::config::transport::resolve_transport_from_process_env;
@@ -137,6 +137,34 @@ pub extern "C" fn pdx_transport_choice_warning(choice: *const pdx_transport_choi
 pub extern "C" fn pdx_transport_choice_free(choice: *mut pdx_transport_choice) {
     guard_or("pdx_transport_choice_free", (), || {
         CHOICES.remove(choice);
+        Ok(())
+    })
+}
+
+/// The session id of an engine listening on `port` at `host`: `"host:port"`,
+/// with an IPv6 literal bracketed (`"[::1]:15000"`; input brackets are
+/// stripped first), as Mooncake names segments and SGLang passes them.
+/// Copied into `buf` (`buf_len` bytes, NUL-terminated, truncated to fit);
+/// the full length without the NUL goes to `*out_len` (may be NULL). `buf`
+/// may be NULL when `buf_len` is 0, to ask for the length.
+///
+/// Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_UTF8`,
+/// `PDX_ERR_INVALID_ARGUMENT` (empty host). Nothing is written on error.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_session_id(
+    host: *const c_char,
+    port: u16,
+    buf: *mut c_char,
+    buf_len: usize,
+    out_len: *mut usize,
+) -> pdx_status {
+    guard("pdx_session_id", || {
+        let out = text_out(buf, buf_len, out_len)?;
+        let host = c_str(host, "host")?;
+        if crate::config::net::strip_brackets(host).is_empty() {
+            return Err(Error::invalid_argument("host is empty"));
+        }
+        out.write(&crate::config::net::session_id(host, port));
         Ok(())
     })
 }
