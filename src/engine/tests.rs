@@ -445,3 +445,21 @@ fn stop_interrupts_work_stuck_on_a_silent_peer() {
     assert_eq!(s.state, STATE_FAILED);
     assert_eq!(a.task_summary(id, 0).unwrap().error.unwrap().kind(), ErrorKind::Shutdown);
 }
+
+#[test]
+fn ipv6_loopback_sessions_are_bracketed_and_work() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("SKIPPED ipv6 test: no IPv6 loopback on this machine");
+        return;
+    }
+    let a = Engine::start_with("::1", settings()).unwrap();
+    let b = Engine::start_with("[::1]", settings()).unwrap();
+    assert!(b.session_id().starts_with("[::1]:"), "{}", b.session_id());
+    let target = vec![0u8; 4096];
+    b.register(addr(&target), 4096).unwrap();
+    let src = pattern(4096, 9);
+    unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), 4096)]) }.unwrap();
+    assert!(target == src);
+    a.notify(b.session_id(), "v6", "ok").unwrap();
+    assert_eq!(b.drain_notifications(), vec![("v6".to_owned(), "ok".to_owned())]);
+}
