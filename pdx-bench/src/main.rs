@@ -314,7 +314,7 @@ fn initiator(opts: &InitiatorOpts, session: &str, remote_addr: u64, remote_len: 
     }
     if let Some(path) = &opts.plot {
         if !rows.is_empty() {
-            let svg = report::svg_plot(&format!("pdx {:?} throughput over {} loopback", opts.op, engine.protocol()), &rows);
+            let svg = report::svg_plot(&format!("pdx {} throughput over {} loopback", format!("{:?}", opts.op).to_lowercase(), engine.protocol()), &rows);
             std::fs::write(path, svg).map_err(|e| format!("cannot write {path}: {e}"))?;
             println!("plot written to {path}");
         }

@@ -109,7 +109,7 @@ pub fn print_table(title: &str, rows: &[Row]) {
 
 /// An SVG line chart of GB/s against block size (log2 x axis).
 pub fn svg_plot(title: &str, rows: &[Row]) -> String {
-    let (w, h, left, bottom, top, right) = (720.0, 420.0, 70.0, 60.0, 40.0, 20.0);
+    let (w, h, left, bottom, top, right) = (720.0, 420.0, 70.0, 60.0, 40.0, 45.0);
     let pts: Vec<(f64, f64, usize)> = rows.iter().map(|r| ((r.block as f64).log2(), r.gbps(), r.block)).collect();
     let (xmin, xmax) = pts.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
     let ymax = pts.iter().fold(0.0f64, |m, p| m.max(p.1)).max(0.001) * 1.15;
