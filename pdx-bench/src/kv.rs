@@ -124,8 +124,9 @@ pub fn run(ctx: &Context<'_>) -> Result<Vec<Value>, String> {
         }
         last = reqs;
     }
-    if opts.op == Op::Write {
-        verify_last(ctx, &last)?;
+    match opts.op {
+        Op::Write => verify_last_write(ctx, &last)?,
+        Op::Read => verify_last_read(ctx, &last)?,
     }
     latencies.sort_unstable();
     let p50 = latencies[latencies.len() / 2];
@@ -149,8 +150,22 @@ pub fn run(ctx: &Context<'_>) -> Result<Vec<Value>, String> {
     })])
 }
 
+/// The last handoff's pages must have arrived from the target, byte for byte.
+fn verify_last_read(ctx: &Context<'_>, reqs: &[Request]) -> Result<(), String> {
+    for r in reqs {
+        // SAFETY: the range lies in the local pool, still mapped.
+        let local = unsafe { std::slice::from_raw_parts(r.local as *const u8, r.len) };
+        let off = (r.remote - ctx.remote_addr) as usize;
+        if !pattern::matches_at(local, crate::run::TARGET_SEED, off) {
+            return Err(format!("KV verification failed: pages read from remote offset {off} differ"));
+        }
+    }
+    println!("verified the last handoff's {} blocks against the target's data", reqs.len());
+    Ok(())
+}
+
 /// The last handoff's pages must be on the target, byte for byte.
-fn verify_last(ctx: &Context<'_>, reqs: &[Request]) -> Result<(), String> {
+fn verify_last_write(ctx: &Context<'_>, reqs: &[Request]) -> Result<(), String> {
     let ranges: Vec<(usize, usize)> = reqs.iter().map(|r| ((r.remote - ctx.remote_addr) as usize, r.len)).collect();
     let remote = ctx.remote_checksums(&ranges)?;
     for (r, sum) in reqs.iter().zip(&remote) {
