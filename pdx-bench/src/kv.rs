@@ -124,10 +124,6 @@ pub fn run(ctx: &Context<'_>) -> Result<Vec<Value>, String> {
         }
         last = reqs;
     }
-    match opts.op {
-        Op::Write => verify_last_write(ctx, &last)?,
-        Op::Read => verify_last_read(ctx, &last)?,
-    }
     latencies.sort_unstable();
     let p50 = latencies[latencies.len() / 2];
     let gbps = handoff_bytes as f64 / p50.as_secs_f64() / 1e9;
@@ -141,6 +137,10 @@ pub fn run(ctx: &Context<'_>) -> Result<Vec<Value>, String> {
         human_bytes(handoff_bytes as usize),
         p50.as_secs_f64() * 1e3
     );
+    match opts.op {
+        Op::Write => verify_last_write(ctx, &last)?,
+        Op::Read => verify_last_read(ctx, &last)?,
+    }
     Ok(vec![json!({
         "model": shape.name, "tokens": opts.kv_tokens, "page_tokens": page_tokens, "page_bytes": page_bytes,
         "entries_per_batch": entries, "bytes_per_handoff": handoff_bytes, "handoffs": latencies.len(),

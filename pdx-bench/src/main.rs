@@ -293,11 +293,13 @@ fn initiator(opts: &InitiatorOpts, session: &str, remote_addr: u64, remote_len: 
     let ctx = run::Context { engine: engine.as_ref(), session, remote_addr, remote_len, opts };
     let mut rows = Vec::new();
     if matches!(opts.workload, Workload::Blocks | Workload::All) {
-        rows.extend(run::block_sweep(&ctx)?);
+        let (measured, moved) = run::block_sweep(&ctx)?;
+        rows.extend(measured);
         report::print_table(
             &format!("pdx {:?} over {} ({} -> {})", opts.op, engine.protocol(), engine.session_id(), session),
             &rows,
         );
+        run::verify(&ctx, &moved)?;
     }
     let mut kv_rows = Vec::new();
     if matches!(opts.workload, Workload::Kv | Workload::All) {

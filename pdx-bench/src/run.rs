@@ -84,7 +84,14 @@ fn progress_line(label: &str, bytes: &AtomicU64, goal: u64, started: Instant) ->
     )
 }
 
-pub fn block_sweep(ctx: &Context<'_>) -> Result<Vec<Row>, String> {
+/// What the sweep moved, to be verified after the results are shown.
+pub struct Moved {
+    local: Buffer,
+    region: usize,
+    covered: Vec<usize>,
+}
+
+pub fn block_sweep(ctx: &Context<'_>) -> Result<(Vec<Row>, Moved), String> {
     let opts = ctx.opts;
     let threads = opts.threads.max(1);
     let region = (ctx.remote_len / threads) & !4095;
@@ -190,12 +197,12 @@ pub fn block_sweep(ctx: &Context<'_>) -> Result<Vec<Row>, String> {
             latencies,
         });
     }
-    verify(ctx, &local, region, &covered)?;
-    Ok(rows)
+    Ok((rows, Moved { local, region, covered }))
 }
 
 /// Every byte the sweep moved must be where it belongs.
-fn verify(ctx: &Context<'_>, local: &Buffer, region: usize, covered: &[usize]) -> Result<(), String> {
+pub fn verify(ctx: &Context<'_>, moved: &Moved) -> Result<(), String> {
+    let (local, region, covered) = (&moved.local, moved.region, &moved.covered);
     let ranges: Vec<(usize, usize)> =
         covered.iter().enumerate().filter(|(_, &c)| c > 0).map(|(t, &c)| (t * region, c)).collect();
     let total: usize = ranges.iter().map(|r| r.1).sum();
