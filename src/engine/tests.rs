@@ -463,3 +463,71 @@ fn ipv6_loopback_sessions_are_bracketed_and_work() {
     a.notify(b.session_id(), "v6", "ok").unwrap();
     assert_eq!(b.drain_notifications(), vec![("v6".to_owned(), "ok".to_owned())]);
 }
+
+#[test]
+fn soak_mixed_operations_from_many_threads() {
+    // Bounded in time: a few seconds of mixed traffic from 4 threads while
+    // a fifth keeps withdrawing and re-registering a region the others also
+    // hit. Every call must end in a consistent outcome; every byte that was
+    // confirmed must be there.
+    let (a, b) = (engine(), engine());
+    const SLICE: usize = 1 << 20;
+    let target = vec![0u8; 4 * SLICE];
+    let churn = vec![0u8; SLICE];
+    b.register(addr(&target), target.len() as u64).unwrap();
+    b.register(addr(&churn), SLICE as u64).unwrap();
+    let stop_at = Instant::now() + Duration::from_secs(3);
+    let session = b.session_id().to_owned();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while Instant::now() < stop_at {
+                b.unregister(addr(&churn)).unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+                b.register(addr(&churn), SLICE as u64).unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        for t in 0..4usize {
+            let (a, session, target, churn) = (&a, &session, &target, &churn);
+            s.spawn(move || {
+                let mine = addr(target) + (t * SLICE) as u64;
+                let mut k = 0u64;
+                while Instant::now() < stop_at {
+                    k += 1;
+                    let len = 1 + (k as usize * 7919 + t * 104_729) % (SLICE - 1);
+                    let src = pattern(len, k ^ t as u64);
+                    match k % 5 {
+                        0 | 1 => {
+                            unsafe { a.transfer_sync(session, Direction::Write, vec![req(&src, 0, mine, len)]) }.unwrap();
+                            let mut back = vec![0u8; len];
+                            let r = Request { local: back.as_mut_ptr() as usize, remote: mine, len };
+                            unsafe { a.transfer_sync(session, Direction::Read, vec![r]) }.unwrap();
+                            assert!(back == src, "thread {t} op {k}: read back differs");
+                        }
+                        2 => {
+                            let reqs: Vec<Request> =
+                                (0..16).map(|i| req(&src, 0, mine + (i * 4096) as u64, len.min(4096))).collect();
+                            let id = unsafe { a.submit(session, Direction::Write, reqs, None) }.unwrap();
+                            let s = a.batch_wait(id, Duration::from_secs(30)).unwrap();
+                            assert_eq!(s.state, STATE_COMPLETED);
+                            a.batch_free(id).unwrap();
+                        }
+                        3 => {
+                            // The churned region: either refused or confirmed, never anything else.
+                            let n = len.min(SLICE);
+                            match unsafe { a.transfer_sync(session, Direction::Write, vec![req(&src, 0, addr(churn), n)]) } {
+                                Ok(()) => {}
+                                Err(e) => assert_eq!(e.kind(), ErrorKind::RemoteRejected, "{e}"),
+                            }
+                        }
+                        _ => {
+                            a.probe(session).unwrap();
+                            a.notify(session, "soak", &k.to_string()).unwrap();
+                        }
+                    }
+                }
+            });
+        }
+    });
+    assert!(!b.drain_notifications().is_empty());
+}
