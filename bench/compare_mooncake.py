@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import random
-import selectors
 import shutil
 import socket
 import statistics
@@ -46,7 +45,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python" / "tests" / "interop"))
 import tcp_stream  # noqa: E402
+from peer_client import Peer  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PEER_SCRIPT = HERE / "bench_peer.py"
@@ -105,83 +106,6 @@ class ForeignLoad:
         return max(0.0, other / hz / dt / os.cpu_count()) if dt >= 0.5 else None
 
 
-class PeerFailed(RuntimeError):
-    pass
-
-
-class Peer:
-    """A bench_peer.py process; call() sends one JSON command and waits for the reply."""
-
-    def __init__(self, kind: str, name: str, log_dir: Path, start_timeout: float = 60.0):
-        env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENV}
-        env["PYTHONUNBUFFERED"] = "1"
-        env["INTEROP_PARENT_PID"] = str(os.getpid())
-        self.kind, self.name = kind, name
-        self.log_path = log_dir / f"{name}.log"
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, str(PEER_SCRIPT), kind], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=log, env=env, bufsize=0)
-        self._buf = b""
-        self._next = 1
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(self.proc.stdout, selectors.EVENT_READ)
-        try:
-            hello = self._reply(0, time.monotonic() + start_timeout, "startup")
-        except BaseException:
-            self.close()
-            raise
-        self.session = hello["session"]
-        self.pid = hello["pid"]
-
-    def _fail(self, what: str):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        try:
-            tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-30:])
-        except OSError:
-            tail = "(no log)"
-        return PeerFailed(f"{self.name}: {what}\n--- {self.log_path} ---\n{tail}")
-
-    def _reply(self, rid: int, deadline: float, what: str) -> dict:
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise self._fail(f"no reply to {what} in time")
-            if not self._sel.select(timeout=left):
-                continue
-            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
-            if not chunk:
-                raise self._fail(f"peer exited during {what}")
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        reply = json.loads(line)
-        if reply.get("id") != rid:
-            raise self._fail(f"reply id {reply.get('id')} != {rid} for {what}")
-        if not reply.get("ok"):
-            raise self._fail(f"{what} failed: {reply.get('error')}")
-        return reply["result"]
-
-    def call(self, cmd: str, timeout: float = 300.0, **args) -> dict:
-        if self.proc.poll() is not None:
-            raise self._fail(f"peer gone before {cmd}")
-        rid = self._next
-        self._next += 1
-        self.proc.stdin.write((json.dumps({"id": rid, "cmd": cmd, **args}) + "\n").encode())
-        return self._reply(rid, time.monotonic() + timeout, cmd)
-
-    def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.call("quit", timeout=5)
-                self.proc.wait(timeout=5)
-            except (PeerFailed, OSError, subprocess.TimeoutExpired, ValueError):
-                pass
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._sel.close()
-
-
 class Pair:
     """Initiator and target of one engine kind, each with one registered buffer of `size` bytes."""
 
@@ -190,14 +114,15 @@ class Pair:
         self.peers = []
         self.target = self._start(f"{kind}-target", log_dir)
         self.init = self._start(f"{kind}-initiator", log_dir)
-        self.tbuf = self.target.call("alloc", size=size, register=True)
-        self.ibuf = self.init.call("alloc", size=size, register=True)
+        self.tbuf = self.target.call("alloc", timeout=300, size=size, register=True)
+        self.ibuf = self.init.call("alloc", timeout=300, size=size, register=True)
         # Random bytes on both sides (this also faults every page in before timing).
-        self.target.call("randomize", buf=self.tbuf["buf"])
-        self.init.call("randomize", buf=self.ibuf["buf"])
+        self.target.call("randomize", timeout=300, buf=self.tbuf["buf"])
+        self.init.call("randomize", timeout=300, buf=self.ibuf["buf"])
 
     def _start(self, name, log_dir):
-        peer = Peer(self.kind, name, log_dir)
+        peer = Peer(self.kind, name=name, command=[str(PEER_SCRIPT), self.kind], drop_env=ENGINE_ENV,
+                    log_dir=log_dir, start_timeout=60.0)
         self.peers.append(peer)
         return peer
 
@@ -212,14 +137,14 @@ class Pair:
         else:
             src, src_buf, src_ranges = self.target, self.tbuf, remote_ranges
             dst, dst_buf, dst_ranges = self.init, self.ibuf, local_ranges
-        dst.call("clear", buf=dst_buf["buf"], ranges=dst_ranges)
+        dst.call("clear", timeout=300, buf=dst_buf["buf"], ranges=dst_ranges)
         load = ForeignLoad(p.proc.pid for p in self.peers)
         r = self.init.call("bench", timeout=600, op=w["op"], mode=w["mode"], target=self.target.session,
                            buf=self.ibuf["buf"], entries=entries, iters=w["iters"], warmup=w["warmup"],
                            max_seconds=w["max_seconds"])
         foreign = load.share()
-        want = src.call("crc", buf=src_buf["buf"], ranges=src_ranges)["crc32"]
-        got = dst.call("crc", buf=dst_buf["buf"], ranges=dst_ranges)["crc32"]
+        want = src.call("crc", timeout=300, buf=src_buf["buf"], ranges=src_ranges)["crc32"]
+        got = dst.call("crc", timeout=300, buf=dst_buf["buf"], ranges=dst_ranges)["crc32"]
         return {"rc": r["rc"], "error": r.get("error"), "stage": r.get("stage"), "times_ns": r["times_ns"],
                 "verified": r["rc"] == 0 and want == got, "crc_src": want, "crc_dst": got,
                 "foreign_cpu": foreign}

@@ -66,6 +66,17 @@ pub struct BatchSummary {
     pub bytes: u64,
 }
 
+impl BatchSummary {
+    /// The `Timeout` error for a batch still in flight after waiting `waited`.
+    pub fn not_finished(&self, id: u64, waited: std::time::Duration) -> Error {
+        Error::timeout(format!(
+            "batch {id:#x} not finished after {waited:?}: {} of {} tasks still in flight",
+            self.total - self.completed - self.failed,
+            self.total
+        ))
+    }
+}
+
 /// One task's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskSummary {

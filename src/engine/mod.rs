@@ -243,12 +243,7 @@ impl Engine {
         let run = self.inner.batches.get(id)?;
         let deadline = Instant::now().checked_add(timeout);
         if !run.wait_until(deadline) {
-            let s = run.summary();
-            return Err(Error::timeout(format!(
-                "batch {id:#x} not finished after {timeout:?}: {} of {} tasks still in flight",
-                s.total - s.completed - s.failed,
-                s.total
-            )));
+            return Err(run.summary().not_finished(id, timeout));
         }
         Ok(run.summary())
     }

@@ -536,12 +536,7 @@ impl TransferBackend for MooncakeBackend {
         let b = self.batches.get(id)?;
         let deadline = Instant::now().checked_add(timeout);
         if !self.wait_done(&b, deadline)? {
-            let s = b.summary();
-            return Err(Error::timeout(format!(
-                "batch {id:#x} not finished after {timeout:?}: {} of {} tasks still in flight",
-                s.total - s.completed - s.failed,
-                s.total
-            )));
+            return Err(b.summary().not_finished(id, timeout));
         }
         Ok(b.summary())
     }

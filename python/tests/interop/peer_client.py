@@ -62,26 +62,35 @@ def _kill(proc: subprocess.Popen):
 
 class Peer:
     def __init__(self, kind: str, env: dict | None = None, name: str | None = None,
-                 start_timeout: float = START_TIMEOUT):
-        if kind not in SCRIPTS:
+                 start_timeout: float = START_TIMEOUT, *, command: list[str] | None = None,
+                 drop_env: tuple[str, ...] = (), log_dir: Path | None = None):
+        """Start a peer: SCRIPTS[kind], or `command` (a script and its arguments)
+        speaking the same protocol. `drop_env` names more variables to keep from
+        it; with `log_dir` the log is written there as <name>.log and kept."""
+        if command is None and kind not in SCRIPTS:
             raise ValueError(f"unknown peer kind {kind!r}")
         self.kind = kind
         self.name = name or kind
         full_env = dict(os.environ)
         # Settings that would change the engines' behaviour must come from the test only.
-        for var in ("MC_TCP_PROTO", "MC_USE_TENT", "MC_USE_TEV1", "MC_DISABLE_METACACHE"):
+        for var in ("MC_TCP_PROTO", "MC_USE_TENT", "MC_USE_TEV1", "MC_DISABLE_METACACHE", *drop_env):
             full_env.pop(var, None)
         full_env.update({k: str(v) for k, v in (env or {}).items()})
         full_env["INTEROP_PARENT_PID"] = str(os.getpid())
         full_env["PYTHONUNBUFFERED"] = "1"
         self.env = full_env
-        log_dir = Path(tempfile.gettempdir()) / "pdx-interop-logs"
-        log_dir.mkdir(exist_ok=True)
-        fd, path = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log", dir=log_dir)
-        self.log_path = Path(path)
-        log_file = os.fdopen(fd, "wb")
+        self._keep_log = log_dir is not None or os.environ.get("PDX_INTEROP_KEEP_LOGS") == "1"
+        if log_dir is not None:
+            self.log_path = Path(log_dir) / f"{self.name}.log"
+            log_file = open(self.log_path, "wb")
+        else:
+            default_dir = Path(tempfile.gettempdir()) / "pdx-interop-logs"
+            default_dir.mkdir(exist_ok=True)
+            fd, path = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log", dir=default_dir)
+            self.log_path = Path(path)
+            log_file = os.fdopen(fd, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, str(SCRIPTS[kind])],
+            [sys.executable, *(command or [str(SCRIPTS[kind])])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,
@@ -196,7 +205,7 @@ class Peer:
             self._sel.close()
         except Exception:
             pass
-        if os.environ.get("PDX_INTEROP_KEEP_LOGS") != "1":
+        if not self._keep_log:
             try:
                 self.log_path.unlink()
             except OSError:
@@ -213,8 +222,8 @@ class Peer:
         r = self.call("alloc", size=size, register=register)
         return Buf(r["buf"], r["addr"], r["size"])
 
-    def fill(self, buf: Buf, offset: int = 0, length: int | None = None, *, seed: int | None = None,
-             byte: int | None = None, pos: int | None = None, timeout: float = DEFAULT_TIMEOUT):
+    @staticmethod
+    def _range_args(buf: Buf, offset, length, seed, byte, pos) -> dict:
         args = {"buf": buf.id, "offset": offset, "len": length}
         if seed is not None:
             args["seed"] = seed
@@ -222,18 +231,15 @@ class Peer:
                 args["pos"] = pos
         else:
             args["byte"] = byte
-        self.call("fill", timeout=timeout, **args)
+        return args
+
+    def fill(self, buf: Buf, offset: int = 0, length: int | None = None, *, seed: int | None = None,
+             byte: int | None = None, pos: int | None = None, timeout: float = DEFAULT_TIMEOUT):
+        self.call("fill", timeout=timeout, **self._range_args(buf, offset, length, seed, byte, pos))
 
     def verify(self, buf: Buf, offset: int = 0, length: int | None = None, *, seed: int | None = None,
                byte: int | None = None, pos: int | None = None, timeout: float = DEFAULT_TIMEOUT) -> dict:
-        args = {"buf": buf.id, "offset": offset, "len": length}
-        if seed is not None:
-            args["seed"] = seed
-            if pos is not None:
-                args["pos"] = pos
-        else:
-            args["byte"] = byte
-        return self.call("verify", timeout=timeout, **args)
+        return self.call("verify", timeout=timeout, **self._range_args(buf, offset, length, seed, byte, pos))
 
     def sha256(self, buf: Buf, offset: int = 0, length: int | None = None,
                timeout: float = DEFAULT_TIMEOUT) -> str:

@@ -236,14 +236,17 @@ class PeerBase:
         b.close()
         return {}
 
+    @staticmethod
+    def _pieces(a, offset: int, length: int):
+        """The expected bytes of a range: stream(seed)[pos:pos+len] (pos defaults to offset) or a constant byte."""
+        if "byte" in a:
+            return const_pieces(int(a["byte"]), length)
+        return stream_pieces(int(a["seed"]), int(a.get("pos", offset)), length)
+
     def cmd_fill(self, a):
-        """Fill a range with stream(seed)[pos:pos+len] (pos defaults to offset) or a constant byte."""
+        """Fill a range with the bytes `_pieces` describes."""
         b, offset, length = self._range(a)
-        pieces = (
-            const_pieces(int(a["byte"]), length)
-            if "byte" in a
-            else stream_pieces(int(a["seed"]), int(a.get("pos", offset)), length)
-        )
+        pieces = self._pieces(a, offset, length)
         at = offset
         for piece in pieces:
             b.view[at : at + len(piece)] = piece
@@ -251,13 +254,9 @@ class PeerBase:
         return {}
 
     def cmd_verify(self, a):
-        """Compare a range with stream(seed)[pos:pos+len] or a constant byte."""
+        """Compare a range with the bytes `_pieces` describes."""
         b, offset, length = self._range(a)
-        pieces = (
-            const_pieces(int(a["byte"]), length)
-            if "byte" in a
-            else stream_pieces(int(a["seed"]), int(a.get("pos", offset)), length)
-        )
+        pieces = self._pieces(a, offset, length)
         at = offset
         for piece in pieces:
             got = b.view[at : at + len(piece)]
