@@ -170,7 +170,7 @@ impl Peer {
     }
 
     fn open_lane(&self, inner: &Inner) -> Result<Lane> {
-        let desc = self.descriptor();
+        let mut desc = self.descriptor();
         let stream = match connect(&inner.settings, &desc.data_host, desc.data_port) {
             Ok(s) => s,
             Err(first) => {
@@ -179,7 +179,8 @@ impl Peer {
                 if (fresh.data_host.as_str(), fresh.data_port) == (desc.data_host.as_str(), desc.data_port) {
                     return Err(first);
                 }
-                connect(&inner.settings, &fresh.data_host, fresh.data_port)?
+                desc = fresh;
+                connect(&inner.settings, &desc.data_host, desc.data_port)?
             }
         };
         let s = &inner.settings;
@@ -190,7 +191,8 @@ impl Peer {
             .registry
             .track_owned(conn.stream())
             .ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
-        Ok(Lane { conn, proto_version: self.descriptor().proto_version, _tracked: tracked })
+        // The protocol version of the descriptor this lane was opened from.
+        Ok(Lane { conn, proto_version: desc.proto_version, _tracked: tracked })
     }
 
     /// A lane to this peer: an idle live one, a new one while under the
