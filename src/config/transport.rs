@@ -83,7 +83,7 @@ pub fn resolve_transport(
         None if ascend.value => ("ascend".to_owned(), format!("{} is true", names::ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE)),
         None => match env.var(names::MOONCAKE_PROTOCOL) {
             Some(p) => (p, names::MOONCAKE_PROTOCOL.to_owned()),
-            None => (DEFAULT_PROTOCOL.to_owned(), format!("the default (MOONCAKE_PROTOCOL unset)")),
+            None => (DEFAULT_PROTOCOL.to_owned(), "the default (MOONCAKE_PROTOCOL unset)".to_owned()),
         },
     };
     if !KNOWN_PROTOCOLS.contains(&requested.as_str()) {

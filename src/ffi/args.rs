@@ -124,7 +124,7 @@ pub extern "C" fn pdx_args_free(args: *mut pdx_args) {
 /// key and lists the allowed values). On success, strings previously
 /// returned by `pdx_args_get` for this object become invalid.
 #[no_mangle]
-pub extern "C" fn pdx_args_set(args: *mut pdx_args, key: *const c_char, value: *const c_char) -> pdx_status {
+pub unsafe extern "C" fn pdx_args_set(args: *mut pdx_args, key: *const c_char, value: *const c_char) -> pdx_status {
     guard("pdx_args_set", || {
         let handle = ARGS.get(args)?;
         // SAFETY: the caller passes NUL-terminated strings or NULL.
@@ -147,7 +147,7 @@ pub extern "C" fn pdx_args_set(args: *mut pdx_args, key: *const c_char, value: *
 /// Errors (`*out` untouched): `PDX_ERR_NULL_ARGUMENT`,
 /// `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INVALID_UTF8`, `PDX_ERR_UNKNOWN_KEY`.
 #[no_mangle]
-pub extern "C" fn pdx_args_get(args: *const pdx_args, key: *const c_char, out: *mut *const c_char) -> pdx_status {
+pub unsafe extern "C" fn pdx_args_get(args: *const pdx_args, key: *const c_char, out: *mut *const c_char) -> pdx_status {
     guard("pdx_args_get", || {
         let out = out_ptr(out, "out")?;
         let handle = ARGS.get(args)?;
@@ -186,7 +186,7 @@ pub extern "C" fn pdx_args_get(args: *const pdx_args, key: *const c_char, out: *
 /// `PDX_ERR_INVALID_UTF8`, `PDX_ERR_INVALID_VALUE` (a recognized flag with a
 /// bad or missing value: `argument --flag: expected one argument`).
 #[no_mangle]
-pub extern "C" fn pdx_args_parse_argv(args: *mut pdx_args, argc: c_int, argv: *const *const c_char) -> pdx_status {
+pub unsafe extern "C" fn pdx_args_parse_argv(args: *mut pdx_args, argc: c_int, argv: *const *const c_char) -> pdx_status {
     guard("pdx_args_parse_argv", || {
         let handle = ARGS.get(args)?;
         let len = usize::try_from(argc).map_err(|_| Error::invalid_argument(format!("argc is negative ({argc})")))?;
@@ -257,7 +257,7 @@ pub extern "C" fn pdx_args_message_count(args: *const pdx_args) -> usize {
 /// `*level` untouched) on error: stale handle, or `i` out of range
 /// (`PDX_ERR_INDEX_OUT_OF_RANGE` in the recorded error).
 #[no_mangle]
-pub extern "C" fn pdx_args_message(args: *const pdx_args, i: usize, level: *mut i32) -> *const c_char {
+pub unsafe extern "C" fn pdx_args_message(args: *const pdx_args, i: usize, level: *mut i32) -> *const c_char {
     guard_or("pdx_args_message", std::ptr::null(), || {
         if !level.is_null() {
             out_ptr(level, "level")?;
@@ -282,7 +282,7 @@ pub extern "C" fn pdx_args_message(args: *const pdx_args, i: usize, level: *mut 
 /// Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_UTF8`,
 /// `PDX_ERR_INVALID_VALUE` (empty name).
 #[no_mangle]
-pub extern "C" fn pdx_add_transfer_backend_choice(name: *const c_char) -> pdx_status {
+pub unsafe extern "C" fn pdx_add_transfer_backend_choice(name: *const c_char) -> pdx_status {
     guard("pdx_add_transfer_backend_choice", || {
         // SAFETY: the caller passes a NUL-terminated string or NULL.
         let name = unsafe { c_str(name, "name")? };
@@ -306,41 +306,47 @@ mod tests {
 
     #[test]
     fn lifecycle_set_get_and_stale_handles() {
-        let mut a: *mut pdx_args = std::ptr::null_mut();
-        assert_eq!(pdx_args_new(&mut a), PDX_OK);
-        assert_eq!(pdx_args_set(a, c"--disaggregation-mode".as_ptr(), c"decode".as_ptr()), PDX_OK);
-        let mut out: *const c_char = std::ptr::null();
-        assert_eq!(pdx_args_get(a, c"disaggregation_mode".as_ptr(), &mut out), PDX_OK);
-        assert_eq!(s(out).as_deref(), Some("decode"));
-        assert_eq!(pdx_args_get(a, c"disaggregation_ib_device".as_ptr(), &mut out), PDX_OK);
-        assert!(out.is_null());
-        let sentinel = 0x10 as *const c_char;
-        out = sentinel;
-        assert_eq!(pdx_args_get(a, c"nope".as_ptr(), &mut out), PDX_ERR_UNKNOWN_KEY);
-        assert_eq!(out, sentinel, "out untouched on error");
-        assert_eq!(pdx_args_message(a, 0, std::ptr::null_mut()), std::ptr::null());
-        pdx_args_free(a);
-        assert_eq!(pdx_args_set(a, c"port".as_ptr(), c"1".as_ptr()), PDX_ERR_INVALID_HANDLE);
-        assert_eq!(pdx_args_message_count(a), 0);
-        pdx_args_free(a);
-        pdx_args_free(std::ptr::null_mut());
-        assert_eq!(pdx_args_new(std::ptr::null_mut()), PDX_ERR_NULL_ARGUMENT);
+        // SAFETY: every pointer passed is NULL, a live C string or array, or deliberately stale.
+        unsafe {
+            let mut a: *mut pdx_args = std::ptr::null_mut();
+            assert_eq!(pdx_args_new(&mut a), PDX_OK);
+            assert_eq!(pdx_args_set(a, c"--disaggregation-mode".as_ptr(), c"decode".as_ptr()), PDX_OK);
+            let mut out: *const c_char = std::ptr::null();
+            assert_eq!(pdx_args_get(a, c"disaggregation_mode".as_ptr(), &mut out), PDX_OK);
+            assert_eq!(s(out).as_deref(), Some("decode"));
+            assert_eq!(pdx_args_get(a, c"disaggregation_ib_device".as_ptr(), &mut out), PDX_OK);
+            assert!(out.is_null());
+            let sentinel = 0x10 as *const c_char;
+            out = sentinel;
+            assert_eq!(pdx_args_get(a, c"nope".as_ptr(), &mut out), PDX_ERR_UNKNOWN_KEY);
+            assert_eq!(out, sentinel, "out untouched on error");
+            assert_eq!(pdx_args_message(a, 0, std::ptr::null_mut()), std::ptr::null());
+            pdx_args_free(a);
+            assert_eq!(pdx_args_set(a, c"port".as_ptr(), c"1".as_ptr()), PDX_ERR_INVALID_HANDLE);
+            assert_eq!(pdx_args_message_count(a), 0);
+            pdx_args_free(a);
+            pdx_args_free(std::ptr::null_mut());
+            assert_eq!(pdx_args_new(std::ptr::null_mut()), PDX_ERR_NULL_ARGUMENT);
+        }
     }
 
     #[test]
     fn parse_argv_checks_its_arrays() {
-        let mut a: *mut pdx_args = std::ptr::null_mut();
-        assert_eq!(pdx_args_new(&mut a), PDX_OK);
-        let argv = [c"prog".as_ptr(), c"--disaggregation-transfer-backend=nixl".as_ptr()];
-        assert_eq!(pdx_args_parse_argv(a, 2, argv.as_ptr()), PDX_OK);
-        assert_eq!(pdx_args_parse_argv(a, -1, argv.as_ptr()), PDX_ERR_INVALID_ARGUMENT);
-        assert_eq!(pdx_args_parse_argv(a, 1, std::ptr::null()), PDX_ERR_NULL_ARGUMENT);
-        assert_eq!(pdx_args_parse_argv(a, 0, std::ptr::null()), PDX_OK);
-        let with_null = [c"x".as_ptr(), std::ptr::null()];
-        assert_eq!(pdx_args_parse_argv(a, 2, with_null.as_ptr()), PDX_ERR_NULL_ARGUMENT);
-        let mut out: *const c_char = std::ptr::null();
-        assert_eq!(pdx_args_get(a, c"--disaggregation-transfer-backend".as_ptr(), &mut out), PDX_OK);
-        assert_eq!(s(out).as_deref(), Some("nixl"));
-        pdx_args_free(a);
+        // SAFETY: every pointer passed is NULL, a live C string or array, or deliberately stale.
+        unsafe {
+            let mut a: *mut pdx_args = std::ptr::null_mut();
+            assert_eq!(pdx_args_new(&mut a), PDX_OK);
+            let argv = [c"prog".as_ptr(), c"--disaggregation-transfer-backend=nixl".as_ptr()];
+            assert_eq!(pdx_args_parse_argv(a, 2, argv.as_ptr()), PDX_OK);
+            assert_eq!(pdx_args_parse_argv(a, -1, argv.as_ptr()), PDX_ERR_INVALID_ARGUMENT);
+            assert_eq!(pdx_args_parse_argv(a, 1, std::ptr::null()), PDX_ERR_NULL_ARGUMENT);
+            assert_eq!(pdx_args_parse_argv(a, 0, std::ptr::null()), PDX_OK);
+            let with_null = [c"x".as_ptr(), std::ptr::null()];
+            assert_eq!(pdx_args_parse_argv(a, 2, with_null.as_ptr()), PDX_ERR_NULL_ARGUMENT);
+            let mut out: *const c_char = std::ptr::null();
+            assert_eq!(pdx_args_get(a, c"--disaggregation-transfer-backend".as_ptr(), &mut out), PDX_OK);
+            assert_eq!(s(out).as_deref(), Some("nixl"));
+            pdx_args_free(a);
+        }
     }
 }

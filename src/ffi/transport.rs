@@ -56,7 +56,7 @@ static CHOICES: HandleTable<ChoiceC> = HandleTable::new("pdx_transport_choice");
 /// configuration errors (`PDX_ERR_VALUE_ERROR`, `PDX_ERR_RUNTIME`), and
 /// `PDX_ERR_IO` when no free port is found for Ascend.
 #[no_mangle]
-pub extern "C" fn pdx_resolve_transport(
+pub unsafe extern "C" fn pdx_resolve_transport(
     hostname: *const c_char,
     protocol: *const c_char,
     device: *const c_char,
@@ -204,7 +204,7 @@ static IB_CONFIGS: HandleTable<IbConfigC> = HandleTable::new("pdx_ib_device_conf
 /// `PDX_ERR_NULL_ARGUMENT` (out), `PDX_ERR_INVALID_UTF8`, and SGLang's
 /// `PDX_ERR_VALUE_ERROR` / `PDX_ERR_RUNTIME` with the exact texts.
 #[no_mangle]
-pub extern "C" fn pdx_parse_ib_device_config(text: *const c_char, out: *mut *mut pdx_ib_device_config) -> pdx_status {
+pub unsafe extern "C" fn pdx_parse_ib_device_config(text: *const c_char, out: *mut *mut pdx_ib_device_config) -> pdx_status {
     guard("pdx_parse_ib_device_config", || {
         let out = out_ptr(out, "out")?;
         // SAFETY: the caller passes a NUL-terminated string or NULL.
@@ -348,7 +348,7 @@ static VALIDATIONS: HandleTable<ValidationC> = HandleTable::new("pdx_ib_validati
 /// `PDX_ERR_NULL_ARGUMENT` (out), `PDX_ERR_INVALID_UTF8`,
 /// `PDX_ERR_VALUE_ERROR` and `PDX_ERR_RUNTIME` with SGLang's texts.
 #[no_mangle]
-pub extern "C" fn pdx_validate_ib_devices(
+pub unsafe extern "C" fn pdx_validate_ib_devices(
     devices: *const c_char,
     sysfs_root: *const c_char,
     out: *mut *mut pdx_ib_validation,
@@ -397,7 +397,7 @@ pub extern "C" fn pdx_ib_validation_message_count(validation: *const pdx_ib_vali
 /// (`PDX_LOG_WARNING`) goes to `*level` when `level` is not NULL. NULL on a
 /// bad handle or an out-of-range index.
 #[no_mangle]
-pub extern "C" fn pdx_ib_validation_message(validation: *const pdx_ib_validation, i: usize, level: *mut i32) -> *const c_char {
+pub unsafe extern "C" fn pdx_ib_validation_message(validation: *const pdx_ib_validation, i: usize, level: *mut i32) -> *const c_char {
     guard_or("pdx_ib_validation_message", std::ptr::null(), || {
         if !level.is_null() {
             out_ptr(level, "level")?;
