@@ -30,7 +30,13 @@ pub trait TransferBackend: Send + Sync {
     ///
     /// # Safety
     /// Local ranges must stay valid until the batch is finished.
-    unsafe fn submit(&self, session: &str, direction: Direction, reqs: Vec<Request>, notify: Option<(String, String)>) -> Result<u64>;
+    unsafe fn submit(
+        &self,
+        session: &str,
+        direction: Direction,
+        reqs: Vec<Request>,
+        notify: Option<(String, String)>,
+    ) -> Result<u64>;
     fn batch_summary(&self, id: u64) -> Result<BatchSummary>;
     fn task_summary(&self, id: u64, task: usize) -> Result<TaskSummary>;
     /// Wait for the batch to finish; `Timeout` while tasks are in flight.
@@ -63,7 +69,13 @@ impl TransferBackend for crate::engine::Engine {
     unsafe fn transfer_sync(&self, session: &str, direction: Direction, reqs: Vec<Request>) -> Result<()> {
         crate::engine::Engine::transfer_sync(self, session, direction, reqs)
     }
-    unsafe fn submit(&self, session: &str, direction: Direction, reqs: Vec<Request>, notify: Option<(String, String)>) -> Result<u64> {
+    unsafe fn submit(
+        &self,
+        session: &str,
+        direction: Direction,
+        reqs: Vec<Request>,
+        notify: Option<(String, String)>,
+    ) -> Result<u64> {
         crate::engine::Engine::submit(self, session, direction, reqs, notify)
     }
     fn batch_summary(&self, id: u64) -> Result<BatchSummary> {

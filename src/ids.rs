@@ -46,7 +46,12 @@ impl<T> IdTable<T> {
                 s.entries.push((0, None));
                 s.entries.len() - 1
             }
-            None => return Err(Error::new(ErrorKind::Busy, format!("{MAX_LIVE} {}es are alive; free some first", self.what))),
+            None => {
+                return Err(Error::new(
+                    ErrorKind::Busy,
+                    format!("{MAX_LIVE} {}es are alive; free some first", self.what),
+                ))
+            }
         };
         let slot = &mut s.entries[index];
         slot.0 = slot.0.wrapping_add(1).max(1);

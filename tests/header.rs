@@ -21,12 +21,7 @@ fn generate() -> String {
     let mut config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
     config.after_includes = Some(version_block());
     let mut out = Vec::new();
-    cbindgen::Builder::new()
-        .with_crate(&root)
-        .with_config(config)
-        .generate()
-        .expect("cbindgen failed")
-        .write(&mut out);
+    cbindgen::Builder::new().with_crate(&root).with_config(config).generate().expect("cbindgen failed").write(&mut out);
     String::from_utf8(out).unwrap()
 }
 

@@ -13,7 +13,10 @@ use pdx::mooncake::MooncakeBackend;
 
 fn real_library() -> Option<Arc<mooncake_sys::Api>> {
     let Ok(path) = std::env::var(mooncake_sys::LIB_ENV) else {
-        eprintln!("SKIPPED mooncake_real: {} is not set (point it to a real libtransfer_engine.so)", mooncake_sys::LIB_ENV);
+        eprintln!(
+            "SKIPPED mooncake_real: {} is not set (point it to a real libtransfer_engine.so)",
+            mooncake_sys::LIB_ENV
+        );
         return None;
     };
     match mooncake_sys::load_cached(&path) {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pdx::config::{argv, args::ServerArgs, ib_device, net};
+use pdx::config::{args::ServerArgs, argv, ib_device, net};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };

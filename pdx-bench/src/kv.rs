@@ -80,7 +80,7 @@ pub fn run(ctx: &Context<'_>) -> Result<Vec<Value>, String> {
     let page_bytes = page_tokens * shape.kv_heads * shape.head_dim * shape.dtype_bytes;
     let pages = opts.kv_tokens.div_ceil(page_tokens).max(1);
     let buffers = 2 * shape.layers; // K and V per layer
-    // Pool twice the handoff so pages can scatter; shrink to fit the target.
+                                    // Pool twice the handoff so pages can scatter; shrink to fit the target.
     let mut pool = 2 * pages;
     while pool > pages && buffers * pool * page_bytes > ctx.remote_len {
         pool -= 1;
@@ -130,8 +130,17 @@ pub fn run(ctx: &Context<'_>) -> Result<Vec<Value>, String> {
     let tokens_per_s = opts.kv_tokens as f64 / p50.as_secs_f64();
     let s_per_32k = 32768.0 / tokens_per_s;
     let entries = last.len();
-    println!("\nKV handoff ({}; {} tokens, {} tokens/page, {} per page per layer, K and V per layer)", shape.name, opts.kv_tokens, page_tokens, human_bytes(page_bytes));
-    println!("{:>8} {:>12} {:>10} {:>9} {:>12} {:>22}", "entries", "bytes", "p50", "GB/s", "tokens/s", "s per 32k-token handoff");
+    println!(
+        "\nKV handoff ({}; {} tokens, {} tokens/page, {} per page per layer, K and V per layer)",
+        shape.name,
+        opts.kv_tokens,
+        page_tokens,
+        human_bytes(page_bytes)
+    );
+    println!(
+        "{:>8} {:>12} {:>10} {:>9} {:>12} {:>22}",
+        "entries", "bytes", "p50", "GB/s", "tokens/s", "s per 32k-token handoff"
+    );
     println!(
         "{entries:>8} {:>12} {:>8.1}ms {gbps:>9.3} {tokens_per_s:>12.0} {s_per_32k:>14.2} (extrapolated)",
         human_bytes(handoff_bytes as usize),

@@ -288,7 +288,12 @@ fn loopback(opts: InitiatorOpts) -> Result<(), String> {
     result.map(|_| ())
 }
 
-fn initiator(opts: &InitiatorOpts, session: &str, remote_addr: u64, remote_len: usize) -> Result<Vec<report::Row>, String> {
+fn initiator(
+    opts: &InitiatorOpts,
+    session: &str,
+    remote_addr: u64,
+    remote_len: usize,
+) -> Result<Vec<report::Row>, String> {
     let engine = start_engine(&opts.host, &opts.protocol)?;
     let ctx = run::Context { engine: engine.as_ref(), session, remote_addr, remote_len, opts };
     let mut rows = Vec::new();
@@ -316,7 +321,14 @@ fn initiator(opts: &InitiatorOpts, session: &str, remote_addr: u64, remote_len: 
     }
     if let Some(path) = &opts.plot {
         if !rows.is_empty() {
-            let svg = report::svg_plot(&format!("pdx {} throughput over {} loopback", format!("{:?}", opts.op).to_lowercase(), engine.protocol()), &rows);
+            let svg = report::svg_plot(
+                &format!(
+                    "pdx {} throughput over {} loopback",
+                    format!("{:?}", opts.op).to_lowercase(),
+                    engine.protocol()
+                ),
+                &rows,
+            );
             std::fs::write(path, svg).map_err(|e| format!("cannot write {path}: {e}"))?;
             println!("plot written to {path}");
         }

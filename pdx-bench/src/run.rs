@@ -132,11 +132,16 @@ pub fn block_sweep(ctx: &Context<'_>) -> Result<(Vec<Row>, Moved), String> {
                             let reqs: Vec<Request> = (0..batch)
                                 .map(|k| {
                                     let off = base + ((i * batch + k) % slots) * block;
-                                    Request { local: local_addr + off, remote: ctx.remote_addr + off as u64, len: block }
+                                    Request {
+                                        local: local_addr + off,
+                                        remote: ctx.remote_addr + off as u64,
+                                        len: block,
+                                    }
                                 })
                                 .collect();
                             // SAFETY: local ranges lie in `local`, alive for the scope.
-                            unsafe { ctx.engine.transfer_sync(ctx.session, ctx.direction(), reqs) }.map_err(|e| e.to_string())
+                            unsafe { ctx.engine.transfer_sync(ctx.session, ctx.direction(), reqs) }
+                                .map_err(|e| e.to_string())
                         };
                         let warm = call(0);
                         barrier.wait();
@@ -211,14 +216,20 @@ pub fn verify(ctx: &Context<'_>, moved: &Moved) -> Result<(), String> {
             let remote = ctx.remote_checksums(&ranges)?;
             for ((off, len), sum) in ranges.iter().zip(&remote) {
                 if pattern::checksum(&local.as_slice()[*off..off + len]) != *sum {
-                    return Err(format!("verification failed: target bytes {off}..{} differ from what was sent", off + len));
+                    return Err(format!(
+                        "verification failed: target bytes {off}..{} differ from what was sent",
+                        off + len
+                    ));
                 }
             }
         }
         Op::Read => {
             for (off, len) in &ranges {
                 if !pattern::matches_at(&local.as_slice()[*off..off + len], TARGET_SEED, *off) {
-                    return Err(format!("verification failed: bytes read from {off}..{} differ from the target's", off + len));
+                    return Err(format!(
+                        "verification failed: bytes read from {off}..{} differ from the target's",
+                        off + len
+                    ));
                 }
             }
         }

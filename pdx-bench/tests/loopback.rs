@@ -5,7 +5,19 @@ use std::process::Command;
 
 fn run(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_pdx-bench"))
-        .args(["--quiet", "--buffer", "64M", "--duration", "0.2", "--total", "16M", "--kv-tokens", "256", "--kv-handoffs", "2"])
+        .args([
+            "--quiet",
+            "--buffer",
+            "64M",
+            "--duration",
+            "0.2",
+            "--total",
+            "16M",
+            "--kv-tokens",
+            "256",
+            "--kv-handoffs",
+            "2",
+        ])
         .args(args)
         .output()
         .expect("pdx-bench runs");

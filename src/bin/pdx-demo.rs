@@ -8,12 +8,18 @@
 use pdx::config::{self, net, ProcessEnv, ServerArgs};
 
 const EXAMPLE: &[&str] = &[
-    "--model-path", "meta-llama/Llama-3.1-8B-Instruct",
-    "--disaggregation-mode", "decode",
-    "--disaggregation-transfer-backend", "mooncake_tcp",
-    "--disaggregation-ib-device", "mlx5_0,mlx5_1",
-    "--max-running-requests", "64",
-    "--dp-size", "2",
+    "--model-path",
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "--disaggregation-mode",
+    "decode",
+    "--disaggregation-transfer-backend",
+    "mooncake_tcp",
+    "--disaggregation-ib-device",
+    "mlx5_0,mlx5_1",
+    "--max-running-requests",
+    "64",
+    "--dp-size",
+    "2",
 ];
 
 fn main() {

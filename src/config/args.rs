@@ -247,15 +247,19 @@ impl ServerArgs {
         let shown = |v: &str| py::repr_str(v);
         match spec.kind {
             Kind::Bool => {
-                let v = value.ok_or_else(|| invalid(format!("None is not allowed; expected a boolean: {BOOL_SPELLINGS}")))?;
-                let b = env::parse_bool(v).map_err(|_| invalid(format!("{}; expected a boolean: {BOOL_SPELLINGS}", shown(v))))?;
+                let v = value
+                    .ok_or_else(|| invalid(format!("None is not allowed; expected a boolean: {BOOL_SPELLINGS}")))?;
+                let b = env::parse_bool(v)
+                    .map_err(|_| invalid(format!("{}; expected a boolean: {BOOL_SPELLINGS}", shown(v))))?;
                 self.set_bool(spec.name, b);
             }
             Kind::Int | Kind::OptInt => {
                 let parsed = match value {
                     None if spec.kind == Kind::OptInt => None,
                     None => return Err(invalid("None is not allowed; expected a decimal integer".into())),
-                    Some(v) => Some(py::parse_int(v).ok_or_else(|| invalid(format!("{}; expected a decimal integer", shown(v))))?),
+                    Some(v) => Some(
+                        py::parse_int(v).ok_or_else(|| invalid(format!("{}; expected a decimal integer", shown(v))))?,
+                    ),
                 };
                 self.set_int(spec.name, parsed);
             }
@@ -266,7 +270,8 @@ impl ServerArgs {
                     }
                 }
                 if value.is_none() && spec.kind == Kind::Str {
-                    let hint = choices_of(spec.name).map_or_else(|| "a string".to_owned(), |a| format!("one of {}", a.join(", ")));
+                    let hint = choices_of(spec.name)
+                        .map_or_else(|| "a string".to_owned(), |a| format!("one of {}", a.join(", ")));
                     return Err(invalid(format!("None is not allowed; expected {hint}")));
                 }
                 self.set_str(spec.name, value.map(str::to_owned));
@@ -329,7 +334,9 @@ impl ServerArgs {
             "disaggregation_ib_device" => self.disaggregation_ib_device = v,
             "speculative_algorithm" => self.speculative_algorithm = v,
             "mooncake_ib_device" => self.mooncake_ib_device = v,
-            "pdx_rules" => self.pdx_rules = RuleSet::from_name(v.as_deref().unwrap_or_default()).expect("checked by set"),
+            "pdx_rules" => {
+                self.pdx_rules = RuleSet::from_name(v.as_deref().unwrap_or_default()).expect("checked by set")
+            }
             other => {
                 let v = v.expect("non-optional str checked by set");
                 *match other {
@@ -441,7 +448,10 @@ mod tests {
         let e = a.set("dp_size", Some("two")).unwrap_err();
         assert_eq!(e.message(), "invalid value for dp_size (--dp-size): 'two'; expected a decimal integer");
         let e = a.set("dp_size", None).unwrap_err();
-        assert_eq!(e.message(), "invalid value for dp_size (--dp-size): None is not allowed; expected a decimal integer");
+        assert_eq!(
+            e.message(),
+            "invalid value for dp_size (--dp-size): None is not allowed; expected a decimal integer"
+        );
         assert_eq!(a.dp_size, 4, "a failed set changes nothing");
     }
 

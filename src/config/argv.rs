@@ -48,7 +48,12 @@ pub fn parse_argv<S: AsRef<str>>(args: &mut ServerArgs, argv: &[S]) -> Result<()
                     i += 1;
                     next
                 }
-                _ => return Err(Error::invalid_value(format!("argument {}: expected one argument", spec.flags.join("/")))),
+                _ => {
+                    return Err(Error::invalid_value(format!(
+                        "argument {}: expected one argument",
+                        spec.flags.join("/")
+                    )))
+                }
             },
         };
         work.set(spec.name, Some(value))?;
@@ -70,9 +75,23 @@ mod tests {
     #[test]
     fn reads_pd_flags_and_skips_the_rest() {
         let a = parse(&[
-            "python3", "-m", "sglang.launch_server", "--model-path", "/models/x", "--disaggregation-mode", "decode",
-            "--disaggregation-transfer-backend=mooncake_tcp", "--disaggregation-ib-device", "mlx5_0", "--tp", "8",
-            "--disaggregation-decode-enable-radix-cache", "--dp-size", "2", "--trust-remote-code", "--max-running-requests=64",
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            "/models/x",
+            "--disaggregation-mode",
+            "decode",
+            "--disaggregation-transfer-backend=mooncake_tcp",
+            "--disaggregation-ib-device",
+            "mlx5_0",
+            "--tp",
+            "8",
+            "--disaggregation-decode-enable-radix-cache",
+            "--dp-size",
+            "2",
+            "--trust-remote-code",
+            "--max-running-requests=64",
         ])
         .unwrap();
         assert_eq!(a.disaggregation_mode, "decode");
@@ -93,7 +112,8 @@ mod tests {
 
     #[test]
     fn aliases_last_wins_negative_numbers_and_double_dash() {
-        let a = parse(&["--data-parallel-size", "4", "--dp-size", "8", "--port", "-1", "--", "--dp-size", "16"]).unwrap();
+        let a =
+            parse(&["--data-parallel-size", "4", "--dp-size", "8", "--port", "-1", "--", "--dp-size", "16"]).unwrap();
         assert_eq!((a.dp_size, a.port), (8, -1));
         let a = parse(&["--disaggregation-ib-device=", "--speculative-algorithm", "EAGLE"]).unwrap();
         assert_eq!(a.disaggregation_ib_device.as_deref(), Some(""));
@@ -104,7 +124,10 @@ mod tests {
     fn missing_value_is_an_argparse_style_error_and_changes_nothing() {
         let mut a = ServerArgs::default();
         let e = parse_argv(&mut a, &["--disaggregation-mode", "prefill", "--dp-size"]).unwrap_err();
-        assert_eq!((e.kind(), e.message()), (ErrorKind::InvalidValue, "argument --dp-size/--data-parallel-size: expected one argument"));
+        assert_eq!(
+            (e.kind(), e.message()),
+            (ErrorKind::InvalidValue, "argument --dp-size/--data-parallel-size: expected one argument")
+        );
         assert_eq!(a, ServerArgs::default());
         let e = parse_argv(&mut a, &["--disaggregation-transfer-backend", "--port", "1"]).unwrap_err();
         assert_eq!(e.message(), "argument --disaggregation-transfer-backend: expected one argument");

@@ -9,7 +9,8 @@ pub const DEFAULT_TRANSFER_BACKEND_CHOICES: &[&str] = &["mooncake", "nixl", "asc
 pub const DISAGGREGATION_MODE_CHOICES: &[&str] = &["null", "prefill", "decode"];
 
 /// `load_balance_method` choices.
-pub const LOAD_BALANCE_METHOD_CHOICES: &[&str] = &["auto", "round_robin", "follow_bootstrap_room", "total_requests", "total_tokens"];
+pub const LOAD_BALANCE_METHOD_CHOICES: &[&str] =
+    &["auto", "round_robin", "follow_bootstrap_room", "total_requests", "total_tokens"];
 
 /// `encoder_transfer_backend` choices.
 pub const ENCODER_TRANSFER_BACKEND_CHOICES: &[&str] = &["zmq_to_scheduler", "zmq_to_tokenizer", "mooncake"];

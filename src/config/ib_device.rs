@@ -33,18 +33,21 @@ impl IbDeviceConfig {
     pub fn devices_for_gpu(&self, gpu_id: i64) -> Result<&str> {
         match self {
             IbDeviceConfig::AllGpus(s) => Ok(s),
-            IbDeviceConfig::PerGpu(map) => map.iter().find(|(g, _)| *g == gpu_id).map(|(_, d)| d.as_str()).ok_or_else(|| {
-                let keys: Vec<i64> = map.iter().map(|(g, _)| *g).collect();
-                Error::value_error(format!(
-                    "No IB devices configured for GPU {gpu_id}. Available GPUs: {}",
-                    py::repr_int_list(&keys)
-                ))
-            }),
+            IbDeviceConfig::PerGpu(map) => {
+                map.iter().find(|(g, _)| *g == gpu_id).map(|(_, d)| d.as_str()).ok_or_else(|| {
+                    let keys: Vec<i64> = map.iter().map(|(g, _)| *g).collect();
+                    Error::value_error(format!(
+                        "No IB devices configured for GPU {gpu_id}. Available GPUs: {}",
+                        py::repr_int_list(&keys)
+                    ))
+                })
+            }
         }
     }
 }
 
-const BAD_MAPPING_FORMAT: &str = "Invalid format: keys must be integers (or string representations of integers) and values must be strings";
+const BAD_MAPPING_FORMAT: &str =
+    "Invalid format: keys must be integers (or string representations of integers) and values must be strings";
 
 /// `parse_ib_device_config(text)`.
 ///
@@ -72,8 +75,9 @@ pub fn parse_ib_device_config(text: Option<&str>) -> Result<Option<IbDeviceConfi
         if !path.is_file() {
             return Err(Error::runtime_error(format!("File {input} does not exist.")));
         }
-        let bytes = std::fs::read(path)
-            .map_err(|e| Error::runtime_error(format!("Failed to read JSON file {input}: {}", py_os_error(&e, input))))?;
+        let bytes = std::fs::read(path).map_err(|e| {
+            Error::runtime_error(format!("Failed to read JSON file {input}: {}", py_os_error(&e, input)))
+        })?;
         let content = std::str::from_utf8(&bytes).map_err(|e| Error::value_error(py_utf8_error(&bytes, &e)))?;
         serde_json::from_str(content)
             .map_err(|_| Error::runtime_error(format!("Failed to parse JSON content from file {input}")))?
@@ -85,7 +89,8 @@ pub fn parse_ib_device_config(text: Option<&str>) -> Result<Option<IbDeviceConfi
     };
     let mut out: Vec<(i64, String)> = Vec::new();
     for (key, value) in &object {
-        let gpu = if !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit()) { key.parse::<i64>().ok() } else { None };
+        let gpu =
+            if !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit()) { key.parse::<i64>().ok() } else { None };
         let (Some(gpu), Value::String(devices)) = (gpu, value) else {
             return Err(Error::value_error(BAD_MAPPING_FORMAT));
         };
@@ -133,7 +138,8 @@ pub struct IbValidation {
 pub fn validate_ib_devices(text: Option<&str>, sysfs_root: &Path) -> Result<IbValidation> {
     let mut messages = Vec::new();
     let Some(text) = text else {
-        messages.push(Message::warning("No IB devices specified for Mooncake backend, falling back to auto discovery."));
+        messages
+            .push(Message::warning("No IB devices specified for Mooncake backend, falling back to auto discovery."));
         return Ok(IbValidation { devices: None, messages });
     };
     let input = py::strip(text);
@@ -173,7 +179,8 @@ pub fn validate_ib_devices(text: Option<&str>, sysfs_root: &Path) -> Result<IbVa
                 unique.join(",")
             )));
         }
-        let invalid: Vec<&str> = unique.iter().copied().filter(|d| available.binary_search_by(|a| a.as_str().cmp(d)).is_err()).collect();
+        let invalid: Vec<&str> =
+            unique.iter().copied().filter(|d| available.binary_search_by(|a| a.as_str().cmp(d)).is_err()).collect();
         if !invalid.is_empty() {
             return Err(Error::value_error(format!(
                 "Invalid IB devices specified for {context}: {}. Available devices: {}",
@@ -259,7 +266,8 @@ mod tests {
 
     #[test]
     fn parse_inline_mapping_keeps_order_and_trims_values() {
-        let cfg = parse_ib_device_config(Some(r#"{"1": " mlx5_2 ", "0": "mlx5_0, mlx5_1", "01": "x"}"#)).unwrap().unwrap();
+        let cfg =
+            parse_ib_device_config(Some(r#"{"1": " mlx5_2 ", "0": "mlx5_0, mlx5_1", "01": "x"}"#)).unwrap().unwrap();
         assert_eq!(cfg, IbDeviceConfig::PerGpu(vec![(1, "x".into()), (0, "mlx5_0, mlx5_1".into())]));
     }
 
@@ -317,7 +325,10 @@ mod tests {
         let map = r#"{"0": "mlx5_0", "1": "mlx5_1"}"#;
         assert_eq!(get_ib_devices_for_gpu(Some(map), 1).unwrap().as_deref(), Some("mlx5_1"));
         let e = get_ib_devices_for_gpu(Some(map), 2).unwrap_err();
-        assert_eq!((e.kind(), e.message()), (ErrorKind::ValueError, "No IB devices configured for GPU 2. Available GPUs: [0, 1]"));
+        assert_eq!(
+            (e.kind(), e.message()),
+            (ErrorKind::ValueError, "No IB devices configured for GPU 2. Available GPUs: [0, 1]")
+        );
     }
 
     // Ported from SGLang's TestServerArgsIBDeviceValidation.
@@ -350,7 +361,10 @@ mod tests {
     fn validate_none_warns() {
         let v = validate_ib_devices(None, Path::new("/nonexistent")).unwrap();
         assert_eq!(v.devices, None);
-        assert_eq!(v.messages, vec![Message::warning("No IB devices specified for Mooncake backend, falling back to auto discovery.")]);
+        assert_eq!(
+            v.messages,
+            vec![Message::warning("No IB devices specified for Mooncake backend, falling back to auto discovery.")]
+        );
     }
 
     #[test]
@@ -362,13 +376,19 @@ mod tests {
         let e = validate_ib_devices(Some("{bad"), Path::new("/nonexistent/ib")).unwrap_err();
         assert_eq!(
             (e.kind(), e.message()),
-            (ErrorKind::RuntimeError, "InfiniBand sysfs path not found: /nonexistent/ib. Please ensure InfiniBand drivers are installed.")
+            (
+                ErrorKind::RuntimeError,
+                "InfiniBand sysfs path not found: /nonexistent/ib. Please ensure InfiniBand drivers are installed."
+            )
         );
         let empty = fake_sysfs(&[]);
         let e = validate_ib_devices(Some("mlx5_0"), empty.path()).unwrap_err();
         assert_eq!(e.message(), format!("No IB devices found in {}", empty.path().display()));
         assert_eq!(validate_ib_devices(Some("{bad"), sys.path()).unwrap_err().message(), "Invalid JSON mapping: {bad");
-        assert_eq!(validate_ib_devices(Some(" , ,"), sys.path()).unwrap_err().message(), "No valid IB devices specified for all GPUs");
+        assert_eq!(
+            validate_ib_devices(Some(" , ,"), sys.path()).unwrap_err().message(),
+            "No valid IB devices specified for all GPUs"
+        );
         assert_eq!(
             validate_ib_devices(Some(r#"{"3": " "}"#), sys.path()).unwrap_err().message(),
             "No valid IB devices specified for GPU 3"
@@ -390,10 +410,15 @@ mod tests {
         assert_eq!(v.devices.as_deref(), Some("mlx5_1,mlx5_0"));
         assert_eq!(
             v.messages,
-            vec![Message::warning("Duplicate IB devices specified for all GPUs: mlx5_1, mlx5_0,mlx5_1. Deduplicating to: mlx5_1,mlx5_0")]
+            vec![Message::warning(
+                "Duplicate IB devices specified for all GPUs: mlx5_1, mlx5_0,mlx5_1. Deduplicating to: mlx5_1,mlx5_0"
+            )]
         );
         let v = validate_ib_devices(Some(r#"{"2": "mlx5_2,mlx5_2"}"#), sys.path()).unwrap();
         assert_eq!(v.devices.as_deref(), Some(r#"{"2":"mlx5_2"}"#));
-        assert_eq!(v.messages[0].text, "Duplicate IB devices specified for GPU 2: mlx5_2,mlx5_2. Deduplicating to: mlx5_2");
+        assert_eq!(
+            v.messages[0].text,
+            "Duplicate IB devices specified for GPU 2: mlx5_2,mlx5_2. Deduplicating to: mlx5_2"
+        );
     }
 }

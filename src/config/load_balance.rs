@@ -10,7 +10,10 @@ use crate::error::{Error, Result};
 /// prefill, `round_robin` otherwise. Explicit methods are kept.
 pub fn handle_load_balance_method(args: &mut ServerArgs) -> Result<()> {
     if !DISAGGREGATION_MODE_CHOICES.contains(&args.disaggregation_mode.as_str()) {
-        return Err(Error::value_error(format!("Invalid disaggregation_mode={}", py::repr_str(&args.disaggregation_mode))));
+        return Err(Error::value_error(format!(
+            "Invalid disaggregation_mode={}",
+            py::repr_str(&args.disaggregation_mode)
+        )));
     }
     if args.load_balance_method == "auto" {
         args.load_balance_method =
@@ -25,7 +28,8 @@ mod tests {
     use crate::error::ErrorKind;
 
     fn lb(mode: &str, method: &str) -> Result<String> {
-        let mut a = ServerArgs { disaggregation_mode: mode.into(), load_balance_method: method.into(), ..Default::default() };
+        let mut a =
+            ServerArgs { disaggregation_mode: mode.into(), load_balance_method: method.into(), ..Default::default() };
         handle_load_balance_method(&mut a).map(|_| a.load_balance_method)
     }
 

@@ -59,10 +59,7 @@ pub fn session_id(host: &str, port: u16) -> String {
 /// Racy by nature, exactly like SGLang's `get_free_port()`: another process
 /// may take the port before it is used.
 pub fn free_port() -> Result<u16> {
-    let candidates = [
-        SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
-        SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)),
-    ];
+    let candidates = [SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)), SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0))];
     for addr in candidates {
         if let Ok(listener) = TcpListener::bind(addr) {
             if let Ok(local) = listener.local_addr() {

@@ -17,7 +17,8 @@ pub const MOONCAKE_TCP_INFO: &str =
 /// ValueError: decode radix cache with HiSparse.
 pub const RADIX_HISPARSE: &str = "--disaggregation-decode-enable-radix-cache is incompatible with --enable-hisparse";
 /// ValueError (2026-07 rules): decode radix cache with the fake backend.
-pub const RADIX_FAKE: &str = "--disaggregation-decode-enable-radix-cache is incompatible with --disaggregation-transfer-backend fake";
+pub const RADIX_FAKE: &str =
+    "--disaggregation-decode-enable-radix-cache is incompatible with --disaggregation-transfer-backend fake";
 /// WARNING: decode radix cache with DP attention.
 pub const RADIX_DP_WARNING: &str =
     "EXPERIMENTAL: Decode radix cache with DP attention. Requires prefix-aware DP rank routing for optimal cache hits.";
@@ -46,7 +47,9 @@ pub fn radix_speculative_error(algorithm: &str) -> String {
 
 /// ValueError: staging buffer with a backend other than mooncake/nixl.
 pub fn staging_error(backend: &str) -> String {
-    format!("SGLANG_DISAGG_STAGING_BUFFER requires disaggregation_transfer_backend='mooncake' or 'nixl', got '{backend}'.")
+    format!(
+        "SGLANG_DISAGG_STAGING_BUFFER requires disaggregation_transfer_backend='mooncake' or 'nixl', got '{backend}'."
+    )
 }
 
 /// What the hook did besides mutating the arguments.
@@ -105,7 +108,8 @@ pub fn handle_pd_disaggregation(args: &mut ServerArgs, env: &dyn Env, rules: Rul
                 }
             }
             if rules == RuleSet::Upstream202607 && args.disaggregation_decode_extra_slots.is_none() {
-                args.disaggregation_decode_extra_slots = Some(default_extra_slots(args.max_running_requests, args.dp_size));
+                args.disaggregation_decode_extra_slots =
+                    Some(default_extra_slots(args.max_running_requests, args.dp_size));
             }
         }
         "prefill" => {
@@ -217,7 +221,14 @@ mod tests {
         for rules in BOTH {
             for mode in ["null", "prefill", "decode"] {
                 let env = MapEnv::new();
-                let mut a = args(rules, &[("disaggregation_mode", mode), ("disaggregation_transfer_backend", "mooncake_tcp"), ("disaggregation_ib_device", "mlx5_0")]);
+                let mut a = args(
+                    rules,
+                    &[
+                        ("disaggregation_mode", mode),
+                        ("disaggregation_transfer_backend", "mooncake_tcp"),
+                        ("disaggregation_ib_device", "mlx5_0"),
+                    ],
+                );
                 let msgs = normalize(&mut a, &env).unwrap();
                 assert_eq!(a.disaggregation_transfer_backend, "mooncake");
                 assert_eq!(a.disaggregation_ib_device, None);
@@ -241,7 +252,9 @@ mod tests {
                 assert_eq!(msgs[0], Message::info("MC_FORCE_TCP is already set to \"1\"; kept (setdefault)"));
             } else {
                 assert_eq!(msgs[0].level, Level::Warning);
-                assert!(msgs[0].text.starts_with(&format!("MC_FORCE_TCP is already set to {existing:?}; kept (setdefault).")));
+                assert!(msgs[0]
+                    .text
+                    .starts_with(&format!("MC_FORCE_TCP is already set to {existing:?}; kept (setdefault).")));
             }
         }
     }
@@ -259,10 +272,15 @@ mod tests {
     #[test]
     fn radix_cache_rejects_hisparse() {
         for rules in BOTH {
-            let mut a = args(rules, &[
-                ("disaggregation_mode", "decode"), ("disaggregation_transfer_backend", "nixl"),
-                ("disaggregation_decode_enable_radix_cache", "true"), ("enable_hisparse", "true"),
-            ]);
+            let mut a = args(
+                rules,
+                &[
+                    ("disaggregation_mode", "decode"),
+                    ("disaggregation_transfer_backend", "nixl"),
+                    ("disaggregation_decode_enable_radix_cache", "true"),
+                    ("enable_hisparse", "true"),
+                ],
+            );
             let e = normalize(&mut a, &MapEnv::new()).unwrap_err();
             assert_eq!((e.kind(), e.message()), (ErrorKind::ValueError, RADIX_HISPARSE));
         }
@@ -270,7 +288,11 @@ mod tests {
 
     #[test]
     fn radix_cache_rejects_fake_backend() {
-        let pairs = [("disaggregation_mode", "decode"), ("disaggregation_transfer_backend", "fake"), ("disaggregation_decode_enable_radix_cache", "1")];
+        let pairs = [
+            ("disaggregation_mode", "decode"),
+            ("disaggregation_transfer_backend", "fake"),
+            ("disaggregation_decode_enable_radix_cache", "1"),
+        ];
         let e = normalize(&mut args(RuleSet::Upstream202607, &pairs), &MapEnv::new()).unwrap_err();
         assert_eq!((e.kind(), e.message()), (ErrorKind::ValueError, RADIX_FAKE));
         let e = normalize(&mut args(RuleSet::Pr26346, &pairs), &MapEnv::new()).unwrap_err();
@@ -282,7 +304,11 @@ mod tests {
 
     #[test]
     fn radix_whitelist_only_in_default_rules() {
-        let pairs = [("disaggregation_mode", "decode"), ("disaggregation_transfer_backend", "mori"), ("disaggregation_decode_enable_radix_cache", "1")];
+        let pairs = [
+            ("disaggregation_mode", "decode"),
+            ("disaggregation_transfer_backend", "mori"),
+            ("disaggregation_decode_enable_radix_cache", "1"),
+        ];
         let e = normalize(&mut args(RuleSet::Pr26346, &pairs), &MapEnv::new()).unwrap_err();
         assert_eq!(e.message(), radix_backend_whitelist_error("mori"));
         let mut a = args(RuleSet::Upstream202607, &pairs);
@@ -294,10 +320,15 @@ mod tests {
     fn radix_cache_allows_mooncake_tcp() {
         for rules in BOTH {
             let env = MapEnv::new();
-            let mut a = args(rules, &[
-                ("disaggregation_mode", "decode"), ("disaggregation_transfer_backend", "mooncake_tcp"),
-                ("disaggregation_decode_enable_radix_cache", "true"), ("disable_radix_cache", "true"),
-            ]);
+            let mut a = args(
+                rules,
+                &[
+                    ("disaggregation_mode", "decode"),
+                    ("disaggregation_transfer_backend", "mooncake_tcp"),
+                    ("disaggregation_decode_enable_radix_cache", "true"),
+                    ("disable_radix_cache", "true"),
+                ],
+            );
             let msgs = normalize(&mut a, &env).unwrap();
             assert!(!a.disable_radix_cache);
             assert_eq!(a.disaggregation_transfer_backend, "mooncake");
@@ -310,9 +341,14 @@ mod tests {
     #[test]
     fn radix_cache_rejects_speculative_after_backend_check() {
         for rules in BOTH {
-            let mut a = args(rules, &[
-                ("disaggregation_mode", "decode"), ("disaggregation_decode_enable_radix_cache", "true"), ("speculative_algorithm", "EAGLE"),
-            ]);
+            let mut a = args(
+                rules,
+                &[
+                    ("disaggregation_mode", "decode"),
+                    ("disaggregation_decode_enable_radix_cache", "true"),
+                    ("speculative_algorithm", "EAGLE"),
+                ],
+            );
             let e = normalize(&mut a, &MapEnv::new()).unwrap_err();
             assert_eq!(
                 e.message(),
@@ -323,9 +359,14 @@ mod tests {
 
     #[test]
     fn radix_dp_attention_warning_comes_first() {
-        let mut a = args(RuleSet::Pr26346, &[
-            ("disaggregation_mode", "decode"), ("disaggregation_decode_enable_radix_cache", "true"), ("enable_dp_attention", "true"),
-        ]);
+        let mut a = args(
+            RuleSet::Pr26346,
+            &[
+                ("disaggregation_mode", "decode"),
+                ("disaggregation_decode_enable_radix_cache", "true"),
+                ("enable_dp_attention", "true"),
+            ],
+        );
         let msgs = normalize(&mut a, &MapEnv::new()).unwrap();
         assert_eq!(texts(&msgs), [RADIX_DP_WARNING, RADIX_ENABLED_WARNING]);
         assert!(msgs.iter().all(|m| m.level == Level::Warning));
@@ -392,7 +433,14 @@ mod tests {
         }
         // fake is fine for null and for decode without radix.
         for mode in ["null", "decode"] {
-            normalize(&mut args(RuleSet::Pr26346, &[("disaggregation_mode", mode), ("disaggregation_transfer_backend", "fake")]), &MapEnv::new()).unwrap();
+            normalize(
+                &mut args(
+                    RuleSet::Pr26346,
+                    &[("disaggregation_mode", mode), ("disaggregation_transfer_backend", "fake")],
+                ),
+                &MapEnv::new(),
+            )
+            .unwrap();
         }
     }
 
@@ -412,23 +460,39 @@ mod tests {
         let on = MapEnv::from_pairs(&[("SGLANG_DISAGG_STAGING_BUFFER", "1")]);
         for rules in BOTH {
             for mode in ["prefill", "decode"] {
-                let e = normalize(&mut args(rules, &[("disaggregation_mode", mode), ("disaggregation_transfer_backend", "mori")]), &on).unwrap_err();
+                let e = normalize(
+                    &mut args(rules, &[("disaggregation_mode", mode), ("disaggregation_transfer_backend", "mori")]),
+                    &on,
+                )
+                .unwrap_err();
                 assert_eq!((e.kind(), e.message()), (ErrorKind::ValueError, "SGLANG_DISAGG_STAGING_BUFFER requires disaggregation_transfer_backend='mooncake' or 'nixl', got 'mori'."));
                 for ok in ["mooncake", "nixl", "mooncake_tcp"] {
-                    normalize(&mut args(rules, &[("disaggregation_mode", mode), ("disaggregation_transfer_backend", ok)]), &on).unwrap();
+                    normalize(
+                        &mut args(rules, &[("disaggregation_mode", mode), ("disaggregation_transfer_backend", ok)]),
+                        &on,
+                    )
+                    .unwrap();
                 }
             }
             // Mode null: no staging check.
             normalize(&mut args(rules, &[("disaggregation_transfer_backend", "mori")]), &on).unwrap();
         }
         let off = MapEnv::from_pairs(&[("SGLANG_DISAGG_STAGING_BUFFER", "no")]);
-        normalize(&mut args(RuleSet::Pr26346, &[("disaggregation_mode", "decode"), ("disaggregation_transfer_backend", "mori")]), &off).unwrap();
+        normalize(
+            &mut args(
+                RuleSet::Pr26346,
+                &[("disaggregation_mode", "decode"), ("disaggregation_transfer_backend", "mori")],
+            ),
+            &off,
+        )
+        .unwrap();
     }
 
     #[test]
     fn staging_env_invalid_value_warns_and_defaults_off() {
         let env = MapEnv::from_pairs(&[("SGLANG_DISAGG_STAGING_BUFFER", " true")]);
-        let mut a = args(RuleSet::Pr26346, &[("disaggregation_mode", "prefill"), ("disaggregation_transfer_backend", "mori")]);
+        let mut a =
+            args(RuleSet::Pr26346, &[("disaggregation_mode", "prefill"), ("disaggregation_transfer_backend", "mori")]);
         let msgs = normalize(&mut a, &env).unwrap();
         assert_eq!(
             msgs,
@@ -439,10 +503,15 @@ mod tests {
     #[test]
     fn failed_normalize_leaves_env_untouched() {
         let env = MapEnv::from_pairs(&[("SGLANG_DISAGG_STAGING_BUFFER", "1")]);
-        let mut a = args(RuleSet::Pr26346, &[
-            ("disaggregation_mode", "decode"), ("disaggregation_transfer_backend", "mooncake_tcp"),
-            ("disaggregation_decode_enable_radix_cache", "true"), ("enable_hisparse", "true"),
-        ]);
+        let mut a = args(
+            RuleSet::Pr26346,
+            &[
+                ("disaggregation_mode", "decode"),
+                ("disaggregation_transfer_backend", "mooncake_tcp"),
+                ("disaggregation_decode_enable_radix_cache", "true"),
+                ("enable_hisparse", "true"),
+            ],
+        );
         assert!(normalize(&mut a, &env).is_err());
         assert_eq!(env.var("MC_FORCE_TCP"), None);
         assert_eq!(a.disaggregation_transfer_backend, "mooncake_tcp");
@@ -460,7 +529,10 @@ mod tests {
     #[test]
     fn normalize_twice_is_stable() {
         let env = MapEnv::new();
-        let mut a = args(RuleSet::Pr26346, &[("disaggregation_mode", "decode"), ("disaggregation_transfer_backend", "mooncake_tcp")]);
+        let mut a = args(
+            RuleSet::Pr26346,
+            &[("disaggregation_mode", "decode"), ("disaggregation_transfer_backend", "mooncake_tcp")],
+        );
         normalize(&mut a, &env).unwrap();
         let once = a.clone();
         let msgs = normalize(&mut a, &env).unwrap();

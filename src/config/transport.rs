@@ -22,7 +22,8 @@ use super::net;
 use crate::error::{Error, ErrorKind, Result};
 
 /// Protocol names Mooncake's `TransferEngine` installs transports for.
-pub const KNOWN_PROTOCOLS: &[&str] = &["rdma", "efa", "tcp", "ascend", "nvlink", "nvlink_intra", "nvmeof", "cxl", "barex", "hip"];
+pub const KNOWN_PROTOCOLS: &[&str] =
+    &["rdma", "efa", "tcp", "ascend", "nvlink", "nvlink_intra", "nvmeof", "cxl", "barex", "hip"];
 
 /// `MOONCAKE_PROTOCOL`'s default (since SGLang PR #25083).
 pub const DEFAULT_PROTOCOL: &str = "rdma";
@@ -80,7 +81,9 @@ pub fn resolve_transport(
             }
             (p.to_owned(), "the explicit protocol argument".to_owned())
         }
-        None if ascend.value => ("ascend".to_owned(), format!("{} is true", names::ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE)),
+        None if ascend.value => {
+            ("ascend".to_owned(), format!("{} is true", names::ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE))
+        }
         None => match env.var(names::MOONCAKE_PROTOCOL) {
             Some(p) => (p, names::MOONCAKE_PROTOCOL.to_owned()),
             None => (DEFAULT_PROTOCOL.to_owned(), "the default (MOONCAKE_PROTOCOL unset)".to_owned()),
@@ -89,7 +92,10 @@ pub fn resolve_transport(
     if !KNOWN_PROTOCOLS.contains(&requested.as_str()) {
         return Err(Error::new(
             ErrorKind::UnknownProtocol,
-            format!("unknown transport protocol '{requested}' (from {source}); known protocols: {}", KNOWN_PROTOCOLS.join(", ")),
+            format!(
+                "unknown transport protocol '{requested}' (from {source}); known protocols: {}",
+                KNOWN_PROTOCOLS.join(", ")
+            ),
         ));
     }
 
@@ -150,14 +156,22 @@ mod tests {
     use super::*;
     use crate::config::env::MapEnv;
 
-    fn resolve(pairs: &[(&str, &str)], protocol: Option<&str>, device: Option<&str>, gpu: i32) -> Result<TransportChoice> {
+    fn resolve(
+        pairs: &[(&str, &str)],
+        protocol: Option<&str>,
+        device: Option<&str>,
+        gpu: i32,
+    ) -> Result<TransportChoice> {
         resolve_transport(&MapEnv::from_pairs(pairs), "10.0.0.5", protocol, device, gpu)
     }
 
     #[test]
     fn default_is_rdma_with_given_device() {
         let c = resolve(&[], None, Some("mlx5_0,mlx5_1"), 0).unwrap();
-        assert_eq!((c.protocol.as_str(), c.hostname.as_str(), c.device.as_str()), ("rdma", "10.0.0.5", "mlx5_0,mlx5_1"));
+        assert_eq!(
+            (c.protocol.as_str(), c.hostname.as_str(), c.device.as_str()),
+            ("rdma", "10.0.0.5", "mlx5_0,mlx5_1")
+        );
         assert!(c.reason.contains("default"));
         assert!(c.warnings.is_empty());
         assert_eq!(resolve(&[], None, None, 0).unwrap().device, "");
@@ -182,8 +196,14 @@ mod tests {
             "unknown transport protocol 'RDMA' (from MOONCAKE_PROTOCOL); known protocols: rdma, efa, tcp, ascend, nvlink, nvlink_intra, nvmeof, cxl, barex, hip"
         );
         // An empty MOONCAKE_PROTOCOL is kept (EnvStr) and is unknown.
-        assert_eq!(resolve(&[("MOONCAKE_PROTOCOL", "")], None, None, 0).unwrap_err().kind(), ErrorKind::UnknownProtocol);
-        assert_eq!(resolve(&[("MC_FORCE_TCP", "1")], Some("carrier-pigeon"), None, 0).unwrap_err().kind(), ErrorKind::UnknownProtocol);
+        assert_eq!(
+            resolve(&[("MOONCAKE_PROTOCOL", "")], None, None, 0).unwrap_err().kind(),
+            ErrorKind::UnknownProtocol
+        );
+        assert_eq!(
+            resolve(&[("MC_FORCE_TCP", "1")], Some("carrier-pigeon"), None, 0).unwrap_err().kind(),
+            ErrorKind::UnknownProtocol
+        );
     }
 
     #[test]
@@ -231,17 +251,33 @@ mod tests {
         assert_eq!((host.as_str(), npu.as_str()), ("10.0.0.5", "npu_3"));
         assert_ne!(port, 0);
 
-        let env = [("ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE", "true"), ("ASCEND_NPU_PHY_ID", "6"), ("MOONCAKE_PROTOCOL", "rdma")];
+        let env = [
+            ("ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE", "true"),
+            ("ASCEND_NPU_PHY_ID", "6"),
+            ("MOONCAKE_PROTOCOL", "rdma"),
+        ];
         let c = resolve(&env, None, None, 3).unwrap();
         assert_eq!(split_ascend(&c.hostname).2, "npu_6");
         assert!(c.reason.contains("ASCEND_NPU_PHY_ID"));
 
-        let c = resolve(&[("ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE", "1"), ("ASCEND_NPU_PHY_ID", "x")], None, None, 2).unwrap();
+        let c = resolve(&[("ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE", "1"), ("ASCEND_NPU_PHY_ID", "x")], None, None, 2)
+            .unwrap();
         assert_eq!(split_ascend(&c.hostname).2, "npu_2");
-        assert_eq!(c.warnings, vec!["Invalid value for ASCEND_NPU_PHY_ID: \"x\" is not a valid integer value, using default \"-1\"".to_owned()]);
+        assert_eq!(
+            c.warnings,
+            vec!["Invalid value for ASCEND_NPU_PHY_ID: \"x\" is not a valid integer value, using default \"-1\""
+                .to_owned()]
+        );
 
         // IPv6 hosts are concatenated without brackets, as upstream does.
-        let c = resolve_transport(&MapEnv::from_pairs(&[("ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE", "1")]), "::1", None, None, 0).unwrap();
+        let c = resolve_transport(
+            &MapEnv::from_pairs(&[("ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE", "1")]),
+            "::1",
+            None,
+            None,
+            0,
+        )
+        .unwrap();
         assert!(c.hostname.starts_with("::1:") && c.hostname.ends_with(":npu_0"));
     }
 
@@ -267,7 +303,8 @@ mod tests {
 
     #[test]
     fn forced_tcp_beats_ascend() {
-        let c = resolve(&[("ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE", "1"), ("MC_FORCE_TCP", "1")], None, None, 0).unwrap();
+        let c =
+            resolve(&[("ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE", "1"), ("MC_FORCE_TCP", "1")], None, None, 0).unwrap();
         assert_eq!((c.protocol.as_str(), c.hostname.as_str()), ("tcp", "10.0.0.5"));
     }
 }

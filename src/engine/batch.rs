@@ -174,7 +174,10 @@ impl BatchRun {
             }
             let mut end = start;
             let mut bytes = 0usize;
-            while end < n && end - start < WINDOW_REQUESTS && (end == start || bytes + self.pieces[end].len <= WINDOW_BYTES) {
+            while end < n
+                && end - start < WINDOW_REQUESTS
+                && (end == start || bytes + self.pieces[end].len <= WINDOW_BYTES)
+            {
                 bytes += self.pieces[end].len;
                 end += 1;
             }
@@ -344,7 +347,10 @@ impl BatchRun {
                     peer.release(l, false);
                     let e = Error::new(
                         ErrorKind::RemoteRejected,
-                        format!("{} (a protocol-v1 peer closes the connection when the address is not registered)", self.rejected(i)),
+                        format!(
+                            "{} (a protocol-v1 peer closes the connection when the address is not registered)",
+                            self.rejected(i)
+                        ),
                     );
                     self.complete(inner, i, Err(e));
                 }
@@ -398,7 +404,10 @@ impl BatchRun {
 
     pub fn task(&self, i: usize) -> Result<TaskSummary> {
         let t = self.tasks.get(i).ok_or_else(|| {
-            Error::new(ErrorKind::IndexOutOfRange, format!("task index {i} out of range (batch has {} tasks)", self.tasks.len()))
+            Error::new(
+                ErrorKind::IndexOutOfRange,
+                format!("task index {i} out of range (batch has {} tasks)", self.tasks.len()),
+            )
         })?;
         Ok(TaskSummary {
             state: t.state.load(Ordering::Acquire),
@@ -410,7 +419,8 @@ impl BatchRun {
     /// The error of a finished batch: `None` if every task completed, else
     /// the first failure with a count.
     pub fn outcome(&self) -> Result<()> {
-        let failed: Vec<&Task> = self.tasks.iter().filter(|t| t.state.load(Ordering::Acquire) == STATE_FAILED).collect();
+        let failed: Vec<&Task> =
+            self.tasks.iter().filter(|t| t.state.load(Ordering::Acquire) == STATE_FAILED).collect();
         let Some(first) = failed.first() else { return Ok(()) };
         let e = first.error.lock().clone().unwrap_or_else(|| Error::new(ErrorKind::ConnectionLost, "failed"));
         if self.tasks.len() == 1 {

@@ -297,9 +297,7 @@ impl Conn {
         }
         let mut byte = 0u8;
         // SAFETY: one writable byte.
-        match unsafe {
-            self.recv_once(&mut byte, 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
-        } {
+        match unsafe { self.recv_once(&mut byte, 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) } {
             Err(e) => e.kind() == io::ErrorKind::TimedOut,
             Ok(_) => false,
         }

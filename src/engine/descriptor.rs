@@ -31,10 +31,8 @@ pub struct PeerDescriptor {
 /// `buffers` may be cut short by the caller to keep the frame under the
 /// handshake limit; the list is optional for peers.
 pub fn encode_descriptor(name: &str, data_host: &str, data_port: u16, buffers: &[AdvertisedBuffer]) -> String {
-    let buffers: Vec<Value> = buffers
-        .iter()
-        .map(|b| json!({"addr": b.addr, "length": b.length, "name": name}))
-        .collect();
+    let buffers: Vec<Value> =
+        buffers.iter().map(|b| json!({"addr": b.addr, "length": b.length, "name": name})).collect();
     json!({
         "buffers": buffers,
         "name": name,
@@ -54,8 +52,7 @@ fn corrupted(why: &str) -> Error {
 /// Parse a peer's descriptor. `session_host` is the host of the session name
 /// we dialled, used when the descriptor names no data host.
 pub fn parse_descriptor(text: &[u8], session_name: &str, session_host: &str) -> Result<PeerDescriptor> {
-    let value: Value =
-        serde_json::from_slice(text).map_err(|e| corrupted(&format!("not JSON ({e})")))?;
+    let value: Value = serde_json::from_slice(text).map_err(|e| corrupted(&format!("not JSON ({e})")))?;
     let obj: &Map<String, Value> = value.as_object().ok_or_else(|| corrupted("not a JSON object"))?;
     match obj.get("protocol").and_then(Value::as_str) {
         Some("tcp") => {}
@@ -119,7 +116,9 @@ mod tests {
     #[test]
     fn our_descriptor_round_trips_and_is_sorted() {
         let text = encode_descriptor("h:1", "h", 2, &[AdvertisedBuffer { addr: 4096, length: 10 }]);
-        assert!(text.starts_with(r#"{"buffers":[{"addr":4096,"length":10,"name":"h:1"}],"name":"h:1","protocol":"tcp""#));
+        assert!(
+            text.starts_with(r#"{"buffers":[{"addr":4096,"length":10,"name":"h:1"}],"name":"h:1","protocol":"tcp""#)
+        );
         let d = parse_descriptor(text.as_bytes(), "x:9", "x").unwrap();
         assert_eq!((d.data_host.as_str(), d.data_port, d.proto_version), ("h", 2, 2));
     }

@@ -39,8 +39,8 @@ pub use transfer::Request;
 pub use wire::Direction;
 
 use crate::error::{Error, ErrorKind, Result};
-use batch::BatchRun;
 use crate::ids::IdTable;
+use batch::BatchRun;
 use notify::Notifications;
 use peers::{Peer, Peers, SessionAddr};
 use regions::Regions;
@@ -140,7 +140,9 @@ impl Engine {
         workers
             .start(&inner.registry, inner.settings.workers)
             .map_err(|e| Error::io(format!("cannot start worker threads: {e}")))?;
-        for (listener, plane, name) in [(rpc, Plane::Handshake, "pdx-rpc-accept"), (data, Plane::Data, "pdx-data-accept")] {
+        for (listener, plane, name) in
+            [(rpc, Plane::Handshake, "pdx-rpc-accept"), (data, Plane::Data, "pdx-data-accept")]
+        {
             let inner2 = inner.clone();
             inner
                 .registry

@@ -87,10 +87,8 @@ pub fn exchange(inner: &Inner, addr: &SessionAddr, kind: FrameType, json: &str) 
     let settings = &inner.settings;
     let mut stream = connect(settings, &addr.host, addr.port)?;
     // Tracked so that stopping the engine interrupts a peer that never answers.
-    let _tracked = inner
-        .registry
-        .track(&stream)
-        .ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
+    let _tracked =
+        inner.registry.track(&stream).ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
     let where_ = format!("handshake with {}:{}", addr.host, addr.port);
     let io_err = |e: std::io::Error| {
         if inner.registry.stopping() {
@@ -124,7 +122,8 @@ pub fn exchange(inner: &Inner, addr: &SessionAddr, kind: FrameType, json: &str) 
 /// Send a JSON request and parse the JSON reply.
 pub fn exchange_json(inner: &Inner, addr: &SessionAddr, kind: FrameType, json: &str) -> Result<Value> {
     let body = exchange(inner, addr, kind, json)?;
-    serde_json::from_slice(&body).map_err(|e| Error::protocol(format!("malformed JSON reply from {}:{}: {e}", addr.host, addr.port)))
+    serde_json::from_slice(&body)
+        .map_err(|e| Error::protocol(format!("malformed JSON reply from {}:{}: {e}", addr.host, addr.port)))
 }
 
 /// A peer we send to, by session name.

@@ -41,7 +41,10 @@ fn check_shape(addr: u64, len: u64) -> Result<u64> {
         return Err(Error::invalid_argument("cannot register memory at address 0"));
     }
     if len == 0 {
-        return Err(Error::new(ErrorKind::AddressOverlap, format!("cannot register a zero-length region at {addr:#x}")));
+        return Err(Error::new(
+            ErrorKind::AddressOverlap,
+            format!("cannot register a zero-length region at {addr:#x}"),
+        ));
     }
     addr.checked_add(len)
         .ok_or_else(|| Error::invalid_argument(format!("region {addr:#x}+{len} wraps around the address space")))
@@ -91,10 +94,7 @@ impl Regions {
             let mut seen = std::collections::HashSet::new();
             for addr in addrs {
                 if !map.contains_key(addr) || !seen.insert(*addr) {
-                    return Err(Error::new(
-                        ErrorKind::NotFound,
-                        format!("no registered region starts at {addr:#x}"),
-                    ));
+                    return Err(Error::new(ErrorKind::NotFound, format!("no registered region starts at {addr:#x}")));
                 }
             }
             addrs.iter().filter_map(|a| map.remove(a)).collect()

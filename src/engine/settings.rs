@@ -76,9 +76,7 @@ fn millis(text: &str) -> Option<Duration> {
 
 /// A timeout from `PDX_<pdx>_MS` (milliseconds) or Mooncake's `mc` (seconds).
 fn timeout(pdx_ms: &str, mc_secs: Option<&str>, default: Duration) -> Duration {
-    pick(&[pdx_ms], millis)
-        .or_else(|| mc_secs.and_then(|n| pick(&[n], secs)))
-        .unwrap_or(default)
+    pick(&[pdx_ms], millis).or_else(|| mc_secs.and_then(|n| pick(&[n], secs))).unwrap_or(default)
 }
 
 impl Settings {
@@ -106,13 +104,32 @@ impl Settings {
             force_v1: None,
             handshake_max_len: pick(&["MC_HANDSHAKE_MAX_LENGTH"], count(HANDSHAKE_MIN_LIMIT, HANDSHAKE_MAX_LIMIT))
                 .unwrap_or(HANDSHAKE_MIN_LIMIT),
-            connect_timeout: timeout("PDX_CONNECT_TIMEOUT_MS", Some("MC_HANDSHAKE_CONNECT_TIMEOUT"), Duration::from_secs(5)),
+            connect_timeout: timeout(
+                "PDX_CONNECT_TIMEOUT_MS",
+                Some("MC_HANDSHAKE_CONNECT_TIMEOUT"),
+                Duration::from_secs(5),
+            ),
             handshake_timeout: timeout("PDX_HANDSHAKE_TIMEOUT_MS", None, Duration::from_secs(30)),
-            status_timeout: timeout("PDX_STATUS_TIMEOUT_MS", Some("MC_TCP_STATUS_TIMEOUT_SEC"), Duration::from_secs(30)),
-            progress_timeout: timeout("PDX_PROGRESS_TIMEOUT_MS", Some("MC_TCP_PROGRESS_TIMEOUT_SEC"), Duration::from_secs(30)),
-            lanes_per_peer: pick(&["PDX_TCP_LANES", "MC_TCP_LANES_PER_PEER", "MC_TCP_MAX_CONNECTIONS_PER_PEER"], count(1, 64))
-                .unwrap_or(4),
-            lane_wait_timeout: timeout("PDX_LANE_WAIT_TIMEOUT_MS", Some("MC_TRANSFER_TIMEOUT"), Duration::from_secs(30)),
+            status_timeout: timeout(
+                "PDX_STATUS_TIMEOUT_MS",
+                Some("MC_TCP_STATUS_TIMEOUT_SEC"),
+                Duration::from_secs(30),
+            ),
+            progress_timeout: timeout(
+                "PDX_PROGRESS_TIMEOUT_MS",
+                Some("MC_TCP_PROGRESS_TIMEOUT_SEC"),
+                Duration::from_secs(30),
+            ),
+            lanes_per_peer: pick(
+                &["PDX_TCP_LANES", "MC_TCP_LANES_PER_PEER", "MC_TCP_MAX_CONNECTIONS_PER_PEER"],
+                count(1, 64),
+            )
+            .unwrap_or(4),
+            lane_wait_timeout: timeout(
+                "PDX_LANE_WAIT_TIMEOUT_MS",
+                Some("MC_TRANSFER_TIMEOUT"),
+                Duration::from_secs(30),
+            ),
             default_handshake_port: pick(&["MC_HANDSHAKE_PORT"], port).unwrap_or(12001),
             max_data_connections: pick(&["PDX_MAX_DATA_CONNECTIONS"], count(1, 65536)).unwrap_or(512),
             max_handshake_connections: pick(&["PDX_MAX_HANDSHAKE_CONNECTIONS"], count(1, 4096)).unwrap_or(64),

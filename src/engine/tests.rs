@@ -103,7 +103,8 @@ fn out_of_range_is_refused(force_v1: bool) {
         assert_eq!(e.kind(), ErrorKind::RemoteRejected, "{dir:?}: {e}");
     }
     // In a batch, only the bad entry fails; its neighbours land.
-    let reqs = vec![req(&src, 0, addr(&target), 100), req(&src, 100, bad, 200), req(&src, 300, addr(&target) + 300, 100)];
+    let reqs =
+        vec![req(&src, 0, addr(&target), 100), req(&src, 100, bad, 200), req(&src, 300, addr(&target) + 300, 100)];
     let e = unsafe { a.transfer_sync(b.session_id(), Direction::Write, reqs.clone()) }.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::RemoteRejected, "{e}");
     assert!(e.message().starts_with("1 of 3 requests failed"), "{e}");
@@ -233,10 +234,7 @@ fn peer_stopped_mid_transfer_fails_fast() {
     // Either it finished before the stop (fast machine) or it failed; never
     // a hang: every wait is bounded.
     if let Err(e) = result {
-        assert!(
-            matches!(e.kind(), ErrorKind::ConnectionLost | ErrorKind::PeerUnreachable | ErrorKind::Timeout),
-            "{e}"
-        );
+        assert!(matches!(e.kind(), ErrorKind::ConnectionLost | ErrorKind::PeerUnreachable | ErrorKind::Timeout), "{e}");
     }
     assert!(started.elapsed() < Duration::from_secs(20));
     let e = unsafe { a.transfer_sync(&session, Direction::Write, vec![req(&src, 0, addr(&target), 10)]) }.unwrap_err();
@@ -363,7 +361,8 @@ fn garbage_on_both_listeners_leaves_the_engine_serving() {
     let zero = wire::RequestHeader { size: 0, addr: addr(&target), direction: Direction::Read, acknowledged: true };
     assert_eq!(send_raw(data, &zero.encode()), wire::encode_status(wire::STATUS_REJECTED));
     assert!(send_raw(data, &bad[..10]).is_empty());
-    let wrap = wire::RequestHeader { size: u64::MAX, addr: addr(&target), direction: Direction::Read, acknowledged: false };
+    let wrap =
+        wire::RequestHeader { size: u64::MAX, addr: addr(&target), direction: Direction::Read, acknowledged: false };
     assert!(send_raw(data, &wrap.encode()).is_empty());
     // A v2 READ served raw: status then the bytes.
     let good = wire::RequestHeader { size: 4, addr: addr(&target), direction: Direction::Read, acknowledged: true };
@@ -399,7 +398,8 @@ fn unregister_withdraws_memory() {
     b.unregister(addr(&target)).unwrap();
     assert_eq!(b.unregister(addr(&target)).unwrap_err().kind(), ErrorKind::NotFound);
     let src = [1u8; 16];
-    let e = unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), 16)]) }.unwrap_err();
+    let e = unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), 16)]) }
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::RemoteRejected);
     assert_eq!(target[0], 0);
 }
@@ -498,7 +498,8 @@ fn soak_mixed_operations_from_many_threads() {
                     let src = pattern(len, k ^ t as u64);
                     match k % 5 {
                         0 | 1 => {
-                            unsafe { a.transfer_sync(session, Direction::Write, vec![req(&src, 0, mine, len)]) }.unwrap();
+                            unsafe { a.transfer_sync(session, Direction::Write, vec![req(&src, 0, mine, len)]) }
+                                .unwrap();
                             let mut back = vec![0u8; len];
                             let r = Request { local: back.as_mut_ptr() as usize, remote: mine, len };
                             unsafe { a.transfer_sync(session, Direction::Read, vec![r]) }.unwrap();
@@ -515,7 +516,9 @@ fn soak_mixed_operations_from_many_threads() {
                         3 => {
                             // The churned region: either refused or confirmed, never anything else.
                             let n = len.min(SLICE);
-                            match unsafe { a.transfer_sync(session, Direction::Write, vec![req(&src, 0, addr(churn), n)]) } {
+                            match unsafe {
+                                a.transfer_sync(session, Direction::Write, vec![req(&src, 0, addr(churn), n)])
+                            } {
                                 Ok(()) => {}
                                 Err(e) => assert_eq!(e.kind(), ErrorKind::RemoteRejected, "{e}"),
                             }

@@ -71,7 +71,13 @@ fn header(r: &Request, direction: Direction, acknowledged: bool) -> [u8; HEADER_
 /// # Safety
 /// Every request's local range must be valid memory (readable for writes,
 /// writable for reads) for the duration of the call.
-pub unsafe fn run_window(conn: &mut Conn, session: &str, direction: Direction, v2: bool, reqs: &[Request]) -> WindowOutcome {
+pub unsafe fn run_window(
+    conn: &mut Conn,
+    session: &str,
+    direction: Direction,
+    v2: bool,
+    reqs: &[Request],
+) -> WindowOutcome {
     match (direction, v2) {
         (Direction::Write, true) => write_v2(conn, session, reqs),
         (Direction::Write, false) => write_v1(conn, session, reqs),
@@ -80,7 +86,13 @@ pub unsafe fn run_window(conn: &mut Conn, session: &str, direction: Direction, v
 }
 
 /// Parse acknowledgements already buffered; `Err` ends the window.
-fn take_acks(conn: &mut Conn, session: &str, want: usize, got: &mut usize, blocking: bool) -> Result<(), (bool, Option<Error>)> {
+fn take_acks(
+    conn: &mut Conn,
+    session: &str,
+    want: usize,
+    got: &mut usize,
+    blocking: bool,
+) -> Result<(), (bool, Option<Error>)> {
     while *got < want && (blocking || conn.buffered() >= STATUS_LEN) {
         let mut frame = [0u8; STATUS_LEN];
         if let Err(e) = conn.recv_exact(&mut frame) {
@@ -97,9 +109,12 @@ fn take_acks(conn: &mut Conn, session: &str, want: usize, got: &mut usize, block
                 return Err((code == wire::STATUS_REJECTED, e));
             }
             None => {
-                return Err((false, Some(Error::protocol(format!(
-                    "{session} sent a malformed status frame (peer likely speaks only protocol v1)"
-                )))))
+                return Err((
+                    false,
+                    Some(Error::protocol(format!(
+                        "{session} sent a malformed status frame (peer likely speaks only protocol v1)"
+                    ))),
+                ))
             }
         }
     }

@@ -168,9 +168,7 @@ mod tests {
     fn header_matches_captured_bytes() {
         // v2 WRITE of 100 bytes to 0x7f158b6fb010, as seen on the wire.
         let h = RequestHeader { size: 100, addr: 0x7f15_8b6f_b010, direction: Direction::Write, acknowledged: true };
-        let expected = [
-            0x64, 0, 0, 0, 0, 0, 0, 0, 0x10, 0xb0, 0x6f, 0x8b, 0x15, 0x7f, 0, 0, 0x81, 0, 0, 0, 0, 0, 0, 0,
-        ];
+        let expected = [0x64, 0, 0, 0, 0, 0, 0, 0, 0x10, 0xb0, 0x6f, 0x8b, 0x15, 0x7f, 0, 0, 0x81, 0, 0, 0, 0, 0, 0, 0];
         assert_eq!(h.encode(), expected);
         assert_eq!(RequestHeader::decode(&expected), h);
     }

@@ -147,7 +147,11 @@ pub unsafe extern "C" fn pdx_args_set(args: *mut pdx_args, key: *const c_char, v
 /// Errors (`*out` untouched): `PDX_ERR_NULL_ARGUMENT`,
 /// `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INVALID_UTF8`, `PDX_ERR_UNKNOWN_KEY`.
 #[no_mangle]
-pub unsafe extern "C" fn pdx_args_get(args: *const pdx_args, key: *const c_char, out: *mut *const c_char) -> pdx_status {
+pub unsafe extern "C" fn pdx_args_get(
+    args: *const pdx_args,
+    key: *const c_char,
+    out: *mut *const c_char,
+) -> pdx_status {
     guard("pdx_args_get", || {
         let out = out_ptr(out, "out")?;
         let handle = ARGS.get(args)?;
@@ -186,7 +190,11 @@ pub unsafe extern "C" fn pdx_args_get(args: *const pdx_args, key: *const c_char,
 /// `PDX_ERR_INVALID_UTF8`, `PDX_ERR_INVALID_VALUE` (a recognized flag with a
 /// bad or missing value: `argument --flag: expected one argument`).
 #[no_mangle]
-pub unsafe extern "C" fn pdx_args_parse_argv(args: *mut pdx_args, argc: c_int, argv: *const *const c_char) -> pdx_status {
+pub unsafe extern "C" fn pdx_args_parse_argv(
+    args: *mut pdx_args,
+    argc: c_int,
+    argv: *const *const c_char,
+) -> pdx_status {
     guard("pdx_args_parse_argv", || {
         let handle = ARGS.get(args)?;
         let len = usize::try_from(argc).map_err(|_| Error::invalid_argument(format!("argc is negative ({argc})")))?;
@@ -265,7 +273,10 @@ pub unsafe extern "C" fn pdx_args_message(args: *const pdx_args, i: usize, level
         let handle = ARGS.get(args)?;
         let state = handle.lock();
         let (lvl, text) = state.messages.get(i).ok_or_else(|| {
-            Error::new(ErrorKind::IndexOutOfRange, format!("message index {i} is out of range ({} messages)", state.messages.len()))
+            Error::new(
+                ErrorKind::IndexOutOfRange,
+                format!("message index {i} is out of range ({} messages)", state.messages.len()),
+            )
         })?;
         if !level.is_null() {
             // SAFETY: non-NULL and aligned (checked above).

@@ -89,7 +89,10 @@ mod tests {
                 pdx_backend_unavailable_reason(bogus.as_ptr(), std::ptr::null_mut(), 4, &mut len),
                 PDX_ERR_NULL_ARGUMENT
             );
-            assert_eq!(pdx_backend_unavailable_reason(std::ptr::null(), buf.as_mut_ptr(), 8, &mut len), PDX_ERR_NULL_ARGUMENT);
+            assert_eq!(
+                pdx_backend_unavailable_reason(std::ptr::null(), buf.as_mut_ptr(), 8, &mut len),
+                PDX_ERR_NULL_ARGUMENT
+            );
         }
     }
 }

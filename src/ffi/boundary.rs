@@ -34,9 +34,7 @@ pub(crate) fn set_last_error(message: &str) {
 pub extern "C" fn pdx_last_error_message() -> *const c_char {
     // Reading a thread-local cannot panic unless the thread is being torn
     // down; `try_with` covers that case.
-    LAST_ERROR
-        .try_with(|slot| slot.borrow().as_ptr())
-        .unwrap_or(b"\0".as_ptr().cast())
+    LAST_ERROR.try_with(|slot| slot.borrow().as_ptr()).unwrap_or(b"\0".as_ptr().cast())
 }
 
 fn panic_text(payload: &(dyn Any + Send)) -> String {
@@ -221,16 +219,12 @@ impl<T> HandleTable<T> {
         if ptr.is_null() {
             return Err(Error::new(ErrorKind::NullArgument, format!("{} handle is NULL", self.name)));
         }
-        self.live
-            .read()
-            .as_ref()
-            .and_then(|m| m.get(&(ptr as usize)).cloned())
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::InvalidHandle,
-                    format!("{} handle {ptr:p} is not live (freed, or never created by pdx)", self.name),
-                )
-            })
+        self.live.read().as_ref().and_then(|m| m.get(&(ptr as usize)).cloned()).ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidHandle,
+                format!("{} handle {ptr:p} is not live (freed, or never created by pdx)", self.name),
+            )
+        })
     }
 
     /// Remove `ptr`; returns the object if it was live. NULL and unknown
@@ -295,7 +289,10 @@ mod tests {
         assert_eq!(len, 6);
         let got = unsafe { CStr::from_ptr(buf.as_ptr()) };
         assert_eq!(got.to_str().unwrap(), "aé");
-        assert_eq!(text_out(std::ptr::null_mut(), 1, std::ptr::null_mut()).err().unwrap().kind(), ErrorKind::NullArgument);
+        assert_eq!(
+            text_out(std::ptr::null_mut(), 1, std::ptr::null_mut()).err().unwrap().kind(),
+            ErrorKind::NullArgument
+        );
         let out = text_out(std::ptr::null_mut(), 0, &mut len).unwrap();
         unsafe { out.write("xyz") };
         assert_eq!(len, 3);

@@ -195,30 +195,50 @@ pub unsafe extern "C" fn pdx_batch_register_memory(
         let h = ENGINES.get(engine)?;
         let addrs = c_slice(addrs, n, "addrs")?;
         let lens = c_slice(lens, n, "lens")?;
-        let regions = addrs.iter().zip(lens).enumerate().map(|(i, (&a, &l))| region(a, l, Some(i))).collect::<Result<Vec<_>>>()?;
+        let regions = addrs
+            .iter()
+            .zip(lens)
+            .enumerate()
+            .map(|(i, (&a, &l))| region(a, l, Some(i)))
+            .collect::<Result<Vec<_>>>()?;
         h.engine.register_batch(&regions)
     })
 }
 
 /// Unregister `n` regions by start address, all or none.
 #[no_mangle]
-pub unsafe extern "C" fn pdx_batch_unregister_memory(engine: *mut pdx_engine, addrs: *const *mut c_void, n: usize) -> pdx_status {
+pub unsafe extern "C" fn pdx_batch_unregister_memory(
+    engine: *mut pdx_engine,
+    addrs: *const *mut c_void,
+    n: usize,
+) -> pdx_status {
     guard("pdx_batch_unregister_memory", || {
         let h = ENGINES.get(engine)?;
         let addrs = c_slice(addrs, n, "addrs")?;
-        let starts = addrs.iter().enumerate().map(|(i, &a)| region(a, 0, Some(i)).map(|r| r.0)).collect::<Result<Vec<_>>>()?;
+        let starts =
+            addrs.iter().enumerate().map(|(i, &a)| region(a, 0, Some(i)).map(|r| r.0)).collect::<Result<Vec<_>>>()?;
         h.engine.unregister_batch(&starts)
     })
 }
 
-unsafe fn requests(locals: *const *mut c_void, remotes: *const u64, lens: *const usize, n: usize) -> Result<Vec<Request>> {
+unsafe fn requests(
+    locals: *const *mut c_void,
+    remotes: *const u64,
+    lens: *const usize,
+    n: usize,
+) -> Result<Vec<Request>> {
     let locals = c_slice(locals, n, "locals")?;
     let remotes = c_slice(remotes, n, "remotes")?;
     let lens = c_slice(lens, n, "lens")?;
     Ok((0..n).map(|i| Request { local: locals[i] as usize, remote: remotes[i], len: lens[i] }).collect())
 }
 
-unsafe fn sync(engine: *mut pdx_engine, session: *const c_char, dir: Direction, reqs: Result<Vec<Request>>) -> Result<()> {
+unsafe fn sync(
+    engine: *mut pdx_engine,
+    session: *const c_char,
+    dir: Direction,
+    reqs: Result<Vec<Request>>,
+) -> Result<()> {
     let h = ENGINES.get(engine)?;
     let session = c_str(session, "session")?;
     h.engine.transfer_sync(session, dir, reqs?)
@@ -272,7 +292,9 @@ pub unsafe extern "C" fn pdx_batch_transfer_sync_write(
     lens: *const usize,
     n: usize,
 ) -> pdx_status {
-    guard("pdx_batch_transfer_sync_write", || sync(engine, session, Direction::Write, requests(locals, remotes, lens, n)))
+    guard("pdx_batch_transfer_sync_write", || {
+        sync(engine, session, Direction::Write, requests(locals, remotes, lens, n))
+    })
 }
 
 /// Read `n` entries (`remotes[i]` → `locals[i]`, `lens[i]` bytes) from one
@@ -316,7 +338,11 @@ pub unsafe extern "C" fn pdx_batch_submit(
         let dir = match opcode {
             PDX_OPCODE_READ => Direction::Read,
             PDX_OPCODE_WRITE => Direction::Write,
-            other => return Err(Error::invalid_argument(format!("opcode {other} is neither PDX_OPCODE_READ (0) nor PDX_OPCODE_WRITE (1)"))),
+            other => {
+                return Err(Error::invalid_argument(format!(
+                    "opcode {other} is neither PDX_OPCODE_READ (0) nor PDX_OPCODE_WRITE (1)"
+                )))
+            }
         };
         let notify = match (opt_c_str(notify_name, "notify_name")?, opt_c_str(notify_msg, "notify_msg")?) {
             (Some(n), Some(m)) => Some((n.to_owned(), m.to_owned())),
@@ -332,11 +358,21 @@ pub unsafe extern "C" fn pdx_batch_submit(
 /// Fill `*out` with the batch's summary (state, counts, bytes). A stale,
 /// freed or made-up id gives `PDX_ERR_INVALID_HANDLE`.
 #[no_mangle]
-pub unsafe extern "C" fn pdx_batch_status(engine: *mut pdx_engine, batch: u64, out: *mut pdx_batch_summary) -> pdx_status {
+pub unsafe extern "C" fn pdx_batch_status(
+    engine: *mut pdx_engine,
+    batch: u64,
+    out: *mut pdx_batch_summary,
+) -> pdx_status {
     guard("pdx_batch_status", || {
         let out = out_ptr(out, "out")?;
         let s = ENGINES.get(engine)?.engine.batch_summary(batch)?;
-        *out = pdx_batch_summary { state: s.state, total: s.total, completed: s.completed, failed: s.failed, bytes: s.bytes };
+        *out = pdx_batch_summary {
+            state: s.state,
+            total: s.total,
+            completed: s.completed,
+            failed: s.failed,
+            bytes: s.bytes,
+        };
         Ok(())
     })
 }
@@ -398,7 +434,12 @@ pub unsafe extern "C" fn pdx_task_error_message(
 /// tasks are still in flight. Every task reaches a terminal state within the
 /// engine's deadlines, so waiting again always ends.
 #[no_mangle]
-pub unsafe extern "C" fn pdx_batch_wait(engine: *mut pdx_engine, batch: u64, timeout_ms: u32, out_state: *mut i32) -> pdx_status {
+pub unsafe extern "C" fn pdx_batch_wait(
+    engine: *mut pdx_engine,
+    batch: u64,
+    timeout_ms: u32,
+    out_state: *mut i32,
+) -> pdx_status {
     guard("pdx_batch_wait", || {
         let out_state = opt_out_ptr(out_state, "out_state")?;
         let h = ENGINES.get(engine)?;
@@ -444,7 +485,10 @@ pub unsafe extern "C" fn pdx_send_notify(
 /// Take every notification received so far (oldest first) into a new list
 /// owned by the caller (`*out`; release with `pdx_notifications_free`).
 #[no_mangle]
-pub unsafe extern "C" fn pdx_notifications_drain(engine: *mut pdx_engine, out: *mut *mut pdx_notifications) -> pdx_status {
+pub unsafe extern "C" fn pdx_notifications_drain(
+    engine: *mut pdx_engine,
+    out: *mut *mut pdx_notifications,
+) -> pdx_status {
     guard("pdx_notifications_drain", || {
         let out = out_ptr(out, "out")?;
         let h = ENGINES.get(engine)?;
@@ -484,7 +528,10 @@ pub unsafe extern "C" fn pdx_notification_get(
         let msg = opt_out_ptr(msg, "msg")?;
         let l = NOTIFICATIONS.get(list)?;
         let (n, m) = l.get(i).ok_or_else(|| {
-            Error::new(ErrorKind::IndexOutOfRange, format!("notification index {i} out of range (list has {})", l.len()))
+            Error::new(
+                ErrorKind::IndexOutOfRange,
+                format!("notification index {i} out of range (list has {})", l.len()),
+            )
         })?;
         if let Some(p) = name {
             *p = n.as_ptr();

@@ -97,11 +97,7 @@ const TABLE: &[(pdx_status, Option<ErrorKind>, &str)] = &[
 
 /// The status code for an error kind.
 pub(crate) fn status_of(kind: ErrorKind) -> pdx_status {
-    TABLE
-        .iter()
-        .find(|(_, k, _)| *k == Some(kind))
-        .map(|(code, _, _)| *code)
-        .unwrap_or(PDX_ERR_PANIC)
+    TABLE.iter().find(|(_, k, _)| *k == Some(kind)).map(|(code, _, _)| *code).unwrap_or(PDX_ERR_PANIC)
 }
 
 /// A static, NUL-terminated description of `status`.

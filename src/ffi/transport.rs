@@ -204,7 +204,10 @@ static IB_CONFIGS: HandleTable<IbConfigC> = HandleTable::new("pdx_ib_device_conf
 /// `PDX_ERR_NULL_ARGUMENT` (out), `PDX_ERR_INVALID_UTF8`, and SGLang's
 /// `PDX_ERR_VALUE_ERROR` / `PDX_ERR_RUNTIME` with the exact texts.
 #[no_mangle]
-pub unsafe extern "C" fn pdx_parse_ib_device_config(text: *const c_char, out: *mut *mut pdx_ib_device_config) -> pdx_status {
+pub unsafe extern "C" fn pdx_parse_ib_device_config(
+    text: *const c_char,
+    out: *mut *mut pdx_ib_device_config,
+) -> pdx_status {
     guard("pdx_parse_ib_device_config", || {
         let out = out_ptr(out, "out")?;
         // SAFETY: the caller passes a NUL-terminated string or NULL.
@@ -292,7 +295,11 @@ pub extern "C" fn pdx_ib_device_config_gpu_at(
 /// `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_VALUE_ERROR`
 /// (`No IB devices configured for GPU 2. Available GPUs: [0, 1]`).
 #[no_mangle]
-pub extern "C" fn pdx_ib_devices_for_gpu(config: *const pdx_ib_device_config, gpu_id: i64, devices: *mut *const c_char) -> pdx_status {
+pub extern "C" fn pdx_ib_devices_for_gpu(
+    config: *const pdx_ib_device_config,
+    gpu_id: i64,
+    devices: *mut *const c_char,
+) -> pdx_status {
     guard("pdx_ib_devices_for_gpu", || {
         let devices = out_ptr(devices, "devices")?;
         let c = IB_CONFIGS.get(config)?;
@@ -377,7 +384,10 @@ pub unsafe extern "C" fn pdx_validate_ib_devices(
 /// auto discovery, else a string owned by `validation`.
 /// Errors (`*devices` untouched): `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
 #[no_mangle]
-pub extern "C" fn pdx_ib_validation_devices(validation: *const pdx_ib_validation, devices: *mut *const c_char) -> pdx_status {
+pub extern "C" fn pdx_ib_validation_devices(
+    validation: *const pdx_ib_validation,
+    devices: *mut *const c_char,
+) -> pdx_status {
     guard("pdx_ib_validation_devices", || {
         let devices = out_ptr(devices, "devices")?;
         let v = VALIDATIONS.get(validation)?;
@@ -397,7 +407,11 @@ pub extern "C" fn pdx_ib_validation_message_count(validation: *const pdx_ib_vali
 /// (`PDX_LOG_WARNING`) goes to `*level` when `level` is not NULL. NULL on a
 /// bad handle or an out-of-range index.
 #[no_mangle]
-pub unsafe extern "C" fn pdx_ib_validation_message(validation: *const pdx_ib_validation, i: usize, level: *mut i32) -> *const c_char {
+pub unsafe extern "C" fn pdx_ib_validation_message(
+    validation: *const pdx_ib_validation,
+    i: usize,
+    level: *mut i32,
+) -> *const c_char {
     guard_or("pdx_ib_validation_message", std::ptr::null(), || {
         if !level.is_null() {
             out_ptr(level, "level")?;

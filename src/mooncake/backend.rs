@@ -7,17 +7,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mooncake_sys::{Api, BufferEntry, Convention, NotifyMsg, SegmentId, TransferEngineT, TransferRequest, TransferStatus};
+use mooncake_sys::{
+    Api, BufferEntry, Convention, NotifyMsg, SegmentId, TransferEngineT, TransferRequest, TransferStatus,
+};
 use parking_lot::{Mutex, RwLock};
 
 use super::batches::{McBatch, Task};
-use crate::ids::IdTable;
 use super::convert::{check, task_state, STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
 use super::topology;
 use crate::backend::TransferBackend;
 use crate::config::transport::TransportChoice;
 use crate::engine::{BatchSummary, Direction, Request, TaskSummary};
 use crate::error::{Error, ErrorKind, Result};
+use crate::ids::IdTable;
 
 /// Sync-call deadline when `MC_TRANSFER_TIMEOUT` is unset (seconds), and its
 /// minimum, as in Mooncake's Python layer.
@@ -125,7 +127,8 @@ impl MooncakeBackend {
         let proto = cstring(protocol, "protocol")?;
         let lib = api.path().to_owned();
         // SAFETY: valid NUL-terminated strings; Mooncake copies them.
-        let engine = unsafe { (api.create_transfer_engine)(metadata.as_ptr(), server_name.as_ptr(), ip.as_ptr(), 0, 0) };
+        let engine =
+            unsafe { (api.create_transfer_engine)(metadata.as_ptr(), server_name.as_ptr(), ip.as_ptr(), 0, 0) };
         if engine.is_null() {
             return Err(crate::backend::unavailable(
                 protocol,
@@ -154,7 +157,8 @@ impl MooncakeBackend {
                 }
             }
         }
-        let mut args: [*mut c_void; 2] = [matrix.as_ref().map_or(ptr::null_mut(), |m| m.as_ptr() as *mut c_void), ptr::null_mut()];
+        let mut args: [*mut c_void; 2] =
+            [matrix.as_ref().map_or(ptr::null_mut(), |m| m.as_ptr() as *mut c_void), ptr::null_mut()];
         let args_ptr = if matrix.is_some() { args.as_mut_ptr() } else { ptr::null_mut() };
         // SAFETY: live engine, valid strings; args is NULL or a NULL-ended
         // array whose first entry is a NUL-terminated JSON string.
@@ -232,13 +236,23 @@ impl MooncakeBackend {
     }
 
     /// Allocate a Mooncake batch for the non-empty requests and submit them.
-    fn start_batch(&self, session: &str, direction: Direction, reqs: &[Request], notify: Option<&(String, String)>) -> Result<McBatch> {
+    fn start_batch(
+        &self,
+        session: &str,
+        direction: Direction,
+        reqs: &[Request],
+        notify: Option<&(String, String)>,
+    ) -> Result<McBatch> {
         Request::validate_all(reqs)?;
         self.free_orphans();
         let mut tasks = Vec::with_capacity(reqs.len());
         let mut wire = Vec::new();
         self.with_engine(|eng| {
-            let seg = if reqs.iter().any(|r| r.len > 0) || notify.is_some() { Some(self.segment(eng, session)?) } else { None };
+            let seg = if reqs.iter().any(|r| r.len > 0) || notify.is_some() {
+                Some(self.segment(eng, session)?)
+            } else {
+                None
+            };
             for r in reqs {
                 let mc_index = (r.len > 0).then(|| {
                     wire.push(TransferRequest {
@@ -270,7 +284,10 @@ impl MooncakeBackend {
             // SAFETY: live engine.
             let mc = unsafe { (self.api.allocate_batch_id)(eng, wire.len()) };
             if mc == mooncake_sys::INVALID_BATCH {
-                return Err(Error::new(ErrorKind::Busy, format!("allocateBatchID({}) failed (Mooncake returned INVALID_BATCH)", wire.len())));
+                return Err(Error::new(
+                    ErrorKind::Busy,
+                    format!("allocateBatchID({}) failed (Mooncake returned INVALID_BATCH)", wire.len()),
+                ));
             }
             // SAFETY: `mc` is a batch Mooncake just gave us; `wire` holds
             // `wire.len()` requests; the notification strings outlive the call.
@@ -315,7 +332,15 @@ impl MooncakeBackend {
                 // SAFETY: `mc` is live (the read lock keeps it from being
                 // freed) and `idx` is below the count submitted into it.
                 let rc = unsafe { (self.api.get_transfer_status)(eng, mc, idx, &mut st) };
-                let where_ = || format!("task {i} ({} of {} bytes at remote {:#x} on {})", op_name(b.direction), t.len, t.remote, b.session);
+                let where_ = || {
+                    format!(
+                        "task {i} ({} of {} bytes at remote {:#x} on {})",
+                        op_name(b.direction),
+                        t.len,
+                        t.remote,
+                        b.session
+                    )
+                };
                 if let Err(e) = check(rc, Convention::StatusCode, "getTransferStatus") {
                     states[i].state = STATE_FAILED;
                     states[i].error = Some(e.context(where_()));
@@ -378,7 +403,14 @@ impl MooncakeBackend {
         orphans.retain(|&id| unsafe { (self.api.free_batch_id)(eng.0, id) } != 0);
     }
 
-    fn send_notify_to(&self, eng: TransferEngineT, seg: SegmentId, session: &str, name: &CStr, msg: &CStr) -> Result<()> {
+    fn send_notify_to(
+        &self,
+        eng: TransferEngineT,
+        seg: SegmentId,
+        session: &str,
+        name: &CStr,
+        msg: &CStr,
+    ) -> Result<()> {
         let m = NotifyMsg { name: name.as_ptr() as *mut c_char, msg: msg.as_ptr() as *mut c_char };
         // SAFETY: live engine; Mooncake copies the strings.
         let rc = unsafe { (self.api.gen_notify_in_engine)(eng, seg as u64, m) };
@@ -409,11 +441,17 @@ impl TransferBackend for MooncakeBackend {
         sorted.sort_unstable();
         for (i, &(addr, len)) in sorted.iter().enumerate() {
             let end = addr.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
-                Error::new(ErrorKind::AddressOverlap, format!("region {addr:#x} with length {len} is empty or wraps around"))
+                Error::new(
+                    ErrorKind::AddressOverlap,
+                    format!("region {addr:#x} with length {len} is empty or wraps around"),
+                )
             })?;
             if let Some(&(next, _)) = sorted.get(i + 1) {
                 if next < end {
-                    return Err(Error::new(ErrorKind::AddressOverlap, format!("regions at {addr:#x} and {next:#x} overlap")));
+                    return Err(Error::new(
+                        ErrorKind::AddressOverlap,
+                        format!("regions at {addr:#x} and {next:#x} overlap"),
+                    ));
                 }
             }
             let before = known.range(..end).next_back();
@@ -433,7 +471,9 @@ impl TransferBackend for MooncakeBackend {
                 let mut entries: Vec<BufferEntry> =
                     regions.iter().map(|&(a, l)| BufferEntry { addr: a as *mut c_void, length: l as usize }).collect();
                 // SAFETY: as above; `entries` holds `entries.len()` items.
-                unsafe { (self.api.register_local_memory_batch)(eng, entries.as_mut_ptr(), entries.len(), loc.as_ptr()) }
+                unsafe {
+                    (self.api.register_local_memory_batch)(eng, entries.as_mut_ptr(), entries.len(), loc.as_ptr())
+                }
             };
             let call = if regions.len() == 1 { "registerLocalMemory" } else { "registerLocalMemoryBatch" };
             check(rc, Convention::NegativeErr, call)
@@ -507,7 +547,13 @@ impl TransferBackend for MooncakeBackend {
         }
     }
 
-    unsafe fn submit(&self, session: &str, direction: Direction, reqs: Vec<Request>, notify: Option<(String, String)>) -> Result<u64> {
+    unsafe fn submit(
+        &self,
+        session: &str,
+        direction: Direction,
+        reqs: Vec<Request>,
+        notify: Option<(String, String)>,
+    ) -> Result<u64> {
         let b = Arc::new(self.start_batch(session, direction, &reqs, notify.as_ref())?);
         match self.batches.insert(b.clone()) {
             Ok(id) => Ok(id),
@@ -567,7 +613,10 @@ impl TransferBackend for MooncakeBackend {
                 }
             };
             if id < 0 {
-                return Err(Error::new(ErrorKind::PeerUnreachable, format!("probe of {session} failed (openSegment returned {id})")));
+                return Err(Error::new(
+                    ErrorKind::PeerUnreachable,
+                    format!("probe of {session} failed (openSegment returned {id})"),
+                ));
             }
             self.segments.lock().insert(session.to_owned(), id);
             Ok(())
@@ -593,8 +642,15 @@ impl TransferBackend for MooncakeBackend {
             // SAFETY: Mooncake returned an array of `n` entries whose strings
             // are NULL or NUL-terminated; it is handed back to it just after.
             let out = unsafe {
-                let text = |p: *const c_char| if p.is_null() { String::new() } else { CStr::from_ptr(p).to_string_lossy().into_owned() };
-                let v = std::slice::from_raw_parts(list, n as usize).iter().map(|m| (text(m.name), text(m.msg))).collect();
+                let text = |p: *const c_char| {
+                    if p.is_null() {
+                        String::new()
+                    } else {
+                        CStr::from_ptr(p).to_string_lossy().into_owned()
+                    }
+                };
+                let v =
+                    std::slice::from_raw_parts(list, n as usize).iter().map(|m| (text(m.name), text(m.msg))).collect();
                 (self.api.free_notifs_msg_buf)(list, n);
                 v
             };

@@ -80,7 +80,10 @@ impl McBatch {
     pub fn task(&self, i: usize) -> Result<TaskSummary> {
         let states = self.states.lock();
         let t = states.get(i).ok_or_else(|| {
-            Error::new(ErrorKind::IndexOutOfRange, format!("task index {i} out of range (batch has {} tasks)", states.len()))
+            Error::new(
+                ErrorKind::IndexOutOfRange,
+                format!("task index {i} out of range (batch has {} tasks)", states.len()),
+            )
         })?;
         Ok(TaskSummary { state: t.state, bytes: t.bytes, error: t.error.clone() })
     }

@@ -69,7 +69,10 @@ mod tests {
         let e = check(4, Convention::StatusCode, "freeBatchID").unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Busy);
         assert_eq!(check(2, Convention::StatusCode, "submitTransfer").unwrap_err().kind(), ErrorKind::Busy);
-        assert_eq!(check(3, Convention::StatusCode, "submitTransfer").unwrap_err().kind(), ErrorKind::AddressNotRegistered);
+        assert_eq!(
+            check(3, Convention::StatusCode, "submitTransfer").unwrap_err().kind(),
+            ErrorKind::AddressNotRegistered
+        );
         assert_eq!(check(-104, Convention::NegativeErr, "x").unwrap_err().kind(), ErrorKind::PeerUnreachable);
         assert_eq!(check(999, Convention::StatusCode, "x").unwrap_err().kind(), ErrorKind::BackendUnavailable);
         let e = check(-12345, Convention::NegativeErr, "openSegment").unwrap_err();
