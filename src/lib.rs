@@ -16,5 +16,6 @@ pub mod ffi;
 pub mod ids;
 pub mod logging;
 pub mod mooncake;
+pub mod transfer;
 
 pub use error::{Error, ErrorKind, Result};

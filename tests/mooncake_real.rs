@@ -7,9 +7,9 @@
 
 use std::sync::Arc;
 
-use pdx::backend::TransferBackend;
-use pdx::engine::{Direction, Request};
 use pdx::mooncake::MooncakeBackend;
+use pdx::transfer::TransferBackend;
+use pdx::transfer::{Direction, Request};
 
 fn real_library() -> Option<Arc<mooncake_sys::Api>> {
     let Ok(path) = std::env::var(mooncake_sys::LIB_ENV) else {

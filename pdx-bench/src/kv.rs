@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use pdx::engine::Request;
+use pdx::transfer::Request;
 use serde_json::{json, Value};
 
 use crate::memory::Buffer;

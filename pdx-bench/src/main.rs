@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use pdx::backend::TransferBackend;
+use pdx::transfer::TransferBackend;
 
 use memory::Buffer;
 

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use pdx::backend::TransferBackend;
-use pdx::engine::{Direction, Request};
+use pdx::transfer::TransferBackend;
+use pdx::transfer::{Direction, Request};
 
 use crate::memory::Buffer;
 use crate::report::{human_bytes, Row};

@@ -8,9 +8,10 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use super::descriptor::{encode_descriptor, parse_descriptor, AdvertisedBuffer};
-use super::peers::parse_session;
-use super::wire::{self, Direction, FrameType, RequestHeader};
+use super::wire::{self, FrameType, RequestHeader};
 use super::*;
+use crate::transfer::host::parse_session;
+use crate::transfer::Direction;
 
 struct Mutator(u64);
 

@@ -6,6 +6,7 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::transfer::TaskState;
 
 fn settings() -> Settings {
     let mut s = Settings::from_env();
@@ -112,9 +113,9 @@ fn out_of_range_is_refused(force_v1: bool) {
     assert_eq!(&target[300..400], &src[300..400]);
     let id = unsafe { a.submit(b.session_id(), Direction::Write, reqs, None) }.unwrap();
     let s = a.batch_wait(id, Duration::from_secs(30)).unwrap();
-    assert_eq!((s.state, s.completed, s.failed, s.bytes), (STATE_FAILED, 2, 1, 200));
+    assert_eq!((s.state, s.completed, s.failed, s.bytes), (TaskState::Failed, 2, 1, 200));
     assert_eq!(a.task_summary(id, 1).unwrap().error.unwrap().kind(), ErrorKind::RemoteRejected);
-    assert_eq!(a.task_summary(id, 2).unwrap().state, STATE_COMPLETED);
+    assert_eq!(a.task_summary(id, 2).unwrap().state, TaskState::Completed);
     a.batch_free(id).unwrap();
     // The engine still works afterwards.
     unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), 4096)]) }.unwrap();
@@ -138,7 +139,7 @@ fn zero_length_and_empty_batches_complete_locally() {
     unsafe { a.transfer_sync("127.0.0.1:1", Direction::Write, vec![]) }.unwrap();
     unsafe { a.transfer_sync("127.0.0.1:1", Direction::Write, vec![Request { local: 0, remote: 0, len: 0 }]) }.unwrap();
     let id = unsafe { a.submit("127.0.0.1:1", Direction::Read, vec![], None) }.unwrap();
-    assert_eq!(a.batch_wait(id, Duration::ZERO).unwrap().state, STATE_COMPLETED);
+    assert_eq!(a.batch_wait(id, Duration::ZERO).unwrap().state, TaskState::Completed);
     a.batch_free(id).unwrap();
 }
 
@@ -152,9 +153,9 @@ fn async_batches_and_ids() {
     let id = unsafe { a.submit(b.session_id(), Direction::Write, reqs, Some(("n".into(), "m".into()))) }.unwrap();
     assert_ne!(id, 0);
     let s = a.batch_wait(id, Duration::from_secs(30)).unwrap();
-    assert_eq!((s.state, s.total, s.completed, s.bytes), (STATE_COMPLETED, 16, 16, 1 << 16));
+    assert_eq!((s.state, s.total, s.completed, s.bytes), (TaskState::Completed, 16, 16, 1 << 16));
     assert!(target == src);
-    assert_eq!(a.task_summary(id, 15).unwrap().state, STATE_COMPLETED);
+    assert_eq!(a.task_summary(id, 15).unwrap().state, TaskState::Completed);
     assert_eq!(a.task_summary(id, 16).unwrap_err().kind(), ErrorKind::IndexOutOfRange);
     assert_eq!(b.drain_notifications(), vec![("n".to_owned(), "m".to_owned())]);
     a.batch_free(id).unwrap();
@@ -202,7 +203,7 @@ fn many_threads_submit_at_once() {
                         unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![r]) }.unwrap();
                     } else {
                         let id = unsafe { a.submit(b.session_id(), Direction::Write, vec![r], None) }.unwrap();
-                        assert_eq!(a.batch_wait(id, Duration::from_secs(30)).unwrap().state, STATE_COMPLETED);
+                        assert_eq!(a.batch_wait(id, Duration::from_secs(30)).unwrap().state, TaskState::Completed);
                         a.batch_free(id).unwrap();
                     }
                 }
@@ -417,9 +418,9 @@ fn large_entries_travel_as_pieces_and_fail_as_one_task() {
     let reqs = vec![req(&src, 0, addr(&target) + 1, len), req(&src, 0, addr(&target), 100)];
     let id = unsafe { a.submit(b.session_id(), Direction::Read, reqs, None) }.unwrap();
     let s = a.batch_wait(id, Duration::from_secs(30)).unwrap();
-    assert_eq!((s.state, s.total, s.completed, s.failed), (STATE_FAILED, 2, 1, 1));
+    assert_eq!((s.state, s.total, s.completed, s.failed), (TaskState::Failed, 2, 1, 1));
     let t = a.task_summary(id, 0).unwrap();
-    assert_eq!(t.state, STATE_FAILED);
+    assert_eq!(t.state, TaskState::Failed);
     assert_eq!(t.error.unwrap().kind(), ErrorKind::RemoteRejected);
     assert!(t.bytes < len as u64, "a failed entry reports only the bytes that moved");
 }
@@ -442,7 +443,7 @@ fn stop_interrupts_work_stuck_on_a_silent_peer() {
     });
     assert_eq!(sync_err.kind(), ErrorKind::Shutdown, "{sync_err}");
     let s = a.batch_wait(id, Duration::ZERO).unwrap();
-    assert_eq!(s.state, STATE_FAILED);
+    assert_eq!(s.state, TaskState::Failed);
     assert_eq!(a.task_summary(id, 0).unwrap().error.unwrap().kind(), ErrorKind::Shutdown);
 }
 
@@ -510,7 +511,7 @@ fn soak_mixed_operations_from_many_threads() {
                                 (0..16).map(|i| req(&src, 0, mine + (i * 4096) as u64, len.min(4096))).collect();
                             let id = unsafe { a.submit(session, Direction::Write, reqs, None) }.unwrap();
                             let s = a.batch_wait(id, Duration::from_secs(30)).unwrap();
-                            assert_eq!(s.state, STATE_COMPLETED);
+                            assert_eq!(s.state, TaskState::Completed);
                             a.batch_free(id).unwrap();
                         }
                         3 => {

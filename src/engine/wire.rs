@@ -3,6 +3,8 @@
 //! status frame on the data port. Pure functions over bytes: no I/O, no
 //! panics, every length bounded by the caller's limit.
 
+use crate::transfer::Direction;
+
 /// Handshake frame types (the byte after the length).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrameType {
@@ -96,15 +98,6 @@ pub(crate) const HEADER_LEN: usize = 24;
 /// Size of the v2 status frame.
 pub(crate) const STATUS_LEN: usize = 8;
 const STATUS_MAGIC: u32 = 0x4D43_5456; // "MCTV"
-
-/// Direction of a data request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
-    /// Initiator sends bytes into the target's memory.
-    Write,
-    /// Initiator fetches bytes from the target's memory.
-    Read,
-}
 
 /// A decoded data-port request header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

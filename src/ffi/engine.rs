@@ -19,9 +19,8 @@ use std::time::Duration;
 use super::args::to_cstring;
 use super::boundary::{c_slice, c_str, guard, guard_or, opt_c_str, opt_out_ptr, out_ptr, text_out, HandleTable};
 use super::status::{pdx_status, status_of, PDX_OK};
-use crate::backend::TransferBackend;
-use crate::engine::{Direction, Request};
 use crate::error::{Error, ErrorKind, Result};
+use crate::transfer::{Direction, Request, TaskState, TransferBackend};
 
 /// Opaque transfer engine. Made by `pdx_engine_init`, released by
 /// `pdx_engine_free`.
@@ -42,7 +41,6 @@ pub const PDX_OPCODE_READ: i32 = 0;
 /// Opcode of `pdx_batch_submit`: write local memory into remote memory.
 pub const PDX_OPCODE_WRITE: i32 = 1;
 
-// Literal values so cbindgen can write them; a test ties them to the engine.
 /// Task or batch state: still in flight.
 pub const PDX_TASK_PENDING: i32 = 0;
 /// Task or batch state: every byte confirmed at the target.
@@ -66,6 +64,15 @@ pub struct pdx_batch_summary {
     pub failed: usize,
     /// Bytes confirmed at the target so far.
     pub bytes: u64,
+}
+
+/// The `PDX_TASK_*` integer of a state.
+fn task_state(state: TaskState) -> i32 {
+    match state {
+        TaskState::Pending => PDX_TASK_PENDING,
+        TaskState::Completed => PDX_TASK_COMPLETED,
+        TaskState::Failed => PDX_TASK_FAILED,
+    }
 }
 
 struct EngineHandle {
@@ -367,7 +374,7 @@ pub unsafe extern "C" fn pdx_batch_status(
         let out = out_ptr(out, "out")?;
         let s = ENGINES.get(engine)?.engine.batch_summary(batch)?;
         *out = pdx_batch_summary {
-            state: s.state,
+            state: task_state(s.state),
             total: s.total,
             completed: s.completed,
             failed: s.failed,
@@ -395,7 +402,7 @@ pub unsafe extern "C" fn pdx_task_status(
         let error = opt_out_ptr(error, "error")?;
         let t = ENGINES.get(engine)?.engine.task_summary(batch, task)?;
         if let Some(p) = state {
-            *p = t.state;
+            *p = task_state(t.state);
         }
         if let Some(p) = bytes {
             *p = t.bytes;
@@ -445,7 +452,7 @@ pub unsafe extern "C" fn pdx_batch_wait(
         let h = ENGINES.get(engine)?;
         let s = h.engine.batch_wait(batch, Duration::from_millis(u64::from(timeout_ms)))?;
         if let Some(p) = out_state {
-            *p = s.state;
+            *p = task_state(s.state);
         }
         Ok(())
     })
@@ -557,9 +564,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn task_states_match_the_engine() {
-        assert_eq!(PDX_TASK_PENDING, crate::engine::STATE_PENDING);
-        assert_eq!(PDX_TASK_COMPLETED, crate::engine::STATE_COMPLETED);
-        assert_eq!(PDX_TASK_FAILED, crate::engine::STATE_FAILED);
+    fn task_states_are_distinct_abi_integers() {
+        let all = [TaskState::Pending, TaskState::Completed, TaskState::Failed].map(task_state);
+        assert_eq!(all, [PDX_TASK_PENDING, PDX_TASK_COMPLETED, PDX_TASK_FAILED]);
+        assert_eq!(all, [0, 1, 2], "the values are part of the ABI");
     }
 }
