@@ -19,3 +19,7 @@ pub mod mooncake;
 pub mod transfer;
 
 pub use error::{Error, ErrorKind, Result};
+
+// Handles and ids handed to C are 64-bit values carried in pointers.
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!("pdx supports 64-bit targets only");

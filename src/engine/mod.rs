@@ -117,7 +117,7 @@ impl Engine {
             regions: Regions::default(),
             peers: Peers::default(),
             workers: workers.clone(),
-            batches: IdTable::new("batch"),
+            batches: IdTable::new("batch id", 0),
             settings,
         });
         let clone = |l: &TcpListener| l.try_clone().map_err(|e| Error::io(format!("listener: {e}")));
@@ -243,7 +243,10 @@ impl TransferBackend for Engine {
     }
 
     fn batch_free(&self, id: u64) -> Result<()> {
-        self.inner.batches.remove_with(id, |run| if run.is_done() { Ok(()) } else { Err(state::still_in_flight(id)) })
+        self.inner
+            .batches
+            .remove_with(id, |run| if run.is_done() { Ok(()) } else { Err(state::still_in_flight(id)) })
+            .map(drop)
     }
 
     /// Ask the peer whether it is alive (a Probe exchange).

@@ -23,7 +23,7 @@ use std::ffi::{c_char, c_int, CString};
 
 use parking_lot::Mutex;
 
-use super::boundary::{c_slice, c_str, guard, guard_or, opt_c_str, out_ptr, HandleTable};
+use super::boundary::{c_slice, c_str, guard, guard_or, handle_tag, opt_c_str, out_ptr, HandleTable};
 use super::status::pdx_status;
 use crate::config::{self, Level, Message, ProcessEnv, ServerArgs};
 use crate::error::{Error, ErrorKind, Result};
@@ -71,7 +71,7 @@ impl ArgsState {
     }
 }
 
-static ARGS: HandleTable<Mutex<ArgsState>> = HandleTable::new("pdx_args");
+static ARGS: HandleTable<Mutex<ArgsState>> = HandleTable::new("pdx_args handle", handle_tag::ARGS);
 
 /// Create an argument set holding SGLang's defaults (mode `null`, backend
 /// `mooncake`, rule set `default`).
@@ -84,7 +84,7 @@ pub extern "C" fn pdx_args_new(out: *mut *mut pdx_args) -> pdx_status {
     guard("pdx_args_new", || {
         let out = out_ptr(out, "out")?;
         let state = ArgsState { args: ServerArgs::default(), messages: Vec::new(), got: HashMap::new() };
-        let handle = ARGS.insert(Mutex::new(state));
+        let handle = ARGS.insert(Mutex::new(state))?;
         // SAFETY: `out` is non-NULL and aligned (checked above); the caller
         // promises it points to writable storage for one pointer.
         unsafe { *out = handle };

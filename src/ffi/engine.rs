@@ -17,7 +17,9 @@ use std::ffi::{c_char, c_void, CString};
 use std::time::Duration;
 
 use super::args::to_cstring;
-use super::boundary::{c_slice, c_str, guard, guard_or, opt_c_str, opt_out_ptr, out_ptr, text_out, HandleTable};
+use super::boundary::{
+    c_slice, c_str, guard, guard_or, handle_tag, opt_c_str, opt_out_ptr, out_ptr, text_out, HandleTable,
+};
 use super::status::{pdx_status, status_of, PDX_OK};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::{Direction, Request, TaskState, TransferBackend};
@@ -81,8 +83,9 @@ struct EngineHandle {
     protocol: CString,
 }
 
-static ENGINES: HandleTable<EngineHandle> = HandleTable::new("pdx_engine");
-static NOTIFICATIONS: HandleTable<Vec<(CString, CString)>> = HandleTable::new("pdx_notifications");
+static ENGINES: HandleTable<EngineHandle> = HandleTable::new("pdx_engine handle", handle_tag::ENGINE);
+static NOTIFICATIONS: HandleTable<Vec<(CString, CString)>> =
+    HandleTable::new("pdx_notifications handle", handle_tag::NOTIFICATIONS);
 
 /// Start a transfer engine on `hostname`.
 ///
@@ -117,7 +120,7 @@ pub unsafe extern "C" fn pdx_engine_init(
             protocol: to_cstring(engine.protocol(), "protocol")?,
             engine,
         };
-        *out = ENGINES.insert(handle);
+        *out = ENGINES.insert(handle)?;
         Ok(())
     })
 }
@@ -510,7 +513,7 @@ pub unsafe extern "C" fn pdx_notifications_drain(
                 (c(n), c(m))
             })
             .collect();
-        *out = NOTIFICATIONS.insert(list);
+        *out = NOTIFICATIONS.insert(list)?;
         Ok(())
     })
 }

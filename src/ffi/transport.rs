@@ -8,7 +8,7 @@ use std::ffi::{c_char, CString};
 use std::path::Path;
 
 use super::args::{messages_to_c, to_cstring};
-use super::boundary::{c_str, guard, guard_or, opt_c_str, out_ptr, text_out, HandleTable};
+use super::boundary::{c_str, guard, guard_or, handle_tag, opt_c_str, out_ptr, text_out, HandleTable};
 use super::status::pdx_status;
 use crate::config::ib_device::{self, IbDeviceConfig};
 use crate::config::transport::resolve_transport_from_process_env;
@@ -29,7 +29,7 @@ struct ChoiceC {
     warnings: Vec<CString>,
 }
 
-static CHOICES: HandleTable<ChoiceC> = HandleTable::new("pdx_transport_choice");
+static CHOICES: HandleTable<ChoiceC> = HandleTable::new("pdx_transport_choice handle", handle_tag::TRANSPORT_CHOICE);
 
 /// Decide which Mooncake protocol, hostname and device an engine on
 /// `hostname` should use, reading the process environment.
@@ -76,7 +76,7 @@ pub unsafe extern "C" fn pdx_resolve_transport(
             reason: to_cstring(&choice.reason, "reason")?,
             warnings: choice.warnings.iter().map(|w| to_cstring(w, "warning")).collect::<Result<_>>()?,
         };
-        let handle = CHOICES.insert(c);
+        let handle = CHOICES.insert(c)?;
         // SAFETY: `out` checked non-NULL and aligned.
         unsafe { *out = handle };
         Ok(())
@@ -193,7 +193,8 @@ struct IbConfigC {
     strings: Vec<(i64, CString)>,
 }
 
-static IB_CONFIGS: HandleTable<IbConfigC> = HandleTable::new("pdx_ib_device_config");
+static IB_CONFIGS: HandleTable<IbConfigC> =
+    HandleTable::new("pdx_ib_device_config handle", handle_tag::IB_DEVICE_CONFIG);
 
 /// SGLang's `parse_ib_device_config`: parse `text` (NULL or blank = nothing
 /// configured; a comma list kept as one string; an inline JSON object
@@ -220,7 +221,7 @@ pub unsafe extern "C" fn pdx_parse_ib_device_config(
                 map.iter().map(|(g, d)| Ok((*g, to_cstring(d, "devices")?))).collect::<Result<_>>()?
             }
         };
-        let handle = IB_CONFIGS.insert(IbConfigC { parsed, strings });
+        let handle = IB_CONFIGS.insert(IbConfigC { parsed, strings })?;
         // SAFETY: `out` checked non-NULL and aligned.
         unsafe { *out = handle };
         Ok(())
@@ -342,7 +343,7 @@ struct ValidationC {
     messages: Vec<(i32, CString)>,
 }
 
-static VALIDATIONS: HandleTable<ValidationC> = HandleTable::new("pdx_ib_validation");
+static VALIDATIONS: HandleTable<ValidationC> = HandleTable::new("pdx_ib_validation handle", handle_tag::IB_VALIDATION);
 
 /// SGLang's `ServerArgs._validate_ib_devices(devices)`, checking device
 /// names against the entries of `sysfs_root` (NULL = `/sys/class/infiniband`;
@@ -373,7 +374,7 @@ pub unsafe extern "C" fn pdx_validate_ib_devices(
             devices: v.devices.as_deref().map(|d| to_cstring(d, "devices")).transpose()?,
             messages: messages_to_c(&v.messages)?,
         };
-        let handle = VALIDATIONS.insert(c);
+        let handle = VALIDATIONS.insert(c)?;
         // SAFETY: `out` checked non-NULL and aligned.
         unsafe { *out = handle };
         Ok(())

@@ -176,7 +176,7 @@ impl MooncakeBackend {
             rpc_port,
             segments: Mutex::new(HashMap::new()),
             regions: Mutex::new(RegionMap::default()),
-            batches: IdTable::new("batch"),
+            batches: IdTable::new("batch id", 0),
             orphans: Mutex::new(Vec::new()),
             sync_timeout: sync_timeout_from_env(),
         })
@@ -534,16 +534,18 @@ impl TransferBackend for MooncakeBackend {
     }
 
     fn batch_free(&self, id: u64) -> Result<()> {
-        self.batches.remove_with(id, |b| {
-            if self.engine.read().is_none() {
-                return Ok(()); // stopped: Mooncake's side went with the engine
-            }
-            self.refresh(b)?;
-            if !b.is_done() {
-                return Err(state::still_in_flight(id));
-            }
-            self.release(b)
-        })
+        self.batches
+            .remove_with(id, |b| {
+                if self.engine.read().is_none() {
+                    return Ok(()); // stopped: Mooncake's side went with the engine
+                }
+                self.refresh(b)?;
+                if !b.is_done() {
+                    return Err(state::still_in_flight(id));
+                }
+                self.release(b)
+            })
+            .map(drop)
     }
 
     fn probe(&self, session: &str) -> Result<()> {
