@@ -99,7 +99,7 @@ impl BatchRun {
             remaining: AtomicUsize::new(pending),
             abort: Mutex::new(None),
             peer: OnceLock::new(),
-            force_v1: settings.force_v1(),
+            force_v1: settings.force_v1,
             notify,
             notify_error: Mutex::new(None),
             done: Mutex::new(false),

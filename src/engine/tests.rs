@@ -10,7 +10,7 @@ use crate::transfer::TaskState;
 
 fn settings() -> Settings {
     let mut s = Settings::from_env();
-    s.force_v1 = Some(false);
+    s.force_v1 = false;
     s
 }
 
@@ -59,7 +59,7 @@ fn write_and_read_back_one_request() {
 
 fn scattered_batch_round_trip(force_v1: bool) {
     let mut s = settings();
-    s.force_v1 = Some(force_v1);
+    s.force_v1 = force_v1;
     let (a, b) = (engine_with(s), engine());
     const N: usize = 1500;
     const BLOCK: usize = 777;
@@ -93,7 +93,7 @@ fn scattered_batch_v1_with_fence() {
 
 fn out_of_range_is_refused(force_v1: bool) {
     let mut s = settings();
-    s.force_v1 = Some(force_v1);
+    s.force_v1 = force_v1;
     let (a, b) = (engine_with(s), engine());
     let target = vec![0u8; 4096];
     b.register(addr(&target), 4096).unwrap();

@@ -35,9 +35,9 @@ impl FrameType {
     }
 }
 
-/// Smallest and largest handshake frame limits Mooncake accepts.
+/// Smallest handshake frame limit Mooncake accepts (the default; the
+/// largest allowed is declared with `MC_HANDSHAKE_MAX_LENGTH`).
 pub(crate) const HANDSHAKE_MIN_LIMIT: usize = 1 << 20;
-pub(crate) const HANDSHAKE_MAX_LIMIT: usize = 128 << 20;
 
 /// Why a handshake length prefix is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,6 +15,7 @@ use parking_lot::{Mutex, RwLock};
 use super::batches::{McBatch, Task};
 use super::convert::{check, task_state};
 use super::topology;
+use crate::config::env::{self, vars, ProcessEnv};
 use crate::config::transport::TransportChoice;
 use crate::error::{Error, ErrorKind, Result};
 use crate::ids::IdTable;
@@ -23,10 +24,8 @@ use crate::transfer::host::engine_host;
 use crate::transfer::regions::RegionMap;
 use crate::transfer::{state, BatchSummary, Direction, Request, TaskState, TaskSummary, TransferBackend};
 
-/// Sync-call deadline when `MC_TRANSFER_TIMEOUT` is unset (seconds), and its
-/// minimum, as in Mooncake's Python layer.
+/// Sync-call deadline when `MC_TRANSFER_TIMEOUT` is unset (seconds).
 const DEFAULT_SYNC_TIMEOUT_S: u64 = 30;
-const MIN_SYNC_TIMEOUT_S: u64 = 5;
 /// Longest sleep between two status polls.
 const MAX_POLL_SLEEP: Duration = Duration::from_millis(1);
 
@@ -58,18 +57,10 @@ fn cstring(s: &str, what: &str) -> Result<CString> {
     CString::new(s).map_err(|_| Error::invalid_argument(format!("{what} contains a NUL byte")))
 }
 
+/// The sync deadline: `MC_TRANSFER_TIMEOUT` seconds (at least 5, as in
+/// Mooncake's Python layer), default 30.
 fn sync_timeout_from_env() -> Duration {
-    let secs = match std::env::var("MC_TRANSFER_TIMEOUT") {
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(n) => n.max(MIN_SYNC_TIMEOUT_S),
-            Err(_) => {
-                log::warn!("MC_TRANSFER_TIMEOUT={v:?} is not a number of seconds; using {DEFAULT_SYNC_TIMEOUT_S}");
-                DEFAULT_SYNC_TIMEOUT_S
-            }
-        },
-        Err(_) => DEFAULT_SYNC_TIMEOUT_S,
-    };
-    Duration::from_secs(secs)
+    env::read(&ProcessEnv, &vars::MC_TRANSFER_TIMEOUT).unwrap_or(Duration::from_secs(DEFAULT_SYNC_TIMEOUT_S))
 }
 
 /// Sleeps that grow from a yield to [`MAX_POLL_SLEEP`].
