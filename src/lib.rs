@@ -8,6 +8,8 @@
 //! The pure-Rust core never sees a raw C pointer except for the memory
 //! addresses that a transfer engine moves bytes between.
 
+#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
 pub mod backend;
 pub mod config;
 pub mod engine;

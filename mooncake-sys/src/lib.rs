@@ -13,6 +13,8 @@
 //!   `Status::Code`, negative `ERR_*`).
 //! - [`loader`]: the library and its symbols.
 
+#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
 pub mod loader;
 pub mod status;
 pub mod types;

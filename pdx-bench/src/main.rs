@@ -5,6 +5,8 @@
 //! two hosts. Control messages (checksums, quit) travel as pdx
 //! notifications, so the two sides need nothing but the session name.
 
+#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
 mod kv;
 mod memory;
 mod pattern;
@@ -185,6 +187,7 @@ fn target(opts: TargetOpts) -> Result<(), String> {
     );
     // Serve control requests until told to quit, stdin closes (the loopback
     // parent holds it), or the parent goes away.
+    // SAFETY: getppid has no preconditions.
     let parent = unsafe { libc::getppid() };
     let stdin_closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = stdin_closed.clone();
@@ -226,6 +229,7 @@ fn target(opts: TargetOpts) -> Result<(), String> {
                 _ => eprintln!("pdx-bench target: ignoring control message {msg:?}"),
             }
         }
+        // SAFETY: as above.
         if unsafe { libc::getppid() } != parent {
             return Ok(()); // parent died
         }

@@ -32,7 +32,7 @@ pub(crate) fn set_last_error(message: &str) {
 pub extern "C" fn pdx_last_error_message() -> *const c_char {
     // Reading a thread-local cannot panic unless the thread is being torn
     // down; `try_with` covers that case.
-    LAST_ERROR.try_with(|slot| slot.borrow().as_ptr()).unwrap_or(b"\0".as_ptr().cast())
+    LAST_ERROR.try_with(|slot| slot.borrow().as_ptr()).unwrap_or(c"".as_ptr())
 }
 
 fn panic_text(payload: &(dyn Any + Send)) -> String {
@@ -251,9 +251,11 @@ mod tests {
     fn guard_maps_errors_and_panics() {
         assert_eq!(guard("t", || Ok(())), PDX_OK);
         assert_eq!(guard("t", || Err(Error::value_error("boom"))), PDX_ERR_VALUE_ERROR);
+        // SAFETY: pdx returns NUL-terminated strings that outlive this use.
         let msg = unsafe { CStr::from_ptr(pdx_last_error_message()) };
         assert_eq!(msg.to_str().unwrap(), "boom");
         assert_eq!(guard("t", || panic!("kaboom")), PDX_ERR_PANIC);
+        // SAFETY: pdx returns NUL-terminated strings that outlive this use.
         let msg = unsafe { CStr::from_ptr(pdx_last_error_message()) };
         assert!(msg.to_str().unwrap().contains("kaboom"));
         assert_eq!(guard_or("t", 7u16, || panic!("x")), 7);
@@ -263,6 +265,7 @@ mod tests {
     fn last_error_is_per_thread_and_never_null() {
         set_last_error("main thread");
         std::thread::spawn(|| {
+            // SAFETY: pdx returns NUL-terminated strings that outlive this use.
             let msg = unsafe { CStr::from_ptr(pdx_last_error_message()) };
             assert_eq!(msg.to_bytes(), b"");
         })
@@ -272,6 +275,7 @@ mod tests {
 
     #[test]
     fn strings_and_slices_are_checked() {
+        // SAFETY: every pointer is NULL, a live string, or refused before any read.
         unsafe {
             assert_eq!(c_str(std::ptr::null(), "key").unwrap_err().kind(), ErrorKind::NullArgument);
             assert_eq!(opt_c_str(std::ptr::null(), "v").unwrap(), None);
@@ -290,8 +294,10 @@ mod tests {
         let mut buf = [0x55 as c_char; 4];
         let mut len = 0usize;
         let out = text_out(buf.as_mut_ptr(), buf.len(), &mut len).unwrap();
+        // SAFETY: `buf` is writable for `buf_len` bytes (or NULL with length 0).
         unsafe { out.write("aé€") }; // 1 + 2 + 3 bytes
         assert_eq!(len, 6);
+        // SAFETY: pdx returns NUL-terminated strings that outlive this use.
         let got = unsafe { CStr::from_ptr(buf.as_ptr()) };
         assert_eq!(got.to_str().unwrap(), "aé");
         assert_eq!(
@@ -299,6 +305,7 @@ mod tests {
             ErrorKind::NullArgument
         );
         let out = text_out(std::ptr::null_mut(), 0, &mut len).unwrap();
+        // SAFETY: `buf` is writable for `buf_len` bytes (or NULL with length 0).
         unsafe { out.write("xyz") };
         assert_eq!(len, 3);
     }

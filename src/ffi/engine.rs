@@ -102,6 +102,12 @@ static NOTIFICATIONS: HandleTable<Vec<(CString, CString)>> =
 /// `hostname` is required; `protocol` and `device` may be NULL. On success
 /// `*out` receives an engine owned by the caller (release it with
 /// `pdx_engine_free`); on error `*out` is untouched.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `hostname` is NULL or a NUL-terminated
+/// string; `protocol` is NULL or a NUL-terminated string; `device` is NULL or a NUL-terminated
+/// string; `out` is NULL or valid for writing one pointer. Handles are checked by pdx, never
+/// trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_engine_init(
     hostname: *const c_char,
@@ -194,6 +200,11 @@ pub extern "C" fn pdx_unregister_memory(engine: *mut pdx_engine, addr: *mut c_vo
 }
 
 /// Register `n` regions (`addrs[i]`, `lens[i]`), all or none.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `addrs` is NULL (with `n` 0) or points to
+/// `n` readable elements; `lens` is NULL (with `n` 0) or points to `n` readable elements. Handles
+/// are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_batch_register_memory(
     engine: *mut pdx_engine,
@@ -216,6 +227,10 @@ pub unsafe extern "C" fn pdx_batch_register_memory(
 }
 
 /// Unregister `n` regions by start address, all or none.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `addrs` is NULL (with `n` 0) or points to
+/// `n` readable elements. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_batch_unregister_memory(
     engine: *mut pdx_engine,
@@ -259,6 +274,11 @@ unsafe fn sync(
 /// the target; `PDX_ERR_REMOTE_REJECTED` when the peer has not registered
 /// that range; connection and timeout errors as named. `len == 0` succeeds
 /// at once without touching memory or the network (`local` may be NULL).
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string; `local` is readable for `len` bytes until the call returns. Handles are checked by pdx,
+/// never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_transfer_sync_write(
     engine: *mut pdx_engine,
@@ -275,6 +295,11 @@ pub unsafe extern "C" fn pdx_transfer_sync_write(
 
 /// Read `len` bytes at `remote_addr` in the peer `session` into `local`
 /// (the destination). `PDX_OK` only when every byte has arrived.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string; `local` is writable for `len` bytes until the call returns. Handles are checked by pdx,
+/// never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_transfer_sync_read(
     engine: *mut pdx_engine,
@@ -293,6 +318,13 @@ pub unsafe extern "C" fn pdx_transfer_sync_read(
 /// peer. `PDX_OK` only when every entry is confirmed; otherwise the status
 /// of the first failed entry, and the message counts the failures. Entries
 /// may complete in any order; a failed entry does not stop the others.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string; `locals` is NULL (with `n` 0) or points to `n` readable elements; `remotes` is NULL
+/// (with `n` 0) or points to `n` readable elements; `lens` is NULL (with `n` 0) or points to `n`
+/// readable elements; each `locals[i]` is valid for `lens[i]` bytes (readable for writes, writable
+/// for reads) until the call returns. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_batch_transfer_sync_write(
     engine: *mut pdx_engine,
@@ -309,6 +341,13 @@ pub unsafe extern "C" fn pdx_batch_transfer_sync_write(
 
 /// Read `n` entries (`remotes[i]` → `locals[i]`, `lens[i]` bytes) from one
 /// peer; as `pdx_batch_transfer_sync_write`.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string; `locals` is NULL (with `n` 0) or points to `n` readable elements; `remotes` is NULL
+/// (with `n` 0) or points to `n` readable elements; `lens` is NULL (with `n` 0) or points to `n`
+/// readable elements; each `locals[i]` is valid for `lens[i]` bytes (readable for writes, writable
+/// for reads) until the call returns. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_batch_transfer_sync_read(
     engine: *mut pdx_engine,
@@ -328,6 +367,15 @@ pub unsafe extern "C" fn pdx_batch_transfer_sync_read(
 /// none). Local memory must stay valid until the batch is finished. Poll
 /// with `pdx_batch_status` / `pdx_task_status`, wait with `pdx_batch_wait`,
 /// release with `pdx_batch_free`.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string; `locals` is NULL (with `n` 0) or points to `n` readable elements; `remotes` is NULL
+/// (with `n` 0) or points to `n` readable elements; `lens` is NULL (with `n` 0) or points to `n`
+/// readable elements; `notify_name` is NULL or a NUL-terminated string; `notify_msg` is NULL or a
+/// NUL-terminated string; `out_batch` is NULL or valid for writing one `u64`; each `locals[i]` is
+/// valid for `lens[i]` bytes (readable for writes, writable for reads) until the batch is finished.
+/// Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_batch_submit(
     engine: *mut pdx_engine,
@@ -367,6 +415,10 @@ pub unsafe extern "C" fn pdx_batch_submit(
 
 /// Fill `*out` with the batch's summary (state, counts, bytes). A stale,
 /// freed or made-up id gives `PDX_ERR_INVALID_HANDLE`.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `out` is NULL or valid for writing one
+/// `pdx_batch_summary`. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_batch_status(
     engine: *mut pdx_engine,
@@ -390,6 +442,11 @@ pub unsafe extern "C" fn pdx_batch_status(
 /// One task's state (`PDX_TASK_*`), bytes confirmed, and the status code of
 /// its failure (`PDX_OK` when it has none). Any out-param may be NULL.
 /// `PDX_ERR_INDEX_OUT_OF_RANGE` for `task >= total`.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `state` is NULL or valid for writing one
+/// `i32`; `bytes` is NULL or valid for writing one `u64`; `error` is NULL or valid for writing one
+/// `pdx_status`. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_task_status(
     engine: *mut pdx_engine,
@@ -421,6 +478,11 @@ pub unsafe extern "C" fn pdx_task_status(
 /// NUL-terminated, truncated if needed) and its full length (without the
 /// NUL) into `*out_len` (may be NULL). An empty string when the task has not
 /// failed. `buf` may be NULL when `buf_len` is 0 (to ask for the length).
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `buf` is NULL (with `buf_len` 0) or
+/// writable for `buf_len` bytes; `out_len` is NULL or valid for writing one `usize`. Handles are
+/// checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_task_error_message(
     engine: *mut pdx_engine,
@@ -443,6 +505,10 @@ pub unsafe extern "C" fn pdx_task_error_message(
 /// `PDX_TASK_FAILED`) in `*out_state` (may be NULL); `PDX_ERR_TIMEOUT` while
 /// tasks are still in flight. Every task reaches a terminal state within the
 /// engine's deadlines, so waiting again always ends.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `out_state` is NULL or valid for writing
+/// one `i32`. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_batch_wait(
     engine: *mut pdx_engine,
@@ -469,6 +535,10 @@ pub extern "C" fn pdx_batch_free(engine: *mut pdx_engine, batch: u64) -> pdx_sta
 }
 
 /// Ask `session` whether it is alive. `PDX_OK` when it answered.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_send_probe(engine: *mut pdx_engine, session: *const c_char) -> pdx_status {
     guard("pdx_send_probe", || {
@@ -479,6 +549,11 @@ pub unsafe extern "C" fn pdx_send_probe(engine: *mut pdx_engine, session: *const
 
 /// Send the notification (`name`, `msg`) to `session`, as Mooncake's notify.
 /// `PDX_ERR_NOTIFY_REJECTED` if the peer refused it.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string; `name` is NULL or a NUL-terminated string; `msg` is NULL or a NUL-terminated string.
+/// Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_send_notify(
     engine: *mut pdx_engine,
@@ -494,6 +569,10 @@ pub unsafe extern "C" fn pdx_send_notify(
 
 /// Take every notification received so far (oldest first) into a new list
 /// owned by the caller (`*out`; release with `pdx_notifications_free`).
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `out` is NULL or valid for writing one
+/// pointer. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_notifications_drain(
     engine: *mut pdx_engine,
@@ -526,6 +605,11 @@ pub extern "C" fn pdx_notifications_count(list: *const pdx_notifications) -> usi
 
 /// Entry `i` of the list: `*name` and `*msg` point to strings owned by the
 /// list, valid until `pdx_notifications_free`. Either out-param may be NULL.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `name` is NULL or valid for writing one
+/// pointer; `msg` is NULL or valid for writing one pointer. Handles are checked by pdx, never
+/// trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_notification_get(
     list: *const pdx_notifications,

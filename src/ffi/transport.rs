@@ -55,6 +55,12 @@ static CHOICES: HandleTable<ChoiceC> = HandleTable::new("pdx_transport_choice ha
 /// `PDX_ERR_UNKNOWN_PROTOCOL` (the message lists the known ones), the IB
 /// configuration errors (`PDX_ERR_VALUE_ERROR`, `PDX_ERR_RUNTIME`), and
 /// `PDX_ERR_IO` when no free port is found for Ascend.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `hostname` is NULL or a NUL-terminated
+/// string; `protocol` is NULL or a NUL-terminated string; `device` is NULL or a NUL-terminated
+/// string; `out` is NULL or valid for writing one pointer. Handles are checked by pdx, never
+/// trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_resolve_transport(
     hostname: *const c_char,
@@ -150,6 +156,11 @@ pub extern "C" fn pdx_transport_choice_free(choice: *mut pdx_transport_choice) {
 ///
 /// Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_UTF8`,
 /// `PDX_ERR_INVALID_ARGUMENT` (empty host). Nothing is written on error.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `host` is NULL or a NUL-terminated string;
+/// `buf` is NULL (with `buf_len` 0) or writable for `buf_len` bytes; `out_len` is NULL or valid for
+/// writing one `usize`. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_session_id(
     host: *const c_char,
@@ -204,6 +215,10 @@ static IB_CONFIGS: HandleTable<IbConfigC> =
 /// `pdx_ib_device_config_free`). Errors (`*out` untouched):
 /// `PDX_ERR_NULL_ARGUMENT` (out), `PDX_ERR_INVALID_UTF8`, and SGLang's
 /// `PDX_ERR_VALUE_ERROR` / `PDX_ERR_RUNTIME` with the exact texts.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `text` is NULL or a NUL-terminated string;
+/// `out` is NULL or valid for writing one pointer. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_parse_ib_device_config(
     text: *const c_char,
@@ -231,8 +246,12 @@ pub unsafe extern "C" fn pdx_parse_ib_device_config(
 /// The kind of `config`: `PDX_IB_CONFIG_NONE`, `PDX_IB_CONFIG_ALL_GPUS` or
 /// `PDX_IB_CONFIG_PER_GPU`, written to `*kind` on success.
 /// Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `kind` is NULL or valid for writing one
+/// `i32`. Handles are checked by pdx, never trusted.
 #[no_mangle]
-pub extern "C" fn pdx_ib_device_config_kind(config: *const pdx_ib_device_config, kind: *mut i32) -> pdx_status {
+pub unsafe extern "C" fn pdx_ib_device_config_kind(config: *const pdx_ib_device_config, kind: *mut i32) -> pdx_status {
     guard("pdx_ib_device_config_kind", || {
         let kind = out_ptr(kind, "kind")?;
         let c = IB_CONFIGS.get(config)?;
@@ -249,8 +268,15 @@ pub extern "C" fn pdx_ib_device_config_kind(config: *const pdx_ib_device_config,
 
 /// Number of GPU entries of a per-GPU mapping (0 for the other kinds),
 /// written to `*count`. Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `count` is NULL or valid for writing one
+/// `usize`. Handles are checked by pdx, never trusted.
 #[no_mangle]
-pub extern "C" fn pdx_ib_device_config_gpu_count(config: *const pdx_ib_device_config, count: *mut usize) -> pdx_status {
+pub unsafe extern "C" fn pdx_ib_device_config_gpu_count(
+    config: *const pdx_ib_device_config,
+    count: *mut usize,
+) -> pdx_status {
     guard("pdx_ib_device_config_gpu_count", || {
         let count = out_ptr(count, "count")?;
         let c = IB_CONFIGS.get(config)?;
@@ -265,8 +291,13 @@ pub extern "C" fn pdx_ib_device_config_gpu_count(config: *const pdx_ib_device_co
 /// and its device string (trimmed, not split; owned by `config`).
 /// Errors (outputs untouched): `PDX_ERR_NULL_ARGUMENT`,
 /// `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INDEX_OUT_OF_RANGE`.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `gpu_id` is NULL or valid for writing one
+/// `i64`; `devices` is NULL or valid for writing one pointer. Handles are checked by pdx, never
+/// trusted.
 #[no_mangle]
-pub extern "C" fn pdx_ib_device_config_gpu_at(
+pub unsafe extern "C" fn pdx_ib_device_config_gpu_at(
     config: *const pdx_ib_device_config,
     i: usize,
     gpu_id: *mut i64,
@@ -295,8 +326,12 @@ pub extern "C" fn pdx_ib_device_config_gpu_at(
 /// Errors (`*devices` untouched): `PDX_ERR_NULL_ARGUMENT`,
 /// `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_VALUE_ERROR`
 /// (`No IB devices configured for GPU 2. Available GPUs: [0, 1]`).
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `devices` is NULL or valid for writing one
+/// pointer. Handles are checked by pdx, never trusted.
 #[no_mangle]
-pub extern "C" fn pdx_ib_devices_for_gpu(
+pub unsafe extern "C" fn pdx_ib_devices_for_gpu(
     config: *const pdx_ib_device_config,
     gpu_id: i64,
     devices: *mut *const c_char,
@@ -355,6 +390,11 @@ static VALIDATIONS: HandleTable<ValidationC> = HandleTable::new("pdx_ib_validati
 /// `{"0":"mlx5_0,mlx5_1"}`) and its warnings. Errors (`*out` untouched):
 /// `PDX_ERR_NULL_ARGUMENT` (out), `PDX_ERR_INVALID_UTF8`,
 /// `PDX_ERR_VALUE_ERROR` and `PDX_ERR_RUNTIME` with SGLang's texts.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `devices` is NULL or a NUL-terminated
+/// string; `sysfs_root` is NULL or a NUL-terminated string; `out` is NULL or valid for writing one
+/// pointer. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_validate_ib_devices(
     devices: *const c_char,
@@ -384,8 +424,12 @@ pub unsafe extern "C" fn pdx_validate_ib_devices(
 /// The normalized devices of a validation, written to `*devices`: NULL for
 /// auto discovery, else a string owned by `validation`.
 /// Errors (`*devices` untouched): `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `devices` is NULL or valid for writing one
+/// pointer. Handles are checked by pdx, never trusted.
 #[no_mangle]
-pub extern "C" fn pdx_ib_validation_devices(
+pub unsafe extern "C" fn pdx_ib_validation_devices(
     validation: *const pdx_ib_validation,
     devices: *mut *const c_char,
 ) -> pdx_status {
@@ -407,6 +451,10 @@ pub extern "C" fn pdx_ib_validation_message_count(validation: *const pdx_ib_vali
 /// Warning `i` of a validation, owned by `validation`; its level
 /// (`PDX_LOG_WARNING`) goes to `*level` when `level` is not NULL. NULL on a
 /// bad handle or an out-of-range index.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `level` is NULL or valid for writing one
+/// `i32`. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_ib_validation_message(
     validation: *const pdx_ib_validation,

@@ -34,6 +34,7 @@ struct EnginePtr(TransferEngineT);
 // SAFETY: the pointer is only passed back to Mooncake, whose engine may be
 // used from any thread.
 unsafe impl Send for EnginePtr {}
+// SAFETY: as for `Send`: Mooncake's engine is thread-safe.
 unsafe impl Sync for EnginePtr {}
 
 /// Mooncake's transfer engine, loaded at run time.
@@ -149,8 +150,8 @@ impl MooncakeBackend {
         if let Err(e) = check(rc, Convention::NegativeErr, "getLocalIpAndPort") {
             return Err(destroy(e));
         }
-        // SAFETY: the buffer is NUL-terminated (zeroed, and snprintf-style).
         buf[buf.len() - 1] = 0;
+        // SAFETY: the buffer is NUL-terminated (its last byte was just zeroed).
         let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
         let port = text.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).filter(|p| *p != 0);
         let Some(rpc_port) = port else {
