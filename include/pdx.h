@@ -793,115 +793,6 @@ pdx_status pdx_notification_get(const pdx_notifications *list,
 void pdx_notifications_free(pdx_notifications *list);
 
 /**
- * A static, NUL-terminated description of `status`.
- *
- * Never NULL; the string is owned by pdx and lives for the whole process.
- * An unknown code gives "unknown status code".
- */
-const char *pdx_status_str(pdx_status status);
-
-/**
- * Decide which Mooncake protocol, hostname and device an engine on
- * `hostname` should use, reading the process environment.
- *
- * - Protocol: `protocol` when not NULL, else `"ascend"` when
- *   `ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE` is true, else `MOONCAKE_PROTOCOL`
- *   (default `"rdma"`). Known: rdma, efa, tcp, ascend, nvlink, nvlink_intra,
- *   nvmeof, cxl, barex, hip.
- * - `MC_FORCE_TCP` present (any value) forces `"tcp"` with device `""` and
- *   the plain hostname, as Mooncake does; a false-looking value (`0`,
- *   `false`, empty) adds a warning.
- * - Device: `device` (NULL = none) resolved for `gpu_id` like SGLang's
- *   `get_ib_devices_for_gpu` (comma list, inline JSON mapping, or `.json`
- *   file); `""` when none.
- * - Ascend: hostname becomes `host:{free_port}:npu_{ASCEND_NPU_PHY_ID, or
- *   gpu_id when that is -1}`.
- *
- * A negative `gpu_id` means "not given" and counts as 0.
- *
- * On success `*out` receives a new object owned by the caller (free with
- * `pdx_transport_choice_free`). Errors (`*out` untouched):
- * `PDX_ERR_NULL_ARGUMENT` (hostname or out NULL), `PDX_ERR_INVALID_UTF8`,
- * `PDX_ERR_UNKNOWN_PROTOCOL` (the message lists the known ones), the IB
- * configuration errors (`PDX_ERR_VALUE_ERROR`, `PDX_ERR_RUNTIME`), and
- * `PDX_ERR_IO` when no free port is found for Ascend.
- *
- * # Safety
- * The caller guarantees, for the duration of the call: `hostname` is NULL or a NUL-terminated
- * string; `protocol` is NULL or a NUL-terminated string; `device` is NULL or a NUL-terminated
- * string; `out` is NULL or valid for writing one pointer. Handles are checked by pdx, never
- * trusted.
- */
-pdx_status pdx_resolve_transport(const char *hostname,
-                                 const char *protocol,
-                                 const char *device,
-                                 int32_t gpu_id,
-                                 pdx_transport_choice **out);
-
-/**
- * The protocol to initialize with (`"rdma"`, `"tcp"`, `"ascend"`, ...).
- * Owned by `choice`; NULL for NULL or a stale handle (error recorded).
- */
-const char *pdx_transport_choice_protocol(const pdx_transport_choice *choice);
-
-/**
- * The hostname to initialize with (Ascend: with `:port:npu_N`; the session
- * id still uses the plain host). Owned by `choice`; NULL on a bad handle.
- */
-const char *pdx_transport_choice_hostname(const pdx_transport_choice *choice);
-
-/**
- * The device filter (`""` = auto discovery, or TCP forced). Owned by
- * `choice`; NULL on a bad handle.
- */
-const char *pdx_transport_choice_device(const pdx_transport_choice *choice);
-
-/**
- * One sentence saying why this protocol was chosen. Owned by `choice`;
- * NULL on a bad handle.
- */
-const char *pdx_transport_choice_reason(const pdx_transport_choice *choice);
-
-/**
- * Number of warnings about the environment (0 on a bad handle).
- */
-size_t pdx_transport_choice_warning_count(const pdx_transport_choice *choice);
-
-/**
- * Warning `i`, owned by `choice`. NULL on a bad handle or when `i` is out
- * of range (`PDX_ERR_INDEX_OUT_OF_RANGE` recorded).
- */
-const char *pdx_transport_choice_warning(const pdx_transport_choice *choice, size_t i);
-
-/**
- * Release a transport choice and its strings. NULL and stale pointers are
- * ignored.
- */
-void pdx_transport_choice_free(pdx_transport_choice *choice);
-
-/**
- * The session id of an engine listening on `port` at `host`: `"host:port"`,
- * with an IPv6 literal bracketed (`"[::1]:15000"`; input brackets are
- * stripped first), as Mooncake names segments and SGLang passes them.
- * Copied into `buf` (`buf_len` bytes, NUL-terminated, truncated to fit);
- * the full length without the NUL goes to `*out_len` (may be NULL). `buf`
- * may be NULL when `buf_len` is 0, to ask for the length.
- *
- * Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_UTF8`,
- * `PDX_ERR_INVALID_ARGUMENT` (empty host). Nothing is written on error.
- *
- * # Safety
- * The caller guarantees, for the duration of the call: `host` is NULL or a NUL-terminated string;
- * `buf` is NULL (with `buf_len` 0) or writable for `buf_len` bytes; `out_len` is NULL or valid for
- * writing one `usize`. Handles are checked by pdx, never trusted.
- */
-pdx_status pdx_session_id(const char *host,
-                          uint16_t port,
-                          char *buf,
-                          size_t buf_len,
-                          size_t *out_len);
-
-/**
  * SGLang's `parse_ib_device_config`: parse `text` (NULL or blank = nothing
  * configured; a comma list kept as one string; an inline JSON object
  * `{"0": "mlx5_0"}`; or a path ending in `.json`).
@@ -1031,6 +922,115 @@ const char *pdx_ib_validation_message(const pdx_ib_validation *validation,
  * Release a validation result. NULL and stale pointers are ignored.
  */
 void pdx_ib_validation_free(pdx_ib_validation *validation);
+
+/**
+ * A static, NUL-terminated description of `status`.
+ *
+ * Never NULL; the string is owned by pdx and lives for the whole process.
+ * An unknown code gives "unknown status code".
+ */
+const char *pdx_status_str(pdx_status status);
+
+/**
+ * Decide which Mooncake protocol, hostname and device an engine on
+ * `hostname` should use, reading the process environment.
+ *
+ * - Protocol: `protocol` when not NULL, else `"ascend"` when
+ *   `ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE` is true, else `MOONCAKE_PROTOCOL`
+ *   (default `"rdma"`). Known: rdma, efa, tcp, ascend, nvlink, nvlink_intra,
+ *   nvmeof, cxl, barex, hip.
+ * - `MC_FORCE_TCP` present (any value) forces `"tcp"` with device `""` and
+ *   the plain hostname, as Mooncake does; a false-looking value (`0`,
+ *   `false`, empty) adds a warning.
+ * - Device: `device` (NULL = none) resolved for `gpu_id` like SGLang's
+ *   `get_ib_devices_for_gpu` (comma list, inline JSON mapping, or `.json`
+ *   file); `""` when none.
+ * - Ascend: hostname becomes `host:{free_port}:npu_{ASCEND_NPU_PHY_ID, or
+ *   gpu_id when that is -1}`.
+ *
+ * A negative `gpu_id` means "not given" and counts as 0.
+ *
+ * On success `*out` receives a new object owned by the caller (free with
+ * `pdx_transport_choice_free`). Errors (`*out` untouched):
+ * `PDX_ERR_NULL_ARGUMENT` (hostname or out NULL), `PDX_ERR_INVALID_UTF8`,
+ * `PDX_ERR_UNKNOWN_PROTOCOL` (the message lists the known ones), the IB
+ * configuration errors (`PDX_ERR_VALUE_ERROR`, `PDX_ERR_RUNTIME`), and
+ * `PDX_ERR_IO` when no free port is found for Ascend.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `hostname` is NULL or a NUL-terminated
+ * string; `protocol` is NULL or a NUL-terminated string; `device` is NULL or a NUL-terminated
+ * string; `out` is NULL or valid for writing one pointer. Handles are checked by pdx, never
+ * trusted.
+ */
+pdx_status pdx_resolve_transport(const char *hostname,
+                                 const char *protocol,
+                                 const char *device,
+                                 int32_t gpu_id,
+                                 pdx_transport_choice **out);
+
+/**
+ * The protocol to initialize with (`"rdma"`, `"tcp"`, `"ascend"`, ...).
+ * Owned by `choice`; NULL for NULL or a stale handle (error recorded).
+ */
+const char *pdx_transport_choice_protocol(const pdx_transport_choice *choice);
+
+/**
+ * The hostname to initialize with (Ascend: with `:port:npu_N`; the session
+ * id still uses the plain host). Owned by `choice`; NULL on a bad handle.
+ */
+const char *pdx_transport_choice_hostname(const pdx_transport_choice *choice);
+
+/**
+ * The device filter (`""` = auto discovery, or TCP forced). Owned by
+ * `choice`; NULL on a bad handle.
+ */
+const char *pdx_transport_choice_device(const pdx_transport_choice *choice);
+
+/**
+ * One sentence saying why this protocol was chosen. Owned by `choice`;
+ * NULL on a bad handle.
+ */
+const char *pdx_transport_choice_reason(const pdx_transport_choice *choice);
+
+/**
+ * Number of warnings about the environment (0 on a bad handle).
+ */
+size_t pdx_transport_choice_warning_count(const pdx_transport_choice *choice);
+
+/**
+ * Warning `i`, owned by `choice`. NULL on a bad handle or when `i` is out
+ * of range (`PDX_ERR_INDEX_OUT_OF_RANGE` recorded).
+ */
+const char *pdx_transport_choice_warning(const pdx_transport_choice *choice, size_t i);
+
+/**
+ * Release a transport choice and its strings. NULL and stale pointers are
+ * ignored.
+ */
+void pdx_transport_choice_free(pdx_transport_choice *choice);
+
+/**
+ * The session id of an engine listening on `port` at `host`: `"host:port"`,
+ * with an IPv6 literal bracketed (`"[::1]:15000"`; input brackets are
+ * stripped first), as Mooncake names segments and SGLang passes them.
+ * Copied into `buf` (`buf_len` bytes, NUL-terminated, truncated to fit);
+ * the full length without the NUL goes to `*out_len` (may be NULL). `buf`
+ * may be NULL when `buf_len` is 0, to ask for the length.
+ *
+ * Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_UTF8`,
+ * `PDX_ERR_INVALID_ARGUMENT` (empty host). Nothing is written on error.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `host` is NULL or a NUL-terminated string;
+ * `buf` is NULL (with `buf_len` 0) or writable for `buf_len` bytes; `out_len` is NULL or valid for
+ * writing one `usize`. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_session_id(const char *host,
+                          uint16_t port,
+                          char *buf,
+                          size_t buf_len,
+                          size_t *out_len);
 
 /**
  * The library version as a static string, e.g. `"pdx/0.1.0"`.

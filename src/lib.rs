@@ -15,7 +15,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod ffi;
-pub mod ids;
+pub(crate) mod ids;
 pub mod logging;
 pub mod mooncake;
 pub mod transfer;

@@ -19,7 +19,6 @@ use crate::transfer::regions::RegionMap;
 #[derive(Debug)]
 pub struct Region {
     pub start: u64,
-    pub len: u64,
     revoked: AtomicBool,
 }
 
@@ -39,9 +38,7 @@ pub struct Regions {
 impl Regions {
     /// Register several regions, all or none.
     pub fn register_all(&self, regions: &[(u64, u64)]) -> Result<()> {
-        self.map
-            .write()
-            .insert_all(regions, |start, len| Arc::new(Region { start, len, revoked: AtomicBool::new(false) }))
+        self.map.write().insert_all(regions, |start, _| Arc::new(Region { start, revoked: AtomicBool::new(false) }))
     }
 
     /// Unregister several regions by start address, all or none; waits up to

@@ -166,6 +166,11 @@ impl TextOut {
     }
 }
 
+/// `IndexOutOfRange` for item `i` of a list of `len`.
+pub(crate) fn index_out_of_range(i: usize, len: usize) -> Error {
+    Error::new(ErrorKind::IndexOutOfRange, format!("index {i} is out of range ({len} items)"))
+}
+
 /// A C array argument of `len` elements. `len == 0` gives an empty slice
 /// whatever the pointer.
 ///

@@ -13,10 +13,10 @@
 //!   errors and states.
 //! - [`topology`]: the device list as Mooncake's NIC priority matrix.
 
-pub mod backend;
+mod backend;
 mod batches;
-pub mod convert;
-pub mod topology;
+mod convert;
+mod topology;
 
 use std::sync::Arc;
 
