@@ -9,18 +9,15 @@
 
 pub(crate) mod batch;
 mod conn;
-// The codecs and the region table are public only for the fuzz targets
-// (feature `fuzzing`); the engine's API is `Engine` and `Settings`.
+// The codecs are public only for the fuzz targets (feature `fuzzing`); the
+// engine's API is `Engine` and `Settings`.
 #[cfg(feature = "fuzzing")]
 pub mod descriptor;
 #[cfg(not(feature = "fuzzing"))]
 pub(crate) mod descriptor;
 mod notify;
 mod peers;
-#[cfg(feature = "fuzzing")]
-pub mod regions;
-#[cfg(not(feature = "fuzzing"))]
-pub(crate) mod regions;
+mod regions;
 mod registry;
 mod server;
 pub mod settings;
