@@ -960,8 +960,8 @@ void pdx_ib_validation_free(pdx_ib_validation *validation);
  * `max_level` is the most verbose level delivered: a record reaches the
  * callback when its level is at least `max_level` (Python's logger rule).
  * `PDX_LOG_INFO` passes info, warnings and errors; `PDX_LOG_TRACE` or less
- * passes everything; above `PDX_LOG_ERROR`, nothing. While a callback is set, `RUST_LOG` does not apply and nothing
- * goes to stderr.
+ * passes everything; above `PDX_LOG_ERROR`, nothing. While a callback is
+ * set, `RUST_LOG` does not apply and nothing goes to stderr.
  *
  * The callback runs on the thread that logged: the caller's thread or one
  * of pdx's own (listeners, connections, workers), possibly on several at
@@ -981,9 +981,7 @@ void pdx_ib_validation_free(pdx_ib_validation *validation);
  * `callback` must be NULL or a function of this type that is safe to call
  * from any thread with `userdata` until it is replaced or removed.
  */
-pdx_status pdx_set_log_callback(pdx_log_callback callback,
-                                void *userdata,
-                                int32_t max_level);
+pdx_status pdx_set_log_callback(pdx_log_callback callback, void *userdata, int32_t max_level);
 
 /**
  * A static, NUL-terminated description of `status`.

@@ -47,8 +47,8 @@ pub type pdx_log_callback = Option<
 /// `max_level` is the most verbose level delivered: a record reaches the
 /// callback when its level is at least `max_level` (Python's logger rule).
 /// `PDX_LOG_INFO` passes info, warnings and errors; `PDX_LOG_TRACE` or less
-/// passes everything; above `PDX_LOG_ERROR`, nothing. While a callback is set, `RUST_LOG` does not apply and nothing
-/// goes to stderr.
+/// passes everything; above `PDX_LOG_ERROR`, nothing. While a callback is
+/// set, `RUST_LOG` does not apply and nothing goes to stderr.
 ///
 /// The callback runs on the thread that logged: the caller's thread or one
 /// of pdx's own (listeners, connections, workers), possibly on several at
