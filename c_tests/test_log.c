@@ -370,6 +370,11 @@ static void test_reentrant_callback(void) {
   /* The probe inside the callback failed and logged; nothing recursed. */
   CHECK(find_record(&r.sink, "failed", "pdx::engine::batch") >= 0);
 
+  /* Starting and stopping an engine log while the engine table is in use. */
+  pdx_engine *extra = start_engine();
+  pdx_engine_free(extra);
+  CHECK(find_record(&r.sink, "stopped", "pdx::engine") >= 0);
+
   /* From a pdx thread. */
   int before = r.reentered;
   send_bad_handshake(r.engine);
