@@ -646,3 +646,24 @@ def session_id(host: str, port: int) -> str:
         buf = ctypes.create_string_buffer(needed.value + 1)
         check(lib.pdx_session_id(_enc(host), port, buf, len(buf), ctypes.byref(needed)))
     return buf.value.decode()
+
+
+# --- logging ---
+# The declaration of pdx_set_log_callback (src/ffi/log.rs), so the signature
+# table stays complete; levels are on logging's scale.
+
+PDX_LOG_TRACE = 5
+PDX_LOG_DEBUG = 10
+PDX_LOG_ERROR = 40
+# void (*)(void *userdata, int32_t level, const char *module, size_t module_len,
+#          const char *message, size_t message_len); LOG_CALLBACK() is NULL.
+LOG_CALLBACK = ctypes.CFUNCTYPE(None, c_void_p, c_int32, POINTER(ctypes.c_char), c_size_t,
+                                POINTER(ctypes.c_char), c_size_t)
+_LOG_SIGNATURES = [
+    ("pdx_set_log_callback", pdx_status, [LOG_CALLBACK, c_void_p, c_int32]),
+]
+_SIGNATURES += _LOG_SIGNATURES
+for _name, _restype, _argtypes in _LOG_SIGNATURES:
+    _fn = getattr(lib, _name)
+    _fn.restype = _restype
+    _fn.argtypes = _argtypes

@@ -57,6 +57,8 @@ _SCALARS = {
 
 def _allowed(ctype: str) -> set:
     """The ctypes declarations that match a C type."""
+    if ctype == "pdx_log_callback":  # a function-pointer typedef
+        return {pdx.LOG_CALLBACK}
     stars = ctype.count("*")
     base = " ".join(w for w in ctype.replace("*", " ").split() if w != "const")
     opaque = base == "void" or (base.startswith("pdx_") and base not in ("pdx_status", "pdx_batch_summary"))
