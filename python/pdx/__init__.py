@@ -120,6 +120,7 @@ class PdxError(Exception):
     """
 
     def __init__(self, status: int, message: str):
+        """An error for `status` with pdx's `message`."""
         self.status = status
         self.name = STATUS_NAMES.get(status, f"status {status}")
         self.message = message
