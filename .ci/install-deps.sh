@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the tests need: cmake and a C compiler (Debian), pytest, and
+# Installs what the tests need: cmake and a C compiler (Debian), pytest, mypy,
+# setuptools-rust (the wheel test), and
 # the real Mooncake engine (PyPI wheel) plus its run-time libraries for the
 # interoperability tests.
 set -euo pipefail
@@ -9,6 +10,8 @@ command -v cmake >/dev/null || need_apt+=(cmake)
 command -v cc >/dev/null || need_apt+=(gcc)
 dpkg -s libibverbs1 >/dev/null 2>&1 || need_apt+=(libibverbs1)
 dpkg -s libnuma1 >/dev/null 2>&1 || need_apt+=(libnuma1)
+# python3 -m venv (the wheel test) needs ensurepip, a separate package on Debian.
+python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}"
