@@ -105,7 +105,11 @@ def install(site_dir: str) -> str:
     """Write the always-on ``.pth`` into ``site_dir``; its path."""
     path = os.path.join(site_dir, ALWAYS_PTH)
     with open(path, "w", encoding="utf-8") as f:
-        f.write('import pdx_mooncake_shim; pdx_mooncake_shim.activate("installed by python -m pdx.mooncake --install-shim")\n')
+        # One line (a .pth runs lines that start with `import`); harmless once pdx is uninstalled.
+        f.write(
+            'import importlib.util; importlib.util.find_spec("pdx_mooncake_shim") and '
+            '__import__("pdx_mooncake_shim").activate("installed by python -m pdx.mooncake --install-shim")\n'
+        )
     return path
 
 

@@ -113,7 +113,7 @@ class TransferNotify:
     def __init__(self, name: Optional[str] = None, msg: Optional[str] = None):
         """``TransferNotify()`` (empty) or ``TransferNotify(name, msg)``, as in the wheel."""
         if (name is None) != (msg is None):
-            _incompatible("TransferNotify.__init__", "() or (name: str, msg: str)")
+            _incompatible("TransferNotify.__init__", (name, msg))
         self.name = "" if name is None else _str(name, "TransferNotify.__init__")
         self.msg = "" if msg is None else _str(msg, "TransferNotify.__init__")
 
@@ -130,22 +130,32 @@ class TransferNotify:
 # pybind11's conversions, so bad arguments fail as they do with the wheel.
 
 
-def _incompatible(fn: str, signature: str) -> NoReturn:
+def _incompatible(fn: str, value: object) -> NoReturn:
+    """pybind11's TypeError for arguments it cannot convert, naming the supported signature."""
+    import inspect
+
+    owner: Any = TransferNotify if fn.startswith("TransferNotify") else TransferEngine
+    method = getattr(owner, fn.rsplit(".", 1)[-1], None)
+    try:
+        signature = str(inspect.signature(method)).replace("'", "") if method else "(...)"
+    except (TypeError, ValueError):
+        signature = "(...)"
     raise TypeError(
-        f"{fn}(): incompatible function arguments. The following argument types are supported:\n    1. {signature}"
+        f"{fn}(): incompatible function arguments. The following argument types are supported:\n"
+        f"    1. {signature}\n\nInvoked with: {value!r}"
     )
 
 
 def _uint(value: object, fn: str, bits: int = 64) -> int:
     """An unsigned C integer: int, bool or an object with __index__; no floats, strings, negatives."""
     if isinstance(value, (float, str, bytes)) or value is None:
-        _incompatible(fn, "see help()")
+        _incompatible(fn, value)
     try:
         number = operator.index(value)  # type: ignore[arg-type]
     except TypeError:
-        _incompatible(fn, "see help()")
+        _incompatible(fn, value)
     if number < 0 or number >> bits:
-        _incompatible(fn, "see help()")
+        _incompatible(fn, value)
     return number
 
 
@@ -156,12 +166,12 @@ def _str(value: object, fn: str) -> str:
         return value.decode()
     if value is None:
         raise RuntimeError("basic_string: construction from null is not valid")
-    _incompatible(fn, "see help()")
+    _incompatible(fn, value)
 
 
 def _uints(values: object, fn: str) -> list[int]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        _incompatible(fn, "see help()")
+        _incompatible(fn, values)
     return [_uint(v, fn) for v in values]
 
 
@@ -172,7 +182,7 @@ def _opcode(value: object, fn: str) -> TransferOpcode:
     name = getattr(value, "name", None)
     if type(value).__name__ == "TransferOpcode" and name in ("Read", "Write"):
         return TransferOpcode[str(name)]
-    _incompatible(fn, "opcode: TransferOpcode")
+    _incompatible(fn, value)
 
 
 def _notify(value: object, fn: str) -> Optional[tuple[str, str]]:
@@ -181,7 +191,7 @@ def _notify(value: object, fn: str) -> Optional[tuple[str, str]]:
     name, msg = getattr(value, "name", None), getattr(value, "msg", None)
     if isinstance(name, str) and isinstance(msg, str):
         return name, msg
-    _incompatible(fn, "notify: TransferNotify = None")
+    _incompatible(fn, value)
 
 
 def _transfer_timeout_s() -> float:
@@ -393,10 +403,34 @@ class TransferEngine:
         if not (len(buffers) == len(peers) == len(lengths)):
             log.error("buffers, peer_buffer_addresses and lengths have different size")
             return -1
-        batch = self._submit(fn, target, buffers, peers, lengths, opcode, notify)
-        if batch == 0:
+        if notify is None:
+            # No notification: pdx's synchronous calls, one C call that waits within pdx's deadlines.
+            h, session, n = self._h(), target.encode(), len(buffers)
+            if n == 1:
+                call = pdx.lib.pdx_transfer_sync_write if opcode == TransferOpcode.Write else pdx.lib.pdx_transfer_sync_read
+                status = int(call(h, session, buffers[0], peers[0], lengths[0]))
+            else:
+                batch = pdx.lib.pdx_batch_transfer_sync_write if opcode == TransferOpcode.Write else (
+                    pdx.lib.pdx_batch_transfer_sync_read
+                )
+                status = int(
+                    batch(
+                        h,
+                        session,
+                        (ctypes.c_void_p * max(n, 1))(*buffers),
+                        (ctypes.c_uint64 * max(n, 1))(*peers),
+                        (ctypes.c_size_t * max(n, 1))(*lengths),
+                        n,
+                    )
+                )
+            if status != pdx.PDX_OK:
+                self._fail(f"{fn} to {target}", status)
+                return -1
+            return 0
+        batch_id = self._submit(fn, target, buffers, peers, lengths, opcode, notify)
+        if batch_id == 0:
             return -1
-        return self._wait_and_free(fn, [batch])
+        return self._wait_and_free(fn, [batch_id])
 
     def transfer_sync_write(
         self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = ""
@@ -702,7 +736,7 @@ class TransferEngine:
         addr, size = _uint(dest_address, fn), _uint(length, fn)
         data = src.encode() if isinstance(src, str) else src
         if not isinstance(data, bytes):
-            _incompatible(fn, "(self, arg0: int, arg1: str, arg2: int) -> int")
+            _incompatible(fn, src)
         if size > len(data):
             raise ValueError(f"write_bytes_to_buffer: length {size} exceeds the {len(data)} bytes given")
         ctypes.memmove(addr, data, size)

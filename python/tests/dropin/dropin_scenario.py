@@ -318,6 +318,15 @@ def run(initiator: str, target_impl: str) -> dict[str, Any]:
         record("transfer_sync_int_opcode", engine.transfer_sync, t, la, tb, 4, 1)
         record("unregister_float", engine.unregister_memory, 2.5)
 
+        # initialize: the metadata server and the protocol (MC_FORCE_TCP=1 is set, as for mooncake_tcp).
+        out["initialize_http_metadata"] = TE().initialize(HOST, "http://127.0.0.1:1/metadata", "tcp", "")
+        out["initialize_xgmi"] = TE().initialize(HOST, "P2PHANDSHAKE", "xgmi", "")
+        forced = TE()
+        out["initialize_rdma_forced_to_tcp"] = forced.initialize(HOST, "P2PHANDSHAKE", "rdma", "")
+        out["forced_engine_probe"] = forced.send_probe(t)
+        out["forced_engine_write"] = forced.transfer_sync_write(t, la, tb, 8)
+        out["initialize_ext"] = TE().initialize_ext(HOST, "P2PHANDSHAKE", "tcp", "", "")
+
         out["unregister"] = engine.unregister_memory(la)
     finally:
         target.close()
