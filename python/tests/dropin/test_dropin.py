@@ -20,11 +20,14 @@ SCRIPT = Path(__file__).resolve().parent / "dropin_scenario.py"
 
 
 def _wheel_missing() -> str | None:
+    # Looked up, not imported: the wheel's engine only ever loads in child processes.
+    import importlib.util
+
     try:
-        import mooncake.engine  # noqa: F401
-    except Exception as exc:  # not installed, or its libraries are missing
-        return f"the Mooncake wheel is not importable ({exc}); bash .ci/install-deps.sh installs it"
-    return None
+        found = importlib.util.find_spec("mooncake.engine") is not None
+    except ImportError:
+        found = False
+    return None if found else "the Mooncake wheel is not installed; bash .ci/install-deps.sh installs it"
 
 
 def run_scenario(initiator: str, target: str) -> dict[str, Any]:
@@ -81,3 +84,54 @@ def test_same_outcome_as_the_wheel(reference: dict[str, Any], initiator: str, ta
     outcome = run_scenario(initiator, target)
     diff = _differences(reference, outcome)
     assert not diff, f"{initiator} -> {target} differs from wheel -> wheel:\n" + "\n".join(diff)
+
+
+SIGNATURES = r"""
+import inspect, json, re, sys
+sys.path.insert(0, sys.argv[1])
+import mooncake.engine as wheel
+import pdx.mooncake as ours
+
+def wheel_params(fn):
+    # pybind11 puts the signature on the first docstring line: name(self: T, a: int, b: str = '*') -> int
+    line = fn.__doc__.splitlines()[0]
+    inner = line[line.index("(") + 1 : line.rindex(") ->")]
+    params = [p.strip() for p in re.split(r",(?![^\[]*\])", inner)][1:]
+    out = []
+    for p in params:
+        name, _, rest = p.partition(":")
+        default = rest.split("=", 1)[1].strip() if "=" in rest else None
+        out.append([name.strip(), default])
+    return out
+
+def our_params(fn):
+    out = []
+    for p in list(inspect.signature(fn).parameters.values())[1:]:
+        default = None if p.default is inspect.Parameter.empty else repr(p.default)
+        out.append([p.name, default])
+    return out
+
+problems = []
+for name in sorted(n for n in dir(wheel.TransferEngine) if not n.startswith("_") and n != "TransferOpcode"):
+    w, o = wheel_params(getattr(wheel.TransferEngine, name)), our_params(getattr(ours.TransferEngine, name))
+    if len(w) != len(o):
+        problems.append(f"{name}: wheel {w}, pdx {o}")
+        continue
+    for (wn, wd), (on, od) in zip(w, o):
+        if (not re.fullmatch(r"arg\d+", wn) and wn != on) or wd != od:
+            problems.append(f"{name}: wheel {wn}={wd}, pdx {on}={od}")
+print(json.dumps(problems))
+"""
+
+
+def test_signatures_match_the_wheel() -> None:
+    """Every method takes the wheel's parameters: count, order, keyword names
+    (where the wheel names them; pybind11's arg0.. are positional) and defaults."""
+    reason = _wheel_missing()
+    if reason:
+        pytest.skip(reason)
+    python_dir = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", SIGNATURES, python_dir], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    problems = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not problems, "\n".join(problems)
