@@ -230,6 +230,8 @@ class TransferEngine:
         self._managed: dict[int, tuple[mmap.mmap, Any]] = {}
         # Sessions an asynchronous call has reached, as the wheel caches its opened segments.
         self._opened: set[str] = set()
+        # Batch ids given up while still in flight (freed by _reap once they end).
+        self._abandoned: set[int] = set()
         self._timeout_s = _transfer_timeout_s()
 
     # ------------------------------------------------------------ lifecycle
@@ -279,6 +281,7 @@ class TransferEngine:
             old, self._engine = self._engine, engine
             self._batches.clear()
             self._opened.clear()
+            self._abandoned.clear()
         if old is not None:
             old.close()
         log.info("pdx engine %s (%s) serving Mooncake's TransferEngine API", engine.session_id, engine.protocol)
@@ -524,6 +527,8 @@ class TransferEngine:
         notify: Optional[tuple[str, str]],
     ) -> int:
         """Start a pdx batch; its id, or 0 (failure logged)."""
+        if self._abandoned:
+            self._reap()
         n = len(buffers)
         c_locals = (ctypes.c_void_p * max(n, 1))(*buffers)
         c_remotes = (ctypes.c_uint64 * max(n, 1))(*peers)
@@ -625,15 +630,16 @@ class TransferEngine:
 
     def _wait_and_free(self, fn: str, batch_ids: Sequence[int]) -> int:
         """Wait for every batch (each within MC_TRANSFER_TIMEOUT plus 1 ns per byte) and free
-        it; 0 when all completed, -1 at the first failure (the rest are freed once they end)."""
+        it; 0 when all completed, -1 at the first failure. As in the wheel, every listed id
+        is invalid afterwards; batches still in flight are freed once they end."""
         h = self._h()
-        failed = False
+        result = 0
         for batch in batch_ids:
             with self._lock:
                 info = self._batches.get(batch)
             if info is None:
                 log.error("%s: %d is not a batch of this engine (unknown or already finished)", fn, batch)
-                failed = True
+                result = -1
                 break
             deadline = info.started + self._timeout_s + info.total_bytes * 1e-9
             state = ctypes.c_int32()
@@ -644,31 +650,52 @@ class TransferEngine:
                     break
             if status != pdx.PDX_OK:
                 self._fail(f"{fn}: batch {batch}", status)
-                failed = True
+                result = -1
                 break
-            self._release(batch)
             if state.value != pdx.PDX_TASK_COMPLETED:
                 self._log_batch_failure(fn, batch)
-                failed = True
+                result = -1
                 break
-        if failed:
+            self._release(batch)
+        if result != 0:
             for batch in batch_ids:
                 self._release(batch)
-            return -1
-        return 0
+        return result
 
     def _log_batch_failure(self, fn: str, batch: int) -> None:
-        log.error("%s: batch %d failed", fn, batch)
+        """Log why a finished batch failed (its first failed task's error)."""
+        summary = pdx.BatchSummary()
+        h = self._h()
+        pdx.lib.pdx_batch_status(h, batch, ctypes.byref(summary))
+        reason = ""
+        for task in range(summary.total):
+            state = ctypes.c_int32()
+            if pdx.lib.pdx_task_status(h, batch, task, ctypes.byref(state), None, None) != pdx.PDX_OK:
+                break
+            if state.value == pdx.PDX_TASK_FAILED:
+                buf = ctypes.create_string_buffer(512)
+                pdx.lib.pdx_task_error_message(h, batch, task, buf, len(buf), None)
+                reason = f"; task {task}: {buf.value.decode(errors='replace')}"
+                break
+        log.error("%s: batch %d failed (%d of %d tasks)%s", fn, batch, summary.failed, summary.total, reason)
 
     def _release(self, batch: int) -> None:
-        """Free a batch that has finished; one still in flight is freed by a later call."""
+        """Forget a batch id; free it now, or once it finishes if it is still in flight."""
         with self._lock:
-            if batch not in self._batches:
+            if self._batches.pop(batch, None) is None:
                 return
-        status = int(pdx.lib.pdx_batch_free(self._h(), batch))
-        if status in (pdx.PDX_OK, pdx.PDX_ERR_INVALID_HANDLE):
-            with self._lock:
-                self._batches.pop(batch, None)
+            self._abandoned.add(batch)
+        self._reap()
+
+    def _reap(self) -> None:
+        """Free the forgotten batches that have finished."""
+        with self._lock:
+            pending = list(self._abandoned)
+        for batch in pending:
+            status = int(pdx.lib.pdx_batch_free(self._h(), batch))
+            if status != pdx.PDX_ERR_BUSY:  # freed (or already gone)
+                with self._lock:
+                    self._abandoned.discard(batch)
 
     def get_batch_transfer_status(self, batch_ids: list[int]) -> int:
         """Wait for the listed batches and free them; 0 if every one completed, -1 otherwise."""
