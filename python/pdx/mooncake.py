@@ -818,6 +818,15 @@ class TransferEngine:
                 pass
 
 
+# help() and typing.get_type_hints show the enum by its public name (the source says
+# _Opcode only because the class attribute TransferOpcode shadows it for type checkers).
+for _method in vars(TransferEngine).values():
+    _hints = getattr(_method, "__annotations__", {})
+    for _key, _value in list(_hints.items()):
+        if _value == "_Opcode":
+            _hints[_key] = "TransferOpcode"
+
+
 def _unresolvable(session: str) -> bool:
     """Whether the host part of ``session`` does not resolve (the wheel's -101 case)."""
     import socket
