@@ -166,7 +166,7 @@ def test_shim_is_opt_in(venv: Path):
     plain = subprocess.run([str(venv), "-c", "import mooncake.engine"], capture_output=True, text=True,
                            timeout=60, cwd="/", env=_user_env())
     assert plain.returncode != 0 and "ModuleNotFoundError" in plain.stderr
-    assert "pdx" not in plain.stderr.replace(str(venv), "")
+    assert "served by pdx" not in plain.stderr
     # A fresh interpreter that never imports pdx gets pdx's class, and says so at start-up.
     on = _run([str(venv), "-c", SHIMMED], cwd="/", env=_user_env(PDX_MOONCAKE_SHIM="1"))
     assert "module pdx.mooncake" in on.stdout and "rc 0 b'shim'" in on.stdout
