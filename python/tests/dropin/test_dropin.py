@@ -30,22 +30,33 @@ def _wheel_missing() -> str | None:
     return None if found else "the Mooncake wheel is not installed; bash .ci/install-deps.sh installs it"
 
 
-def run_scenario(initiator: str, target: str) -> dict[str, Any]:
+def run_scenario(initiator: str, target: str, shim_site: Path | None = None) -> dict[str, Any]:
+    """Run the scenario in a fresh interpreter. With `shim_site` (a directory holding the
+    opt-in .pth), the initiator's plain `import mooncake.engine` goes through the shim."""
     env = dict(os.environ, MC_FORCE_TCP="1")
     env.pop("PDX_MOONCAKE_SHIM", None)
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--initiator", initiator, "--target", target],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-    )
+    cmd = [sys.executable, str(SCRIPT), "--initiator", initiator, "--target", target]
+    if shim_site is not None:
+        env["PDX_MOONCAKE_SHIM"] = "1"
+        env["PYTHONPATH"] = str(SCRIPT.parents[2])  # where pdx and pdx_mooncake_shim live in a checkout
+        # site.addsitedir processes the .pth as start-up does for site-packages.
+        boot = (
+            "import runpy, site, sys; site.addsitedir(sys.argv[1]); sys.argv = sys.argv[2:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')"
+        )
+        cmd = [sys.executable, "-c", boot, str(shim_site), *cmd[1:]]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("OUTCOME ")]
     assert done.returncode == 0 and lines, (
         f"{initiator} -> {target} exited {done.returncode}\n--- stdout ---\n{done.stdout[-3000:]}"
         f"\n--- stderr ---\n{done.stderr[-6000:]}"
     )
     outcome: dict[str, Any] = json.loads(lines[-1][len("OUTCOME ") :])
+    served = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("SERVED_BY ")]
+    expected = "pdx.mooncake" if shim_site is not None or initiator == "pdx" else "mooncake.engine"
+    assert served == [expected], (served, done.stdout[-2000:])
+    if shim_site is not None:
+        assert "served by pdx" in done.stderr, done.stderr[-3000:]
     return outcome
 
 
@@ -84,6 +95,16 @@ def test_same_outcome_as_the_wheel(reference: dict[str, Any], initiator: str, ta
     outcome = run_scenario(initiator, target)
     diff = _differences(reference, outcome)
     assert not diff, f"{initiator} -> {target} differs from wheel -> wheel:\n" + "\n".join(diff)
+
+
+def test_unmodified_code_through_the_shim(reference: dict[str, Any], tmp_path: Path) -> None:
+    """The scenario's wheel initiator (plain `import mooncake.engine`), with the opt-in
+    shim active, runs on pdx against a real wheel target, with the wheel's outcomes."""
+    shim = SCRIPT.parents[2] / "pdx-mooncake-shim.pth"
+    (tmp_path / shim.name).write_text(shim.read_text())
+    outcome = run_scenario("wheel", "wheel", shim_site=tmp_path)
+    diff = _differences(reference, outcome)
+    assert not diff, "shimmed initiator differs from wheel -> wheel:\n" + "\n".join(diff)
 
 
 SIGNATURES = r"""
