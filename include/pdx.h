@@ -96,6 +96,11 @@
 #define PDX_LOG_ERROR 40
 
 /**
+ * The default bound on entries per batch (`PDX_MAX_BATCH_ENTRIES`).
+ */
+#define DEFAULT_MAX_BATCH_ENTRIES (1 << 20)
+
+/**
  * Opaque set of PD server arguments. Made by `pdx_args_new`, released by
  * `pdx_args_free`.
  */
@@ -739,6 +744,27 @@ pdx_status pdx_task_status(pdx_engine *engine,
 pdx_status pdx_task_error_message(pdx_engine *engine,
                                   uint64_t batch,
                                   size_t task,
+                                  char *buf,
+                                  size_t buf_len,
+                                  size_t *out_len);
+
+/**
+ * The outcome of a batch's notification (`pdx_batch_submit` with
+ * `notify_name`/`notify_msg`): `*out_error` is `PDX_OK` when none was
+ * requested, it was delivered, or the batch is not finished yet, and the
+ * notification's status otherwise (`PDX_ERR_NOTIFY_REJECTED` when the peer
+ * refused it, e.g. its queue was full); the transfers themselves still
+ * count as completed. Its text goes to `buf` as in `pdx_task_error_message`
+ * (empty when there is none). Any out-param may be NULL.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `out_error` is NULL or valid for writing
+ * one `pdx_status`; `buf` is NULL (with `buf_len` 0) or writable for `buf_len` bytes; `out_len` is
+ * NULL or valid for writing one `usize`. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_batch_notify_error(pdx_engine *engine,
+                                  uint64_t batch,
+                                  pdx_status *out_error,
                                   char *buf,
                                   size_t buf_len,
                                   size_t *out_len);

@@ -548,6 +548,8 @@ _ENGINE_SIGNATURES: list[_Signature] = [
      [c_void_p, c_uint64, c_size_t, POINTER(c_int32), POINTER(c_uint64), POINTER(pdx_status)]),
     ("pdx_task_error_message", pdx_status,
      [c_void_p, c_uint64, c_size_t, POINTER(ctypes.c_char), c_size_t, POINTER(c_size_t)]),
+    ("pdx_batch_notify_error", pdx_status,
+     [c_void_p, c_uint64, POINTER(pdx_status), POINTER(ctypes.c_char), c_size_t, POINTER(c_size_t)]),
     ("pdx_batch_wait", pdx_status, [c_void_p, c_uint64, ctypes.c_uint32, POINTER(c_int32)]),
     ("pdx_batch_free", pdx_status, [c_void_p, c_uint64]),
     ("pdx_send_probe", pdx_status, [c_void_p, c_char_p]),

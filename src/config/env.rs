@@ -276,6 +276,12 @@ vars! {
     PDX_TCP_ENGINE: Ty::Choice(&["native", "mooncake"]), "native", "Which engine serves `tcp`.";
     PDX_MOONCAKE_LIB: Ty::Text, "libtransfer_engine.so", "Mooncake's Transfer Engine library (C API) to load.";
     RUST_LOG: Ty::Text, "warn", "Log filter (`env_logger` syntax).";
+    PDX_MAX_BATCH_ENTRIES: Ty::Int { min: 1, max: 1 << 30 }, "1048576",
+        "Most entries in one batch; a larger batch is `PDX_ERR_INVALID_ARGUMENT` before anything is allocated.";
+    PDX_MAX_REQUEST_BYTES: Ty::Int { min: 1, max: 1 << 56 }, "1099511627776",
+        "Longest single request (bytes); also never longer than the largest region the peer advertised.";
+    PDX_NOTIFY_QUEUE_BYTES: Ty::Int { min: 4096, max: 1 << 34 }, "8388608",
+        "Bytes of received notifications kept until drained; a notification over it is refused.";
 }
 
 /// The names SGLang's rules use (the declarations' names).
@@ -348,7 +354,7 @@ macro_rules! narrow_int {
         }
     )*};
 }
-narrow_int!(u16, usize);
+narrow_int!(u16, u64, usize);
 
 impl FromVar for std::time::Duration {
     fn from_var(env: &dyn Env, var: &Var) -> Option<std::time::Duration> {

@@ -42,6 +42,8 @@ const LANE_FANOUT_BYTES: usize = 64 << 20;
 pub struct BatchRun {
     session: String,
     direction: Direction,
+    /// The longest request (checked against the peer's regions).
+    longest: usize,
     /// What crosses the wire: every non-empty request, cut into pieces.
     pieces: Vec<Request>,
     /// The task each piece belongs to.
@@ -92,6 +94,7 @@ impl BatchRun {
         Arc::new(BatchRun {
             session: session.to_owned(),
             direction,
+            longest: reqs.iter().map(|r| r.len).max().unwrap_or(0),
             pieces,
             piece_task,
             tasks,
@@ -154,7 +157,13 @@ impl BatchRun {
     }
 
     fn peer(&self, inner: &Inner) -> Result<Arc<Peer>> {
-        self.peer.get_or_init(|| inner.peers.get(inner, &self.session)).clone()
+        self.peer
+            .get_or_init(|| {
+                let peer = inner.peers.get(inner, &self.session)?;
+                peer.check_fits(inner, self.longest)?;
+                Ok(peer)
+            })
+            .clone()
     }
 
     fn set_abort(&self, e: &Error) {

@@ -15,6 +15,7 @@ mod conn;
 pub mod descriptor;
 #[cfg(not(feature = "fuzzing"))]
 pub(crate) mod descriptor;
+mod limits;
 mod notify;
 mod peers;
 mod regions;
@@ -30,6 +31,8 @@ mod workers;
 
 #[cfg(test)]
 mod fuzz_tests;
+#[cfg(test)]
+mod hardening_tests;
 #[cfg(test)]
 mod tests;
 
@@ -119,7 +122,7 @@ impl Engine {
         };
         let workers = Arc::new(Workers::default());
         let inner = Arc::new(Inner {
-            notifications: Notifications::new(settings.max_queued_notifications),
+            notifications: Notifications::new(settings.max_queued_notifications, settings.notify_queue_bytes),
             identity,
             registry: Arc::new(Registry::default()),
             regions: Regions::default(),
@@ -170,6 +173,18 @@ impl Engine {
         Ok(())
     }
 
+    /// Refuse what cannot succeed before allocating for it: too many
+    /// entries, a request over the maximum length, or (for a peer whose
+    /// descriptor is cached) longer than every region it advertised.
+    fn check_limits(&self, session: &str, reqs: &[Request]) -> Result<()> {
+        limits::check_requests(&self.inner.settings, reqs)?;
+        if let Some(peer) = self.inner.peers.cached(session) {
+            let longest = reqs.iter().map(|r| r.len).max().unwrap_or(0);
+            peer.check_fits(&self.inner, longest)?;
+        }
+        Ok(())
+    }
+
     /// The failure of a finished batch (`Ok` if all completed).
     pub fn batch_outcome(&self, id: u64) -> Result<()> {
         self.inner.batches.get(id)?.outcome()
@@ -210,6 +225,7 @@ impl TransferBackend for Engine {
     unsafe fn transfer_sync(&self, session: &str, direction: Direction, reqs: Vec<Request>) -> Result<()> {
         self.check_running()?;
         Request::validate_all(&reqs)?;
+        self.check_limits(session, &reqs)?;
         let run = BatchRun::new(&self.inner.settings, session, direction, reqs, None);
         run.start(&self.inner, true);
         run.wait_until(None);
@@ -227,10 +243,19 @@ impl TransferBackend for Engine {
     ) -> Result<u64> {
         self.check_running()?;
         Request::validate_all(&reqs)?;
+        self.check_limits(session, &reqs)?;
         let run = BatchRun::new(&self.inner.settings, session, direction, reqs, notify);
         let id = self.inner.batches.insert(run.clone())?;
         run.start(&self.inner, false);
         Ok(id)
+    }
+
+    fn batch_notify_error(&self, id: u64) -> Result<Option<Error>> {
+        Engine::batch_notify_error(self, id)
+    }
+
+    fn max_batch_entries(&self) -> usize {
+        self.inner.settings.max_batch_entries
     }
 
     fn batch_summary(&self, id: u64) -> Result<BatchSummary> {

@@ -12,32 +12,58 @@ use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::host::parse_session;
 
-/// A bounded queue of `(name, message)` pairs.
+/// Bytes a queued notification is charged beyond its name and message
+/// (the pair's two `String`s and its slot in the queue).
+const ENTRY_OVERHEAD: usize = 64;
+
+/// A queue of `(name, message)` pairs bounded in count and in bytes: a
+/// peer can make us hold at most `max_bytes` until the application drains.
 pub struct Notifications {
-    queue: Mutex<VecDeque<(String, String)>>,
+    queue: Mutex<Queued>,
     limit: usize,
+    max_bytes: usize,
+}
+
+#[derive(Default)]
+struct Queued {
+    pairs: VecDeque<(String, String)>,
+    bytes: usize,
+}
+
+fn cost(name: &str, msg: &str) -> usize {
+    name.len().saturating_add(msg.len()).saturating_add(ENTRY_OVERHEAD)
 }
 
 impl Notifications {
-    pub fn new(limit: usize) -> Self {
-        Notifications { queue: Mutex::new(VecDeque::new()), limit }
+    pub fn new(limit: usize, max_bytes: usize) -> Self {
+        Notifications { queue: Mutex::new(Queued::default()), limit, max_bytes }
     }
 
-    /// Queue a pair; false (the sender is told "rejected") when full.
+    /// Queue a pair; false (the sender is told "rejected") when the queue
+    /// is full in entries or in bytes. Every pair accepted is drained.
     pub fn push(&self, name: &str, msg: &str) -> bool {
+        let c = cost(name, msg);
         let mut q = self.queue.lock();
-        if q.len() >= self.limit {
+        if q.pairs.len() >= self.limit || q.bytes.saturating_add(c) > self.max_bytes {
+            let (len, bytes) = (q.pairs.len(), q.bytes);
             drop(q); // a log callback may drain the queue
-            log::warn!("notification queue full ({} entries); rejecting a notification", self.limit);
+            log::warn!(
+                "notification queue full ({len} of {} entries, {bytes} + {c} of {} bytes); rejecting a notification",
+                self.limit,
+                self.max_bytes
+            );
             return false;
         }
-        q.push_back((name.to_owned(), msg.to_owned()));
+        q.bytes += c;
+        q.pairs.push_back((name.to_owned(), msg.to_owned()));
         true
     }
 
     /// Take every queued pair, oldest first.
     pub fn drain(&self) -> Vec<(String, String)> {
-        self.queue.lock().drain(..).collect()
+        let mut q = self.queue.lock();
+        q.bytes = 0;
+        q.pairs.drain(..).collect()
     }
 }
 
@@ -58,11 +84,22 @@ mod tests {
 
     #[test]
     fn bounded_and_ordered() {
-        let n = Notifications::new(2);
+        let n = Notifications::new(2, 1 << 20);
         assert!(n.push("a", "1"));
         assert!(n.push("b", "2"));
         assert!(!n.push("c", "3"));
         assert_eq!(n.drain(), vec![("a".into(), "1".into()), ("b".into(), "2".into())]);
         assert!(n.drain().is_empty());
+    }
+
+    #[test]
+    fn bounded_in_bytes_and_drain_frees_the_budget() {
+        let n = Notifications::new(1000, 3 * (1000 + ENTRY_OVERHEAD + 1));
+        let big = "x".repeat(1000);
+        assert!(n.push("a", &big) && n.push("b", &big) && n.push("c", &big));
+        assert!(!n.push("d", &big), "a fourth is over the byte budget");
+        assert!(!n.push("e", "small-but-over"), "nothing fits a full budget");
+        assert_eq!(n.drain().len(), 3);
+        assert!(n.push("f", &big), "draining frees the budget");
     }
 }

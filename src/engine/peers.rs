@@ -133,6 +133,24 @@ impl Peer {
         Ok(fresh)
     }
 
+    /// Refuse a request of `longest` bytes when it is longer than every
+    /// region the peer advertised (after one refresh: the cached
+    /// descriptor may predate a larger registration).
+    pub fn check_fits(&self, inner: &Inner, longest: usize) -> Result<()> {
+        let desc = self.descriptor();
+        match super::limits::largest_advertised(&desc) {
+            Some(largest) if longest as u64 > largest => {}
+            _ => return Ok(()),
+        }
+        let fresh = self.refresh(inner)?;
+        match super::limits::largest_advertised(&fresh) {
+            Some(largest) if longest as u64 > largest => {
+                Err(super::limits::over_peer_region_error(&self.session, longest, largest))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn open_lane(&self, inner: &Inner) -> Result<Lane> {
         let mut desc = self.descriptor();
         let stream = match connect(&inner.settings, &desc.data_host, desc.data_port) {
@@ -220,6 +238,11 @@ impl Peers {
             let _guard = p.lanes.lock();
             p.lane_freed.notify_all();
         }
+    }
+
+    /// The peer for `session` if its descriptor is cached.
+    pub fn cached(&self, session: &str) -> Option<Arc<Peer>> {
+        self.map.lock().get(session).cloned()
     }
 
     /// The peer for `session`, opening it (one Metadata exchange) on first use.

@@ -49,6 +49,12 @@ pub struct Settings {
     pub spin: Duration,
     /// Address the listeners bind to; `None` means the hostname's address.
     pub bind_address: Option<String>,
+    /// Most entries in one batch (checked before anything is allocated).
+    pub max_batch_entries: usize,
+    /// Longest single request.
+    pub max_request_bytes: u64,
+    /// Bytes of received notifications (names and messages) kept until drained.
+    pub notify_queue_bytes: usize,
 }
 
 impl Settings {
@@ -99,6 +105,9 @@ impl Settings {
             workers: read(env, &PDX_WORKERS).unwrap_or(8),
             spin: read(env, &PDX_SPIN_US).unwrap_or(Duration::from_micros(50)),
             bind_address: read(env, &PDX_BIND_ADDRESS),
+            max_batch_entries: read(env, &PDX_MAX_BATCH_ENTRIES).unwrap_or(super::limits::DEFAULT_MAX_BATCH_ENTRIES),
+            max_request_bytes: read(env, &PDX_MAX_REQUEST_BYTES).unwrap_or(1 << 40),
+            notify_queue_bytes: read(env, &PDX_NOTIFY_QUEUE_BYTES).unwrap_or(8 << 20),
         }
     }
 }

@@ -247,11 +247,22 @@ pub unsafe extern "C" fn pdx_batch_unregister_memory(
 }
 
 unsafe fn requests(
+    engine: *mut pdx_engine,
     locals: *const *mut c_void,
     remotes: *const u64,
     lens: *const usize,
     n: usize,
 ) -> Result<Vec<Request>> {
+    // The entry bound comes before any copy proportional to `n` (a bad
+    // handle is reported by the caller, as before).
+    if let Ok(h) = ENGINES.get(engine) {
+        let max = h.engine.max_batch_entries();
+        if n > max {
+            return Err(Error::invalid_argument(format!(
+                "a batch of {n} entries is over the limit of {max} (PDX_MAX_BATCH_ENTRIES); split it"
+            )));
+        }
+    }
     let locals = c_slice(locals, n, "locals")?;
     let remotes = c_slice(remotes, n, "remotes")?;
     let lens = c_slice(lens, n, "lens")?;
@@ -335,7 +346,7 @@ pub unsafe extern "C" fn pdx_batch_transfer_sync_write(
     n: usize,
 ) -> pdx_status {
     guard("pdx_batch_transfer_sync_write", || {
-        sync(engine, session, Direction::Write, requests(locals, remotes, lens, n))
+        sync(engine, session, Direction::Write, requests(engine, locals, remotes, lens, n))
     })
 }
 
@@ -357,7 +368,9 @@ pub unsafe extern "C" fn pdx_batch_transfer_sync_read(
     lens: *const usize,
     n: usize,
 ) -> pdx_status {
-    guard("pdx_batch_transfer_sync_read", || sync(engine, session, Direction::Read, requests(locals, remotes, lens, n)))
+    guard("pdx_batch_transfer_sync_read", || {
+        sync(engine, session, Direction::Read, requests(engine, locals, remotes, lens, n))
+    })
 }
 
 /// Start an asynchronous batch of `n` entries to `session` and write its id
@@ -407,7 +420,7 @@ pub unsafe extern "C" fn pdx_batch_submit(
             (None, None) => None,
             _ => return Err(Error::invalid_argument("notify_name and notify_msg must both be NULL or both be set")),
         };
-        let id = h.engine.submit(session, dir, requests(locals, remotes, lens, n)?, notify)?;
+        let id = h.engine.submit(session, dir, requests(engine, locals, remotes, lens, n)?, notify)?;
         *out = id;
         Ok(())
     })
@@ -496,6 +509,39 @@ pub unsafe extern "C" fn pdx_task_error_message(
         let out = text_out(buf, buf_len, out_len)?;
         let t = ENGINES.get(engine)?.engine.task_summary(batch, task)?;
         out.write(&t.error.map(|e| e.message().to_owned()).unwrap_or_default());
+        Ok(())
+    })
+}
+
+/// The outcome of a batch's notification (`pdx_batch_submit` with
+/// `notify_name`/`notify_msg`): `*out_error` is `PDX_OK` when none was
+/// requested, it was delivered, or the batch is not finished yet, and the
+/// notification's status otherwise (`PDX_ERR_NOTIFY_REJECTED` when the peer
+/// refused it, e.g. its queue was full); the transfers themselves still
+/// count as completed. Its text goes to `buf` as in `pdx_task_error_message`
+/// (empty when there is none). Any out-param may be NULL.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `out_error` is NULL or valid for writing
+/// one `pdx_status`; `buf` is NULL (with `buf_len` 0) or writable for `buf_len` bytes; `out_len` is
+/// NULL or valid for writing one `usize`. Handles are checked by pdx, never trusted.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_batch_notify_error(
+    engine: *mut pdx_engine,
+    batch: u64,
+    out_error: *mut pdx_status,
+    buf: *mut c_char,
+    buf_len: usize,
+    out_len: *mut usize,
+) -> pdx_status {
+    guard("pdx_batch_notify_error", || {
+        let out_error = opt_out_ptr(out_error, "out_error")?;
+        let text = text_out(buf, buf_len, out_len)?;
+        let e = ENGINES.get(engine)?.engine.batch_notify_error(batch)?;
+        if let Some(p) = out_error {
+            *p = e.as_ref().map_or(PDX_OK, |e| status_of(e.kind()));
+        }
+        text.write(e.as_ref().map_or("", |e| e.message()));
         Ok(())
     })
 }

@@ -8,6 +8,9 @@ use std::time::Duration;
 use super::{BatchSummary, Direction, Request, TaskSummary};
 use crate::error::{Error, Result};
 
+/// The default bound on entries per batch (`PDX_MAX_BATCH_ENTRIES`).
+pub const DEFAULT_MAX_BATCH_ENTRIES: usize = 1 << 20;
+
 /// A running transfer engine.
 pub trait TransferBackend: Send + Sync {
     /// `host:rpc_port`, the name peers use for this engine.
@@ -37,6 +40,16 @@ pub trait TransferBackend: Send + Sync {
         reqs: Vec<Request>,
         notify: Option<(String, String)>,
     ) -> Result<u64>;
+    /// Most entries one batch may have; the C ABI refuses more before it
+    /// copies the arrays.
+    fn max_batch_entries(&self) -> usize {
+        DEFAULT_MAX_BATCH_ENTRIES
+    }
+    /// The error of a batch's notification when it was requested and
+    /// failed (the transfers still count as completed, as in Mooncake).
+    fn batch_notify_error(&self, id: u64) -> Result<Option<Error>> {
+        self.batch_summary(id).map(|_| None)
+    }
     fn batch_summary(&self, id: u64) -> Result<BatchSummary>;
     fn task_summary(&self, id: u64, task: usize) -> Result<TaskSummary>;
     /// Wait for the batch to finish; `Timeout` while tasks are in flight.
