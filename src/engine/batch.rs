@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::peers::{Lane, Peer};
+use super::deadline::Stall;
+use super::peers::{recv_limit, stalled, Lane, Peer};
 use super::transfer::{run_window, WINDOW_BYTES, WINDOW_REQUESTS};
 use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
@@ -44,6 +45,8 @@ pub struct BatchRun {
     direction: Direction,
     /// The longest request (checked against the peer's regions).
     longest: usize,
+    /// When the batch started: its tasks' stall clocks run from here.
+    started: Instant,
     /// What crosses the wire: every non-empty request, cut into pieces.
     pieces: Vec<Request>,
     /// The task each piece belongs to.
@@ -95,6 +98,7 @@ impl BatchRun {
             session: session.to_owned(),
             direction,
             longest: reqs.iter().map(|r| r.len).max().unwrap_or(0),
+            started: Instant::now(),
             pieces,
             piece_task,
             tasks,
@@ -127,7 +131,7 @@ impl BatchRun {
         for _ in 0..on_workers {
             let run = self.clone();
             let inner2 = inner.clone();
-            inner.workers.submit(Box::new(move || run.lane_job(&inner2)));
+            inner.workers.submit(&self.session, Box::new(move || run.lane_job(&inner2)));
         }
         if on_caller {
             self.lane_job(inner);
@@ -245,15 +249,20 @@ impl BatchRun {
                 return;
             }
         };
+        let stall = Stall::since(peer.progress.clone(), self.started);
+        let limit = recv_limit(&inner.settings);
         let mut lane: Option<Lane> = None;
         while let Some(w) = self.claim() {
             let idx: Vec<usize> = w.collect();
+            if stall.expired(limit) {
+                self.set_abort(&stalled(&self.session, limit));
+            }
             let aborted = self.abort.lock().clone(); // not held while failing (finish logs)
             if let Some(e) = aborted {
                 self.fail_all(inner, &idx, &e);
                 continue;
             }
-            let mut l = match lane.take().map(Ok).unwrap_or_else(|| peer.acquire(inner)) {
+            let mut l = match lane.take().map(Ok).unwrap_or_else(|| peer.acquire(inner, &stall)) {
                 Ok(l) => l,
                 Err(e) => {
                     self.set_abort(&e);
@@ -261,6 +270,7 @@ impl BatchRun {
                     continue;
                 }
             };
+            l.conn.set_stall(stall.clone());
             let v2 = l.proto_version >= 2 && !self.force_v1;
             let reqs: Vec<Request> = idx.iter().map(|&i| self.pieces[i]).collect();
             // SAFETY: the submitter guarantees local memory stays valid until
@@ -278,7 +288,7 @@ impl BatchRun {
                         self.complete(inner, idx[next], Err(self.rejected(idx[next])));
                         next += 1;
                     }
-                    self.retry_each(inner, &peer, &idx[next..], out.broken);
+                    self.retry_each(inner, &peer, &stall, &idx[next..], out.broken);
                 }
             }
         }
@@ -291,14 +301,25 @@ impl BatchRun {
     /// more, alone, so one bad entry cannot fail its neighbours. A
     /// connection-level failure here means the peer is gone: the rest of the
     /// batch fails with that error instead of waiting on it again.
-    fn retry_each(&self, inner: &Inner, peer: &Peer, idx: &[usize], cause: Option<Error>) {
+    /// Retries count against the task's stall clock: once the peer has
+    /// been silent for the limit, what is left fails without another try.
+    fn retry_each(&self, inner: &Inner, peer: &Peer, stall: &Stall, idx: &[usize], cause: Option<Error>) {
+        let limit = recv_limit(&inner.settings);
         for (k, &i) in idx.iter().enumerate() {
+            if stall.expired(limit) {
+                let e = stalled(&self.session, limit);
+                let e = match &cause {
+                    Some(c) => e.context(format!("after \"{c}\"")),
+                    None => e,
+                };
+                self.set_abort(&e);
+            }
             let aborted = self.abort.lock().clone(); // not held while failing (finish logs)
             if let Some(e) = aborted {
                 self.fail_all(inner, &idx[k..], &e);
                 return;
             }
-            let mut l = match peer.acquire(inner) {
+            let mut l = match peer.acquire(inner, stall) {
                 Ok(l) => l,
                 Err(e) => {
                     let e = match &cause {
@@ -310,6 +331,7 @@ impl BatchRun {
                     return;
                 }
             };
+            l.conn.set_stall(stall.clone());
             let v2 = l.proto_version >= 2 && !self.force_v1;
             // SAFETY: as in `lane_job`.
             let out = unsafe { run_window(&mut l.conn, &self.session, self.direction, v2, &[self.pieces[i]]) };

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use socket2::SockRef;
 
+use super::deadline::{Stall, SLICE};
+
 /// Receive buffer size; payloads at least half this size bypass it.
 const RECV_BUF: usize = 256 * 1024;
 
@@ -26,6 +28,18 @@ pub struct Conn {
     end: usize,
     /// How long a receive polls before it blocks (see [`Conn::set_spin`]).
     spin: Duration,
+    /// A task's stall clock (lanes): socket timeouts are then short slices
+    /// and a blocked call gives up only once the clock says so.
+    stall: Option<Paced>,
+}
+
+/// The stall clock of the task a lane currently serves, with its limits.
+struct Paced {
+    stall: Stall,
+    send_limit: Duration,
+    recv_limit: Duration,
+    /// Bytes in our send queue at the last look (`SIOCOUTQ`).
+    outq: std::cell::Cell<i64>,
 }
 
 /// A socket timeout (`EAGAIN`) as `TimedOut`: the syscall's deadline passed.
@@ -44,7 +58,64 @@ impl Conn {
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(send_timeout.max(Duration::from_millis(1))))?;
         stream.set_read_timeout(Some(recv_timeout.max(Duration::from_millis(1))))?;
-        Ok(Conn { stream, buf: vec![0u8; RECV_BUF].into_boxed_slice(), start: 0, end: 0, spin: Duration::ZERO })
+        Ok(Conn {
+            stream,
+            buf: vec![0u8; RECV_BUF].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            spin: Duration::ZERO,
+            stall: None,
+        })
+    }
+
+    /// Wrap a connected lane: socket timeouts are [`SLICE`]s and every
+    /// blocked call runs until `stall` has seen no progress for
+    /// `send_limit` (sending) or `recv_limit` (receiving).
+    pub fn paced(stream: TcpStream, stall: Stall, send_limit: Duration, recv_limit: Duration) -> io::Result<Conn> {
+        let mut conn = Conn::new(stream, SLICE.min(send_limit), SLICE.min(recv_limit))?;
+        conn.stall = Some(Paced { stall, send_limit, recv_limit, outq: std::cell::Cell::new(-1) });
+        Ok(conn)
+    }
+
+    /// Charge this connection's waits to another task's clock.
+    pub fn set_stall(&mut self, stall: Stall) {
+        if let Some(p) = &mut self.stall {
+            p.stall = stall;
+        }
+    }
+
+    /// Bytes moved: the task's peer made progress.
+    fn progressed(&self) {
+        if let Some(p) = &self.stall {
+            p.stall.mark();
+        }
+    }
+
+    /// A blocking call's slice ran out: keep waiting unless the clock has
+    /// expired (a connection without one fails at once, as before).
+    fn keep_waiting(&self, sending: bool) -> bool {
+        let Some(p) = &self.stall else { return false };
+        // Our send queue shrinking means the peer is taking bytes (a slow
+        // reader, not a frozen one), even though no call of ours completed.
+        let queued = self.send_queue();
+        if queued >= 0 && queued < p.outq.get() {
+            p.stall.mark();
+        }
+        p.outq.set(queued);
+        !p.stall.expired(if sending { p.send_limit } else { p.recv_limit })
+    }
+
+    /// Bytes sent but not yet taken by the peer (`SIOCOUTQ`), or -1.
+    fn send_queue(&self) -> i64 {
+        use std::os::fd::AsRawFd;
+        let mut n: libc::c_int = 0;
+        // SAFETY: the fd is our open socket; SIOCOUTQ writes one int.
+        let rc = unsafe { libc::ioctl(self.stream.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+        if rc == 0 {
+            i64::from(n)
+        } else {
+            -1
+        }
     }
 
     /// Poll for up to `spin` before a receive blocks. A reply that comes
@@ -76,8 +147,12 @@ impl Conn {
             // SAFETY: inside the caller's readable range.
             let piece = unsafe { std::slice::from_raw_parts(ptr.add(done), chunk) };
             match sock.send_with_flags(piece, libc::MSG_NOSIGNAL) {
-                Ok(n) => done += n,
+                Ok(n) => {
+                    done += n;
+                    self.progressed();
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && self.keep_waiting(true) => {}
                 Err(e) => return Err(timed_out(e)),
             }
         }
@@ -108,8 +183,12 @@ impl Conn {
             let mut rest = &mut slices[..];
             while !rest.is_empty() {
                 match sock.send_vectored_with_flags(rest, libc::MSG_NOSIGNAL) {
-                    Ok(n) => IoSlice::advance_slices(&mut rest, n),
+                    Ok(n) => {
+                        IoSlice::advance_slices(&mut rest, n);
+                        self.progressed();
+                    }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock && self.keep_waiting(true) => {}
                     Err(e) => return Err(timed_out(e)),
                 }
             }
@@ -126,8 +205,17 @@ impl Conn {
         let buf = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<MaybeUninit<u8>>(), len.min(MAX_IO_CHUNK)) };
         loop {
             match SockRef::from(&self.stream).recv_with_flags(buf, flags) {
-                Ok(n) => return Ok(n),
+                Ok(n) => {
+                    if n > 0 {
+                        self.progressed();
+                    }
+                    return Ok(n);
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        && flags & libc::MSG_DONTWAIT == 0
+                        && self.keep_waiting(false) => {}
                 Err(e) => return Err(timed_out(e)),
             }
         }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::error::ErrorKind;
+use crate::transfer::TaskState;
 
 fn settings() -> Settings {
     let mut s = Settings::from_env();
@@ -61,4 +62,270 @@ fn bogus_lengths_and_oversized_batches_are_refused_up_front() {
     // SAFETY: `src` and `bigger` outlive the call.
     unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, addr(&bigger), 8192)]) }.unwrap();
     assert!(bigger[..8192].iter().all(|&x| x == 7));
+}
+
+// ------------------------------------------------------------ frozen peers
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use descriptor::{encode_descriptor, AdvertisedBuffer};
+use wire::{check_frame_length, encode_frame, split_frame_body, FrameType};
+
+/// A stand-in for a peer that can be frozen as SIGSTOP freezes a process:
+/// the kernel still accepts connections and buffers bytes, but nobody
+/// reads or answers. Handshakes are answered here (with a descriptor that
+/// sends data connections to the proxy); data connections are forwarded to
+/// a real engine while not frozen.
+struct Freezable {
+    session: String,
+    frozen: Arc<AtomicBool>,
+    slow: Arc<AtomicBool>,
+    _target: Engine,
+}
+
+fn forward(mut from: TcpStream, mut to: TcpStream, frozen: Arc<AtomicBool>, slow: Arc<AtomicBool>) {
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        while frozen.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Slow: 64 KiB every 50 ms (about 1.3 MB/s), progressing all along.
+        let chunk = if slow.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(50));
+            64 * 1024
+        } else {
+            buf.len()
+        };
+        match from.read(&mut buf[..chunk]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+fn serve_fake_handshakes(rpc: TcpListener, desc: String, frozen: Arc<AtomicBool>) {
+    for stream in rpc.incoming() {
+        let Ok(mut s) = stream else { return };
+        let (desc, frozen) = (desc.clone(), frozen.clone());
+        std::thread::spawn(move || {
+            while frozen.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let mut prefix = [0u8; 8];
+            if s.read_exact(&mut prefix).is_err() {
+                return;
+            }
+            let Ok(len) = check_frame_length(prefix, 1 << 20) else { return };
+            let mut body = vec![0u8; len];
+            if s.read_exact(&mut body).is_err() {
+                return;
+            }
+            let (kind, _) = split_frame_body(&body);
+            let reply = match kind {
+                FrameType::Metadata => desc,
+                FrameType::Notify => r#"{"name":"","notify_msg":"success"}"#.to_owned(),
+                _ => r#"{"status":"success"}"#.to_owned(),
+            };
+            let _ = s.write_all(&encode_frame(kind, &reply));
+        });
+    }
+}
+
+impl Freezable {
+    /// A peer whose real engine registered `region` (its address range).
+    fn new(region: &[u8]) -> Freezable {
+        let target = engine_with(settings());
+        target.register(addr(region), region.len() as u64).unwrap();
+        // A small receive buffer (inherited by accepted sockets) keeps what
+        // the kernel holds for a slow proxy small, as on a real slow link.
+        let data = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        data.set_recv_buffer_size(256 * 1024).unwrap();
+        data.bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+        data.listen(128).unwrap();
+        let data: TcpListener = data.into();
+        let rpc = TcpListener::bind("127.0.0.1:0").unwrap();
+        let session = format!("127.0.0.1:{}", rpc.local_addr().unwrap().port());
+        let buffers = [AdvertisedBuffer { addr: addr(region), length: region.len() as u64 }];
+        let desc = encode_descriptor(&session, "127.0.0.1", data.local_addr().unwrap().port(), &buffers);
+        let frozen = Arc::new(AtomicBool::new(false));
+        let f2 = frozen.clone();
+        std::thread::spawn(move || serve_fake_handshakes(rpc, desc, f2));
+        let slow = Arc::new(AtomicBool::new(false));
+        let (f3, s3, real) = (frozen.clone(), slow.clone(), target.data_port());
+        std::thread::spawn(move || {
+            for stream in data.incoming() {
+                let Ok(inbound) = stream else { return };
+                let Ok(outbound) = TcpStream::connect(("127.0.0.1", real)) else { continue };
+                let (i2, o2) = (inbound.try_clone().unwrap(), outbound.try_clone().unwrap());
+                let (fa, fb, sa, sb) = (f3.clone(), f3.clone(), s3.clone(), s3.clone());
+                std::thread::spawn(move || forward(inbound, outbound, fa, sa));
+                std::thread::spawn(move || forward(o2, i2, fb, sb));
+            }
+        });
+        Freezable { session, frozen, slow, _target: target }
+    }
+
+    fn freeze(&self) {
+        self.frozen.store(true, Ordering::Release);
+    }
+}
+
+fn timeouts(secs: u64) -> Settings {
+    let mut s = settings();
+    let t = Duration::from_secs(secs);
+    (s.progress_timeout, s.status_timeout, s.handshake_timeout, s.connect_timeout, s.lane_wait_timeout) =
+        (t, t, t, t, t);
+    s
+}
+
+/// 1.1 x the timeout + 1 s: the bound a task to a frozen peer must fail in.
+fn bound(secs: u64) -> Duration {
+    Duration::from_secs_f64(1.1 * secs as f64 + 1.0)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Write,
+    Read,
+    Async,
+}
+
+/// `op` against a peer frozen after a warm-up transfer (its descriptor and
+/// lanes are cached): the task fails, as a timeout, within the bound.
+fn frozen_peer_fails_in_time(op: Op, secs: u64) {
+    const LEN: usize = 160 << 20; // 40 pieces, over two lanes
+    let region = vec![0u8; LEN];
+    let peer = Freezable::new(&region);
+    let a = engine_with(timeouts(secs));
+    let mut local = vec![0u8; LEN];
+    let warm = Request { local: local.as_mut_ptr() as usize, remote: addr(&region), len: 4096 };
+    // SAFETY: `local` and `region` outlive every transfer of this test.
+    unsafe { a.transfer_sync(&peer.session, Direction::Write, vec![warm]) }.unwrap();
+    peer.freeze();
+    let whole = Request { local: local.as_mut_ptr() as usize, remote: addr(&region), len: LEN };
+    let t0 = Instant::now();
+    // SAFETY: as above; every batch is finished before the buffers drop.
+    let result = unsafe {
+        match op {
+            Op::Write => a.transfer_sync(&peer.session, Direction::Write, vec![whole]),
+            Op::Read => a.transfer_sync(&peer.session, Direction::Read, vec![whole]),
+            Op::Async => {
+                let reqs = (0..16)
+                    .map(|i| Request {
+                        local: local.as_mut_ptr() as usize + i * (LEN / 16),
+                        remote: addr(&region) + (i * (LEN / 16)) as u64,
+                        len: LEN / 16,
+                    })
+                    .collect();
+                let id = a.submit(&peer.session, Direction::Write, reqs, None).unwrap();
+                let s = a.batch_wait(id, Duration::from_secs(120)).unwrap();
+                assert_eq!((s.failed, s.total), (16, 16), "every task of the frozen batch fails");
+                a.batch_outcome(id)
+            }
+        }
+    };
+    let took = t0.elapsed();
+    let e = result.unwrap_err();
+    println!("{op:?} to a frozen peer with {secs} s timeouts failed after {took:?}: {e}");
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(took <= bound(secs), "{op:?} took {took:?}, over {:?}", bound(secs));
+    drop(a);
+}
+
+#[test]
+fn frozen_peer_write_fails_within_the_bound_2s() {
+    frozen_peer_fails_in_time(Op::Write, 2);
+}
+
+#[test]
+fn frozen_peer_read_fails_within_the_bound_2s() {
+    frozen_peer_fails_in_time(Op::Read, 2);
+}
+
+#[test]
+fn frozen_peer_async_batch_fails_within_the_bound_2s() {
+    frozen_peer_fails_in_time(Op::Async, 2);
+}
+
+#[test]
+fn frozen_peer_write_fails_within_the_bound_5s() {
+    frozen_peer_fails_in_time(Op::Write, 5);
+}
+
+#[test]
+fn frozen_peer_read_fails_within_the_bound_5s() {
+    frozen_peer_fails_in_time(Op::Read, 5);
+}
+
+#[test]
+fn frozen_peer_async_batch_fails_within_the_bound_5s() {
+    frozen_peer_fails_in_time(Op::Async, 5);
+}
+
+#[test]
+fn a_slow_transfer_that_keeps_progressing_is_not_killed() {
+    const LEN: usize = 8 << 20;
+    let region = vec![0u8; LEN];
+    let peer = Freezable::new(&region);
+    let a = engine_with(timeouts(2));
+    let src: Vec<u8> = (0..LEN).map(|i| (i * 31 % 251) as u8).collect();
+    let warm = Request { local: src.as_ptr() as usize, remote: addr(&region), len: 4096 };
+    // SAFETY: `src` and `region` outlive every transfer of this test.
+    unsafe { a.transfer_sync(&peer.session, Direction::Write, vec![warm]) }.unwrap();
+    peer.slow.store(true, Ordering::Release);
+    let t0 = Instant::now();
+    let whole = Request { local: src.as_ptr() as usize, remote: addr(&region), len: LEN };
+    // SAFETY: as above.
+    unsafe { a.transfer_sync(&peer.session, Direction::Write, vec![whole]) }.unwrap();
+    let took = t0.elapsed();
+    println!("8 MiB through a 1.3 MB/s link with 2 s timeouts: {took:?}");
+    assert!(took > Duration::from_secs(4), "the link was slow ({took:?}): the test means something");
+    assert!(region == src);
+}
+
+#[test]
+fn a_healthy_peer_is_served_while_another_is_frozen() {
+    const LEN: usize = 16 << 20;
+    let region = vec![0u8; LEN];
+    let frozen = Freezable::new(&region);
+    let a = engine_with(settings()); // 30 s defaults: the frozen batches stay stuck
+    let local = vec![0u8; LEN];
+    let warm = Request { local: local.as_ptr() as usize, remote: addr(&region), len: 4096 };
+    // SAFETY: `local` and `region` outlive every batch of this test (the
+    // engine is dropped, failing what is left, before they are).
+    unsafe { a.transfer_sync(&frozen.session, Direction::Write, vec![warm]) }.unwrap();
+    frozen.freeze();
+    let mut stuck = Vec::new();
+    for _ in 0..10 {
+        let r = Request { local: local.as_ptr() as usize, remote: addr(&region), len: LEN };
+        // SAFETY: as above.
+        stuck.push(unsafe { a.submit(&frozen.session, Direction::Write, vec![r], None) }.unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(200)); // the frozen batches hold their workers
+    let healthy = engine_with(settings());
+    let target = vec![0u8; 1 << 20];
+    healthy.register(addr(&target), target.len() as u64).unwrap();
+    let src = vec![9u8; 1 << 20];
+    let t0 = Instant::now();
+    let r = Request { local: src.as_ptr() as usize, remote: addr(&target), len: src.len() };
+    // SAFETY: `src` and `target` outlive the batch.
+    let id = unsafe { a.submit(healthy.session_id(), Direction::Write, vec![r], None) }.unwrap();
+    let s = a.batch_wait(id, Duration::from_secs(30)).unwrap();
+    let took = t0.elapsed();
+    println!("1 MiB batch to a healthy peer behind 10 frozen batches: {took:?}");
+    assert_eq!(s.state, TaskState::Completed);
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    assert!(target == src);
+    for id in stuck {
+        assert!(!a.batch_summary(id).unwrap().state.is_terminal(), "the frozen peer's batches are still waiting");
+    }
+    drop(a); // fails the frozen batches at once
 }

@@ -9,6 +9,7 @@
 
 pub(crate) mod batch;
 mod conn;
+mod deadline;
 // The codecs are public only for the fuzz targets (feature `fuzzing`); the
 // engine's API is `Engine` and `Settings`.
 #[cfg(feature = "fuzzing")]
@@ -135,7 +136,7 @@ impl Engine {
         let engine = Engine { listeners: Mutex::new(vec![clone(&rpc)?, clone(&data)?]), inner: inner.clone() };
         // From here on, `engine` dropping on error stops what was started.
         workers
-            .start(&inner.registry, inner.settings.workers)
+            .start(&inner.registry, inner.settings.workers, inner.settings.lanes_per_peer)
             .map_err(|e| Error::io(format!("cannot start worker threads: {e}")))?;
         for (listener, plane, name) in
             [(rpc, Plane::Handshake, "pdx-rpc-accept"), (data, Plane::Data, "pdx-data-accept")]

@@ -12,6 +12,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::Value;
 
 use super::conn::Conn;
+use super::deadline::{Progress, Stall};
 use super::descriptor::{parse_descriptor, PeerDescriptor};
 use super::registry::OwnedSocketGuard;
 use super::settings::Settings;
@@ -45,35 +46,84 @@ pub fn connect(settings: &Settings, host: &str, port: u16) -> Result<TcpStream> 
     Err(e)
 }
 
+/// A stream whose every read and write shares one deadline: each call's
+/// socket timeout is what is left, so a peer trickling bytes cannot stretch
+/// the exchange past it.
+struct Bounded<'a> {
+    stream: &'a mut TcpStream,
+    deadline: Instant,
+}
+
+impl Bounded<'_> {
+    fn left(&self) -> std::io::Result<std::time::Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "deadline passed"));
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Bounded<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Bounded<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_write_timeout(Some(left))?;
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// One handshake exchange: send `json` as a `kind` frame, return the reply
-/// body. The connection is closed at once (Mooncake serves handshakes one at
-/// a time, so lingering would stall its other clients).
-pub fn exchange(inner: &Inner, addr: &SessionAddr, kind: FrameType, json: &str) -> Result<Vec<u8>> {
+/// body. The whole exchange (connect excluded) has one deadline, the
+/// handshake timeout or `by` if sooner. The connection is closed at once
+/// (Mooncake serves handshakes one at a time, so lingering would stall its
+/// other clients).
+pub fn exchange_by(
+    inner: &Inner,
+    addr: &SessionAddr,
+    kind: FrameType,
+    json: &str,
+    by: Option<Instant>,
+) -> Result<Vec<u8>> {
     let settings = &inner.settings;
     let mut stream = connect(settings, &addr.host, addr.port)?;
     // Tracked so that stopping the engine interrupts a peer that never answers.
     let _tracked =
         inner.registry.track(&stream).ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
     let where_ = format!("handshake with {}:{}", addr.host, addr.port);
+    let mut deadline = Instant::now() + settings.handshake_timeout;
+    if let Some(by) = by {
+        deadline = deadline.min(by);
+    }
     let io_err = |e: std::io::Error| {
         if inner.registry.stopping() {
             return Error::new(ErrorKind::Shutdown, format!("{where_}: engine is shutting down"));
         }
         if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
-            return Error::timeout(format!("{where_}: no reply within {:?}", settings.handshake_timeout));
+            return Error::timeout(format!("{where_}: no complete reply within {:?}", settings.handshake_timeout));
         }
         Error::new(ErrorKind::PeerUnreachable, format!("{where_}: {e}"))
     };
     stream.set_nodelay(true).map_err(io_err)?;
-    stream.set_read_timeout(Some(settings.handshake_timeout)).map_err(io_err)?;
-    stream.set_write_timeout(Some(settings.handshake_timeout)).map_err(io_err)?;
-    stream.write_all(&wire::encode_frame(kind, json)).map_err(io_err)?;
+    let mut bounded = Bounded { stream: &mut stream, deadline };
+    bounded.write_all(&wire::encode_frame(kind, json)).map_err(io_err)?;
     let mut prefix = [0u8; 8];
-    stream.read_exact(&mut prefix).map_err(io_err)?;
+    bounded.read_exact(&mut prefix).map_err(io_err)?;
     let length = wire::check_frame_length(prefix, settings.handshake_max_len)
         .map_err(|e| Error::protocol(format!("{where_}: reply length refused ({e:?})")))?;
     let mut body = Vec::with_capacity(length.min(64 * 1024));
-    (&mut stream).take(length as u64).read_to_end(&mut body).map_err(io_err)?;
+    (&mut bounded).take(length as u64).read_to_end(&mut body).map_err(io_err)?;
     if body.len() != length {
         return Err(Error::new(ErrorKind::ConnectionLost, format!("{where_}: reply truncated")));
     }
@@ -82,6 +132,11 @@ pub fn exchange(inner: &Inner, addr: &SessionAddr, kind: FrameType, json: &str) 
         return Err(Error::protocol(format!("{where_}: reply type {got:?} does not match request {kind:?}")));
     }
     Ok(json.to_vec())
+}
+
+/// [`exchange_by`] bounded by the handshake timeout alone.
+pub fn exchange(inner: &Inner, addr: &SessionAddr, kind: FrameType, json: &str) -> Result<Vec<u8>> {
+    exchange_by(inner, addr, kind, json, None)
 }
 
 /// Send a JSON request and parse the JSON reply.
@@ -96,6 +151,8 @@ pub struct Peer {
     pub session: String,
     addr: SessionAddr,
     descriptor: RwLock<Arc<PeerDescriptor>>,
+    /// When bytes last moved to or from this peer (the tasks' stall clock).
+    pub progress: Arc<Progress>,
     lanes: Mutex<LaneState>,
     lane_freed: Condvar,
 }
@@ -166,7 +223,8 @@ impl Peer {
             }
         };
         let s = &inner.settings;
-        let mut conn = Conn::new(stream, s.progress_timeout, s.progress_timeout.min(s.status_timeout))
+        let stall = Stall::new(self.progress.clone());
+        let mut conn = Conn::paced(stream, stall, s.progress_timeout, recv_limit(s))
             .map_err(|e| Error::io(format!("configuring a data connection: {e}")))?;
         conn.set_spin(s.spin);
         let tracked = inner
@@ -178,11 +236,16 @@ impl Peer {
     }
 
     /// A lane to this peer: an idle live one, a new one while under the
-    /// per-peer limit, or the next one released (bounded wait).
-    pub fn acquire(&self, inner: &Inner) -> Result<Lane> {
+    /// per-peer limit, or the next one released (bounded wait: the lane
+    /// wait timeout, and the task's stall clock while the peer is silent).
+    pub fn acquire(&self, inner: &Inner, stall: &Stall) -> Result<Lane> {
         let deadline = Instant::now() + inner.settings.lane_wait_timeout;
+        let limit = recv_limit(&inner.settings);
         let mut state = self.lanes.lock();
         loop {
+            if stall.expired(limit) {
+                return Err(stalled(&self.session, limit));
+            }
             if inner.registry.stopping() {
                 return Err(Error::new(ErrorKind::Shutdown, "engine is shutting down"));
             }
@@ -202,7 +265,8 @@ impl Peer {
                 }
                 return lane;
             }
-            if self.lane_freed.wait_until(&mut state, deadline).timed_out() {
+            let wake = deadline.min(Instant::now() + super::deadline::SLICE);
+            if self.lane_freed.wait_until(&mut state, wake).timed_out() && Instant::now() >= deadline {
                 return Err(Error::timeout(format!(
                     "no free connection to {} within {:?}",
                     self.session, inner.settings.lane_wait_timeout
@@ -223,6 +287,17 @@ impl Peer {
         drop(state);
         self.lane_freed.notify_one();
     }
+}
+
+/// How long a task may wait for any byte from its peer: the progress
+/// bound, or the acknowledgement bound if shorter.
+pub fn recv_limit(s: &Settings) -> std::time::Duration {
+    s.progress_timeout.min(s.status_timeout)
+}
+
+/// The error of a task whose peer made no progress for `limit`.
+pub fn stalled(session: &str, limit: std::time::Duration) -> Error {
+    Error::timeout(format!("{session} made no progress for {limit:?}"))
 }
 
 /// The descriptor cache: one [`Peer`] per session name.
@@ -256,6 +331,7 @@ impl Peers {
             session: session.to_owned(),
             addr,
             descriptor: RwLock::new(Arc::new(desc)),
+            progress: Arc::new(Progress::default()),
             lanes: Mutex::new(LaneState::default()),
             lane_freed: Condvar::new(),
         });

@@ -1,0 +1,108 @@
+//! Stall deadlines per task, not per system call.
+//!
+//! A peer's [`Progress`] is the last time any byte moved between us and it
+//! (on any lane, or a handshake reply). A task's [`Stall`] clock runs from
+//! the later of its start and that instant: a task fails once its peer has
+//! made no progress for the configured timeout, however many pieces, lanes
+//! or retries it has (a retry never resets the clock; only bytes do), and a
+//! transfer that keeps moving bytes is never cut off by a fixed deadline.
+//! Blocking socket calls wait in short slices and consult the clock between
+//! them, so the failure comes within one slice of the deadline.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The longest a blocking call waits before it looks at the clock again.
+pub const SLICE: Duration = Duration::from_millis(100);
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn to_nanos(t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(epoch()).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The last instant bytes moved to or from one peer.
+#[derive(Debug)]
+pub struct Progress(AtomicU64);
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress(AtomicU64::new(to_nanos(Instant::now())))
+    }
+}
+
+impl Progress {
+    /// Bytes moved just now.
+    pub fn mark(&self) {
+        self.0.fetch_max(to_nanos(Instant::now()), Ordering::AcqRel);
+    }
+
+    fn last(&self) -> Instant {
+        epoch() + Duration::from_nanos(self.0.load(Ordering::Acquire))
+    }
+}
+
+/// One task's stall clock: its start, and its peer's progress.
+#[derive(Debug, Clone)]
+pub struct Stall {
+    progress: Arc<Progress>,
+    started: Instant,
+}
+
+impl Stall {
+    /// A clock for a task starting now.
+    pub fn new(progress: Arc<Progress>) -> Stall {
+        Stall { progress, started: Instant::now() }
+    }
+
+    /// A clock for a task that started at `started`.
+    pub fn since(progress: Arc<Progress>, started: Instant) -> Stall {
+        Stall { progress, started }
+    }
+
+    /// Bytes moved just now.
+    pub fn mark(&self) {
+        self.progress.mark();
+    }
+
+    /// When the task fails if nothing moves before: `limit` after the later
+    /// of its start and the peer's last progress.
+    pub fn deadline(&self, limit: Duration) -> Instant {
+        let base = self.started.max(self.progress.last());
+        base.checked_add(limit).unwrap_or(base + Duration::from_secs(86400 * 365))
+    }
+
+    /// True once `limit` passed without progress.
+    pub fn expired(&self, limit: Duration) -> bool {
+        Instant::now() >= self.deadline(limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_moves_the_deadline_and_retries_do_not() {
+        let p = Arc::new(Progress::default());
+        let limit = Duration::from_millis(200);
+        let stall = Stall::new(p.clone());
+        let first = stall.deadline(limit);
+        assert!(!stall.expired(limit));
+        // A second clock for a retry of the same task keeps the start.
+        let retry = Stall::since(p.clone(), stall.started);
+        assert_eq!(retry.deadline(limit), first);
+        std::thread::sleep(Duration::from_millis(50));
+        stall.mark();
+        assert!(stall.deadline(limit) > first, "bytes moved: the deadline slides");
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(stall.expired(limit) && retry.expired(limit));
+        // A task that starts after the peer went quiet gets its own full limit.
+        let late = Stall::new(p);
+        assert!(!late.expired(limit));
+    }
+}
