@@ -125,6 +125,12 @@ impl Conn {
         self.spin = spin;
     }
 
+    /// The socket's descriptor (to shut it down from another thread).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.stream.as_raw_fd()
+    }
+
     /// The underlying stream (to clone a handle for shutdown).
     pub fn stream(&self) -> &TcpStream {
         &self.stream

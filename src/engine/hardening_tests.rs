@@ -329,3 +329,55 @@ fn a_healthy_peer_is_served_while_another_is_frozen() {
     }
     drop(a); // fails the frozen batches at once
 }
+
+// ------------------------------------------------------ unregister fence
+
+/// A raw data connection asking `b` for `len` bytes at `remote` (v2), or
+/// starting a write of `len` bytes there.
+fn raw_request(b: &Engine, direction: Direction, remote: u64, len: u64) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", b.data_port())).unwrap();
+    let h = wire::RequestHeader { size: len, addr: remote, direction, acknowledged: true };
+    s.write_all(&h.encode()).unwrap();
+    s
+}
+
+#[test]
+fn unregister_then_reuse_leaks_nothing_over_50_runs() {
+    const LEN: usize = 8 << 20;
+    let b = engine_with(settings());
+    let mut region = vec![0u8; LEN];
+    let (mut leaked, mut worst) = (0usize, Duration::ZERO);
+    for run in 0..50 {
+        region.fill(0xAA);
+        b.register(addr(&region), LEN as u64).unwrap();
+        // An inbound READ whose reader does not read: the target's thread
+        // blocks inside a send from the region.
+        let mut reader = raw_request(&b, Direction::Read, addr(&region), LEN as u64);
+        // An inbound WRITE that stops half way: blocked in a receive into it.
+        let mut writer = raw_request(&b, Direction::Write, addr(&region) + (LEN / 2) as u64, (LEN / 2) as u64);
+        writer.write_all(&vec![0xAAu8; 64 * 1024]).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let t0 = Instant::now();
+        b.unregister(addr(&region)).unwrap();
+        worst = worst.max(t0.elapsed());
+        // The application reuses the buffer at once.
+        region.fill(0x55);
+        // The writer goes on sending; the reader drains what it gets.
+        let _ = writer.set_write_timeout(Some(Duration::from_secs(2)));
+        let _ = writer.write_all(&vec![0xCCu8; 1 << 20]);
+        reader.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = Vec::new();
+        let _ = reader.read_to_end(&mut got);
+        let payload = got.get(8..).unwrap_or(&[]); // after the v2 status frame
+        let new_bytes = payload.iter().filter(|&&x| x != 0xAA).count();
+        let overwritten = region.iter().filter(|&&x| x != 0x55).count();
+        if new_bytes + overwritten > 0 {
+            println!("run {run}: {new_bytes} new bytes sent, {overwritten} bytes overwritten");
+        }
+        leaked += new_bytes + overwritten;
+        assert!(payload.len() < LEN, "the read was cut short");
+    }
+    println!("50 unregister-then-reuse runs: {leaked} bytes leaked; slowest unregister {worst:?}");
+    assert_eq!(leaked, 0);
+    assert!(worst < Duration::from_secs(2), "unregister returns promptly: {worst:?}");
+}

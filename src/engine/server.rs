@@ -191,7 +191,10 @@ fn serve_data(inner: &Inner, stream: TcpStream) {
                 break;
             }
         };
-        let Some(region) = inner.regions.lookup(header.addr, header.size) else {
+        // Held (and the connection listed with it) while the memory is
+        // touched, so unregistering can shut this connection and wait.
+        let hold = inner.regions.lookup(header.addr, header.size).and_then(|r| r.hold(conn.raw_fd()));
+        let Some(hold) = hold else {
             log::debug!(
                 "data connection: rejecting {:?} of {} bytes at {:#x}: not inside one registered region",
                 header.direction,
@@ -204,14 +207,15 @@ fn serve_data(inner: &Inner, stream: TcpStream) {
             }
             break;
         };
+        let region = hold.region();
         let revoked = || region.is_revoked() || inner.registry.stopping();
         let size = header.size as usize;
         let ptr = header.addr as *mut u8;
         let served = match header.direction {
             Direction::Write => {
                 // SAFETY: [addr, addr+size) lies in a registered region, held
-                // (not unregistered) until `region` drops; `revoked` aborts if
-                // unregistering starts.
+                // (not unregistered) until `hold` drops; unregistering shuts
+                // this connection down, which ends the call, and waits.
                 unsafe { conn.recv_raw(ptr, size, &revoked) }.and_then(|()| {
                     if header.acknowledged {
                         pending_acks.extend_from_slice(&wire::encode_status(wire::STATUS_OK));
@@ -248,7 +252,7 @@ fn serve_data(inner: &Inner, stream: TcpStream) {
                 result
             }
         };
-        drop(region);
+        drop(hold);
         if let Err(e) = served {
             log::debug!("data connection: {e}");
             break;
