@@ -2,6 +2,9 @@
 //! `PDX_TCP_ENGINE=mooncake`), Mooncake's engine for every other protocol.
 //! The one module that knows both backends; the ABI calls only [`start`].
 
+use serde_json::{json, Value};
+
+use crate::config::transport::KNOWN_PROTOCOLS;
 use crate::error::Result;
 use crate::transfer::TransferBackend;
 
@@ -18,4 +21,46 @@ pub fn start(hostname: &str, protocol: Option<&str>, device: Option<&str>) -> Re
         return Ok(Box::new(crate::engine::Engine::start(&choice.hostname)?));
     }
     Ok(Box::new(crate::mooncake::MooncakeBackend::start(&choice)?))
+}
+
+/// What this build on this machine can serve, as JSON: every backend (the
+/// native `tcp` engine; Mooncake's, with whether its library loads and why
+/// not) with the protocols it may carry, and every kind of memory a region
+/// may live in, with whether it is usable here and why not. Probes are read
+/// afresh on every call (a library installed later is found).
+pub fn capabilities() -> Value {
+    let mooncake = crate::mooncake::load();
+    let mooncake_protocols: Vec<&str> = KNOWN_PROTOCOLS.to_vec();
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "backends": [
+            {"name": "tcp", "engine": "native", "available": true, "protocols": ["tcp"]},
+            {
+                "name": "mooncake",
+                "available": mooncake.is_ok(),
+                "library": mooncake.as_ref().map(|api| api.path().to_owned()).ok(),
+                "reason": mooncake.as_ref().err(),
+                "protocols": mooncake_protocols,
+            },
+        ],
+        "memory": [
+            {"kind": "cpu", "available": true},
+        ],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn capabilities_name_every_backend_and_memory_kind() {
+        let c = super::capabilities();
+        assert_eq!(c["version"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(c["backends"][0]["name"], "tcp");
+        assert_eq!(c["backends"][0]["available"], true);
+        let mc = &c["backends"][1];
+        assert_eq!(mc["name"], "mooncake");
+        // Either it loads (and names the library) or it says why not.
+        assert!(mc["available"] == true && mc["library"].is_string() || mc["reason"].is_string(), "{mc}");
+        assert_eq!(c["memory"][0]["kind"], "cpu");
+    }
 }

@@ -6,7 +6,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -56,6 +56,8 @@ pub struct BatchRun {
     notify_error: Mutex<Option<Error>>,
     done: Mutex<bool>,
     done_cv: Condvar,
+    /// When the batch was made: task latencies count from here.
+    started: Instant,
 }
 
 impl BatchRun {
@@ -104,6 +106,7 @@ impl BatchRun {
             notify_error: Mutex::new(None),
             done: Mutex::new(false),
             done_cv: Condvar::new(),
+            started: Instant::now(),
         })
     }
 
@@ -111,6 +114,11 @@ impl BatchRun {
     /// on the calling thread (which then keeps taking windows until none is
     /// left, so it never idles while work remains).
     pub fn start(self: &Arc<Self>, inner: &Arc<Inner>, on_caller: bool) {
+        // Zero-length tasks completed when the batch was made.
+        for t in self.tasks.iter().filter(|t| t.pieces_left.load(Ordering::Acquire) == 0) {
+            debug_assert_eq!(t.state(), TaskState::Completed);
+            inner.stats.completed(self.direction, 0, Duration::ZERO);
+        }
         if self.remaining.load(Ordering::Acquire) == 0 {
             self.finish(inner);
             return;
@@ -181,8 +189,13 @@ impl BatchRun {
         if task.pieces_left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        let failed = task.error.lock().is_some();
-        task.state.store(if failed { TaskState::Failed } else { TaskState::Completed }.to_u8(), Ordering::Release);
+        let failure = task.error.lock().as_ref().map(Error::kind);
+        match failure {
+            Some(kind) => inner.stats.failed(kind),
+            None => inner.stats.completed(self.direction, task.bytes.load(Ordering::Acquire), self.started.elapsed()),
+        }
+        let state = if failure.is_some() { TaskState::Failed } else { TaskState::Completed };
+        task.state.store(state.to_u8(), Ordering::Release);
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.finish(inner);
         }

@@ -43,6 +43,7 @@ use serde_json::Value;
 use crate::error::{Error, ErrorKind, Result};
 use crate::ids::IdTable;
 use crate::transfer::host::{engine_host, parse_session};
+use crate::transfer::stats::{Gauges, Stats, StatsSnapshot};
 use crate::transfer::{state, BatchSummary, Direction, Request, TaskSummary, TransferBackend};
 use batch::BatchRun;
 use notify::Notifications;
@@ -72,6 +73,7 @@ pub(crate) struct Inner {
     pub peers: Peers,
     pub workers: Arc<Workers>,
     pub batches: IdTable<BatchRun>,
+    pub stats: Stats,
 }
 
 /// A running engine. Dropping it (or calling [`Engine::stop`]) stops the
@@ -126,6 +128,7 @@ impl Engine {
             peers: Peers::default(),
             workers: workers.clone(),
             batches: IdTable::new("batch id", 0),
+            stats: Stats::default(),
             settings,
         });
         let clone = |l: &TcpListener| l.try_clone().map_err(|e| Error::io(format!("listener: {e}")));
@@ -273,6 +276,15 @@ impl TransferBackend for Engine {
         self.check_running()?;
         let peer = self.inner.peers.get(&self.inner, session)?;
         notify::send_to(&self.inner, &peer, name, msg)
+    }
+
+    fn stats(&self) -> StatsSnapshot {
+        let i = &self.inner;
+        i.stats.snapshot(Gauges {
+            peers_connected: i.peers.len() as u64,
+            inbound_connections_open: i.stats.inbound_open.load(std::sync::atomic::Ordering::Relaxed),
+            notification_bytes_queued: i.notifications.queued_bytes() as u64,
+        })
     }
 
     /// Take every notification received so far, oldest first.

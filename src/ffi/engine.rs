@@ -166,6 +166,16 @@ pub extern "C" fn pdx_engine_protocol(engine: *const pdx_engine) -> *const c_cha
     guard_or("pdx_engine_protocol", std::ptr::null(), || Ok(ENGINES.get(engine)?.protocol.as_ptr()))
 }
 
+/// Run `f` on the backend behind a live engine handle (for the other ffi
+/// modules); the engine stays alive for the call even if another thread
+/// frees the handle meanwhile.
+pub(crate) fn with_engine<T>(
+    engine: *const pdx_engine,
+    f: impl FnOnce(&dyn TransferBackend) -> Result<T>,
+) -> Result<T> {
+    f(&*ENGINES.get(engine)?.engine)
+}
+
 fn region(addr: *const c_void, len: usize, i: Option<usize>) -> Result<(u64, u64)> {
     let at = i.map(|i| format!(" (entry {i})")).unwrap_or_default();
     if addr.is_null() {

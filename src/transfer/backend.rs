@@ -46,6 +46,8 @@ pub trait TransferBackend: Send + Sync {
     fn probe(&self, session: &str) -> Result<()>;
     fn notify(&self, session: &str, name: &str, msg: &str) -> Result<()>;
     fn drain_notifications(&self) -> Vec<(String, String)>;
+    /// Counters since the engine started (see [`super::stats`]).
+    fn stats(&self) -> super::stats::StatsSnapshot;
     /// Stop: fail in-flight work, release resources. Idempotent.
     fn stop(&self);
 }

@@ -14,6 +14,7 @@ pub mod host;
 pub mod regions;
 pub mod request;
 pub mod state;
+pub mod stats;
 
 pub use backend::TransferBackend;
 pub use request::{Direction, Request};
