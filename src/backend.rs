@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::engine::{BatchSummary, Direction, Request, TaskSummary};
 use crate::error::{Error, Result};
+use crate::location::Requested;
 
 /// A running transfer engine.
 pub trait TransferBackend: Send + Sync {
@@ -19,6 +20,9 @@ pub trait TransferBackend: Send + Sync {
     /// Register regions `(addr, len)`, all or none; overlaps and zero
     /// lengths are `AddressOverlap`.
     fn register_batch(&self, regions: &[(u64, u64)]) -> Result<()>;
+    /// As `register_batch`, at an explicit location (`"cpu:N"`, `"cuda:N"`)
+    /// or `"*"` to detect it.
+    fn register_batch_at(&self, regions: &[(u64, u64)], location: Requested) -> Result<()>;
     /// Unregister regions by start address, all or none; unknown is `NotFound`.
     fn unregister_batch(&self, addrs: &[u64]) -> Result<()>;
     /// Move every request; `Ok` only when each is confirmed at the target.
@@ -62,6 +66,9 @@ impl TransferBackend for crate::engine::Engine {
     }
     fn register_batch(&self, regions: &[(u64, u64)]) -> Result<()> {
         crate::engine::Engine::register_batch(self, regions)
+    }
+    fn register_batch_at(&self, regions: &[(u64, u64)], location: Requested) -> Result<()> {
+        crate::engine::Engine::register_batch_at(self, regions, location)
     }
     fn unregister_batch(&self, addrs: &[u64]) -> Result<()> {
         crate::engine::Engine::unregister_batch(self, addrs)

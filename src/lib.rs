@@ -14,6 +14,7 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod ids;
+pub mod location;
 pub mod logging;
 pub mod mooncake;
 

@@ -87,7 +87,10 @@ static int devices(void) {
     const char *e = getenv("CUDA_DOUBLE_DEVICES");
     int n = e ? atoi(e) : 4;
     n_devices = n < 0 ? 0 : n > CUDA_DOUBLE_MAX_DEVICES ? CUDA_DOUBLE_MAX_DEVICES : n;
-    for (int i = 0; i < CUDA_DOUBLE_MAX_DEVICES; i++) ctxs[i].device = i;
+    for (int i = 0; i < CUDA_DOUBLE_MAX_DEVICES; i++) {
+      ctxs[i].device = i;
+      default_stream[i].ctx = &ctxs[i];
+    }
   }
   return n_devices;
 }

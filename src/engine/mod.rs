@@ -9,6 +9,7 @@
 
 pub(crate) mod batch;
 mod conn;
+pub mod cuda;
 pub mod descriptor;
 mod notify;
 mod peers;
@@ -16,6 +17,7 @@ pub mod regions;
 mod registry;
 mod server;
 pub mod settings;
+pub mod staging;
 mod transfer;
 pub mod wire;
 mod workers;
@@ -76,6 +78,8 @@ pub(crate) struct Inner {
     pub peers: Peers,
     pub workers: Arc<Workers>,
     pub batches: IdTable<BatchRun>,
+    /// Pinned buffers and streams for device memory (allocated on first use).
+    pub staging: staging::Staging,
 }
 
 /// A running engine. Dropping it (or calling [`Engine::stop`]) stops the
@@ -132,6 +136,7 @@ impl Engine {
             peers: Peers::default(),
             workers: workers.clone(),
             batches: IdTable::new("batch"),
+            staging: staging::Staging::new(settings.staging_bytes, settings.lane_wait_timeout),
             settings,
         });
         let clone = |l: &TcpListener| l.try_clone().map_err(|e| Error::io(format!("listener: {e}")));
@@ -174,7 +179,29 @@ impl Engine {
 
     /// Register several regions, all or none.
     pub fn register_batch(&self, regions: &[(u64, u64)]) -> Result<()> {
-        self.inner.regions.register_all(regions)
+        self.register_batch_at(regions, crate::location::Requested::Detect)
+    }
+
+    /// Register several regions at `location`, all or none: `"*"` asks the
+    /// CUDA driver (when one loads) whether each is device memory; a
+    /// `cuda:N` region needs the driver and is refused at once (naming the
+    /// region and the cause) if it or the driver call fails.
+    pub fn register_batch_at(&self, regions: &[(u64, u64)], location: crate::location::Requested) -> Result<()> {
+        let classified = regions
+            .iter()
+            .map(|&(a, l)| cuda::classify(a, l, location).map(|c| (a, l, c)))
+            .collect::<Result<Vec<_>>>()?;
+        self.inner.regions.register_all_at(classified)
+    }
+
+    /// Where the registered region containing `addr` lives, if any.
+    pub fn location_of(&self, addr: u64) -> Option<crate::location::Location> {
+        self.inner.regions.lookup(addr, 1).map(|r| r.location)
+    }
+
+    /// Pinned staging bytes this engine may allocate, and one buffer's size.
+    pub fn staging_limits(&self) -> (usize, usize) {
+        (self.inner.staging.cap(), self.inner.staging.chunk())
     }
 
     /// Withdraw the region starting at `addr`; returns once no inbound
@@ -205,7 +232,8 @@ impl Engine {
     pub unsafe fn transfer_sync(&self, session: &str, direction: Direction, reqs: Vec<Request>) -> Result<()> {
         self.check_running()?;
         Request::validate_all(&reqs)?;
-        let run = BatchRun::new(&self.inner.settings, session, direction, reqs, None);
+        staging::check_locals(&self.inner, &reqs)?;
+        let run = BatchRun::new(&self.inner, session, direction, reqs, None);
         run.start(&self.inner, true);
         run.wait_until(None);
         run.outcome()
@@ -225,7 +253,8 @@ impl Engine {
     ) -> Result<u64> {
         self.check_running()?;
         Request::validate_all(&reqs)?;
-        let run = BatchRun::new(&self.inner.settings, session, direction, reqs, notify);
+        staging::check_locals(&self.inner, &reqs)?;
+        let run = BatchRun::new(&self.inner, session, direction, reqs, notify);
         let id = self.inner.batches.insert(run.clone())?;
         run.start(&self.inner, false);
         Ok(id)

@@ -12,14 +12,20 @@ use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 
+use super::cuda::{Classified, Device};
 use super::descriptor::AdvertisedBuffer;
 use crate::error::{Error, ErrorKind, Result};
+use crate::location::Location;
 
 /// One registered region.
 #[derive(Debug)]
 pub struct Region {
     pub start: u64,
     pub len: u64,
+    /// Where the bytes live; device memory is only ever staged.
+    pub location: Location,
+    /// The device (primary context retained) for device memory.
+    pub device: Option<Arc<Device>>,
     revoked: AtomicBool,
 }
 
@@ -34,6 +40,9 @@ impl Region {
 #[derive(Default)]
 pub struct Regions {
     map: RwLock<BTreeMap<u64, Arc<Region>>>,
+    /// How many registered regions are device memory (0: no lookups needed
+    /// to stage).
+    devices: std::sync::atomic::AtomicUsize,
 }
 
 fn check_shape(addr: u64, len: u64) -> Result<u64> {
@@ -69,21 +78,49 @@ impl Regions {
         map.range(..end).next_back().filter(|(_, r)| r.start + r.len > addr).map(|(_, r)| r.clone())
     }
 
-    /// Register several regions, all or none.
+    /// Register several host regions, all or none.
     pub fn register_all(&self, regions: &[(u64, u64)]) -> Result<()> {
+        self.register_all_at(
+            regions.iter().map(|&(a, l)| (a, l, Classified { location: Location::default(), device: None })).collect(),
+        )
+    }
+
+    /// Register several regions with their classified locations, all or none.
+    pub fn register_all_at(&self, regions: Vec<(u64, u64, Classified)>) -> Result<()> {
         let mut map = self.map.write();
         let mut added: BTreeMap<u64, Arc<Region>> = BTreeMap::new();
-        for &(addr, len) in regions {
+        for (addr, len, c) in regions {
             let end = check_shape(addr, len)?;
             for existing in [&*map, &added] {
                 if let Some(other) = Self::overlapping(existing, addr, end) {
                     return Err(overlap_error(addr, len, &other));
                 }
             }
-            added.insert(addr, Arc::new(Region { start: addr, len, revoked: AtomicBool::new(false) }));
+            let region =
+                Region { start: addr, len, location: c.location, device: c.device, revoked: AtomicBool::new(false) };
+            added.insert(addr, Arc::new(region));
         }
+        self.devices.fetch_add(added.values().filter(|r| r.device.is_some()).count(), Ordering::AcqRel);
         map.extend(added);
         Ok(())
+    }
+
+    /// True if any registered region is device memory.
+    pub fn has_device_regions(&self) -> bool {
+        self.devices.load(Ordering::Acquire) > 0
+    }
+
+    /// A device region overlapping `[addr, addr+len)`, if any (to refuse a
+    /// local range that is partly device memory).
+    pub fn device_overlapping(&self, addr: u64, len: u64) -> Option<Arc<Region>> {
+        let end = addr.checked_add(len.max(1))?;
+        let map = self.map.read();
+        // Regions do not overlap: walk back from `end` while they reach `addr`.
+        map.range(..end)
+            .rev()
+            .take_while(|(_, r)| r.start + r.len > addr)
+            .find(|(_, r)| r.device.is_some())
+            .map(|(_, r)| r.clone())
     }
 
     /// Unregister several regions by start address, all or none; waits up to
@@ -97,7 +134,9 @@ impl Regions {
                     return Err(Error::new(ErrorKind::NotFound, format!("no registered region starts at {addr:#x}")));
                 }
             }
-            addrs.iter().filter_map(|a| map.remove(a)).collect()
+            let removed: Vec<Arc<Region>> = addrs.iter().filter_map(|a| map.remove(a)).collect();
+            self.devices.fetch_sub(removed.iter().filter(|r| r.device.is_some()).count(), Ordering::AcqRel);
+            removed
         };
         for r in &removed {
             r.revoked.store(true, Ordering::Release);

@@ -46,6 +46,21 @@ pub struct Settings {
     pub spin: Duration,
     /// Address the listeners bind to; `None` means the hostname's address.
     pub bind_address: Option<String>,
+    /// Cap on pinned host memory for staging device memory
+    /// (`PDX_CUDA_STAGING_BYTES`; a K/M/G suffix is binary).
+    pub staging_bytes: usize,
+}
+
+/// `123`, `64K`, `64M`, `1G` (binary multiples).
+fn byte_size(text: &str) -> Option<usize> {
+    let t = text.trim();
+    let (digits, shift) = match t.as_bytes().last()? {
+        b'k' | b'K' => (&t[..t.len() - 1], 10),
+        b'm' | b'M' => (&t[..t.len() - 1], 20),
+        b'g' | b'G' => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    digits.parse::<usize>().ok().and_then(|n| n.checked_mul(1usize << shift)).filter(|&n| n > 0)
 }
 
 fn raw(name: &str) -> Option<String> {
@@ -139,6 +154,8 @@ impl Settings {
                 .map(Duration::from_micros)
                 .unwrap_or(Duration::from_micros(50)),
             bind_address: raw("PDX_BIND_ADDRESS").filter(|s| !s.is_empty()),
+            staging_bytes: pick(&["PDX_CUDA_STAGING_BYTES"], byte_size)
+                .unwrap_or(super::staging::DEFAULT_STAGING_BYTES),
         }
     }
 
@@ -162,5 +179,11 @@ mod tests {
         assert_eq!(millis("10"), Some(Duration::from_millis(10)));
         assert_eq!(millis("0"), None);
         assert_eq!(millis("-3"), None);
+        assert_eq!(byte_size("64M"), Some(64 << 20));
+        assert_eq!(byte_size("4096"), Some(4096));
+        assert_eq!(byte_size("1g"), Some(1 << 30));
+        for bad in ["", "M", "0", "-1", "1T", "99999999999999999999G"] {
+            assert_eq!(byte_size(bad), None, "{bad}");
+        }
     }
 }
