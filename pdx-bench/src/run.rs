@@ -102,7 +102,19 @@ pub fn block_sweep(ctx: &Context<'_>) -> Result<(Vec<Row>, Moved), String> {
     if opts.op == Op::Write {
         pattern::fill(local.as_mut_slice(), SOURCE_SEED);
     }
-    let local_addr = local.addr() as usize;
+    // Device memory (`--location cuda:N`): the host buffer is its mirror,
+    // uploaded before the sweep and read back before verifying.
+    let dev = match crate::device::ordinal(&opts.location)? {
+        Some(n) => {
+            let d = crate::device::DeviceBuffer::new(n, local.len())?;
+            d.upload(0, local.as_slice())?;
+            let at = pdx::location::Requested::parse(&opts.location).map_err(|e| e.to_string())?;
+            ctx.engine.register_batch_at(&[(d.addr(), d.len() as u64)], at).map_err(|e| e.to_string())?;
+            Some(d)
+        }
+        None => None,
+    };
+    let local_addr = dev.as_ref().map_or(local.addr(), |d| d.addr()) as usize;
     let mut covered = vec![0usize; threads];
     let mut rows = Vec::new();
     let show = !opts.quiet && std::io::stderr().is_terminal();
@@ -201,6 +213,10 @@ pub fn block_sweep(ctx: &Context<'_>) -> Result<(Vec<Row>, Moved), String> {
             elapsed,
             latencies,
         });
+    }
+    if let Some(d) = dev {
+        d.download(0, local.as_mut_slice())?;
+        ctx.engine.unregister_batch(&[d.addr()]).map_err(|e| e.to_string())?;
     }
     Ok((rows, Moved { local, region, covered }))
 }
