@@ -63,7 +63,7 @@ static void *sym(void *lib, const char *name, int required) {
 
 /* 1 if the driver at `path` loaded and has a device. */
 static int load_driver(const char *path) {
-  void *lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!lib) return 0;
   LOAD(init, "cuInit", 1);
   LOAD(get_count, "cuDeviceGetCount", 1);

@@ -646,3 +646,37 @@ def session_id(host: str, port: int) -> str:
         buf = ctypes.create_string_buffer(needed.value + 1)
         check(lib.pdx_session_id(_enc(host), port, buf, len(buf), ctypes.byref(needed)))
     return buf.value.decode()
+
+
+# ------------------------------------------------ device (CUDA) memory
+# Appended as one block so it merges cleanly with the package split.
+
+STATUS_NAMES.update({-26: "PDX_ERR_DEVICE_UNAVAILABLE", -27: "PDX_ERR_DEVICE"})
+globals().update({name: code for code, name in STATUS_NAMES.items()})
+
+_DEVICE_SIGNATURES = [
+    ("pdx_register_memory_at", pdx_status, [c_void_p, c_void_p, c_size_t, c_char_p]),
+]
+_SIGNATURES += _DEVICE_SIGNATURES
+for _name, _restype, _argtypes in _DEVICE_SIGNATURES:
+    _fn = getattr(lib, _name)
+    _fn.restype = _restype
+    _fn.argtypes = _argtypes
+
+
+def _register_at(self, memory: object, length: int | None = None, location: str = "*") -> int:
+    """Register a buffer, or `length` bytes at an int address (a device
+    pointer for `"cuda:N"`), at `location`: "cpu:N", "cuda:N" or "*" (ask the
+    CUDA driver). Returns the address."""
+    if isinstance(memory, int):
+        addr, length, keep = memory, length, None
+        if length is None:
+            raise ValueError("length is required with an address")
+    else:
+        addr, length, keep = _memory(memory, length, writable=True)
+    check(lib.pdx_register_memory_at(self._h, addr, length, location.encode()))
+    self._registered[addr] = keep
+    return addr
+
+
+Engine.register_at = _register_at
