@@ -489,12 +489,13 @@ static void test_failing_copies(pdx_engine *a, pdx_engine *b) {
   CHECK(strstr(pdx_last_error_message(), "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered") !=
         NULL);
   CHECK_OK(pdx_transfer_sync_write(b, sa, (void *)(uintptr_t)loc.dptr, rem.dptr, 4096));
-  /* Target side: the second of three requests fails to land; only it fails. */
+  /* Target side: the copy of the second of three pipelined requests fails;
+   * only that task fails (the first is confirmed, the third retried). */
   memcpy(hloc.host, buf, sizeof buf);
   void *locals[3] = {hloc.host, hloc.host + 4096, hloc.host + 8192};
   uint64_t remotes[3] = {rem.dptr, rem.dptr + 4096, rem.dptr + 8192};
   size_t lens[3] = {4096, 4096, 4096};
-  cu.inject("copy", 1, 1, 700);
+  cu.inject("copy_call", 1, 1, 1);
   uint64_t id = 0;
   CHECK_OK(pdx_batch_submit(b, sa, PDX_OPCODE_WRITE, locals, remotes, lens, 3, NULL, NULL, &id));
   int32_t state = -1;
@@ -519,18 +520,21 @@ static void test_failing_copies(pdx_engine *a, pdx_engine *b) {
 
 /* ----------------------------------------- contexts and the right device */
 
-static void test_contexts(const struct cuda_double_stats *start, pdx_engine *b, const char *sa) {
-  /* The caller's current context survives a transfer on its thread. */
-  struct side loc;
+static void test_contexts(const struct cuda_double_stats *start, pdx_engine *a, pdx_engine *b) {
+  /* The caller's current context survives transfers on its thread (pdx
+   * makes cuda:0's current for its copies and restores the caller's). */
+  struct side loc, rem;
   side_init(&loc, b, 0, 1 << 20);
+  side_init(&rem, a, dev_hi, 1 << 20);
   use_device(dev_hi);
   CUcontext mine = NULL, after = NULL;
   cu.get_current(&mine);
-  (void)sa;
-  CHECK_OK(pdx_transfer_sync_write(b, sa, (void *)(uintptr_t)loc.dptr, loc.dptr, 0));
+  CHECK_OK(pdx_transfer_sync_write(b, pdx_engine_session_id(a), (void *)(uintptr_t)loc.dptr, rem.dptr, 1 << 20));
+  CHECK_OK(pdx_transfer_sync_read(b, pdx_engine_session_id(a), (void *)(uintptr_t)loc.dptr, rem.dptr, 4096));
   cu.get_current(&after);
-  CHECK(mine == after);
+  CHECK(mine != NULL && mine == after);
   side_free(&loc);
+  side_free(&rem);
   if (real) return;
   struct cuda_double_stats st;
   get_stats(&st);
@@ -570,7 +574,7 @@ int main(int argc, char **argv) {
   test_pages(a, b);
   test_failing_copies(a, b);
   test_unregister_during_transfer(a, b);
-  test_contexts(&start, b, pdx_engine_session_id(a));
+  test_contexts(&start, a, b);
   pdx_engine_free(a);
   pdx_engine_free(b);
   test_cap();

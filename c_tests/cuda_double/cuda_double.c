@@ -359,6 +359,8 @@ static CUresult enqueue(int h2d, uintptr_t dev, void *host, size_t n, CUstream s
   } else if (a->device != current->device) {
     st.copies_wrong_context++;
     rc = ERR_INVALID_CONTEXT;
+  } else {
+    rc = injected("copy_call");
   }
   if (rc == SUCCESS) {
     if (!find((uintptr_t)host, n, 0)) st.copies_pageable++;

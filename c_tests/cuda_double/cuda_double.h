@@ -32,7 +32,8 @@ typedef void (*cuda_double_stats_fn)(struct cuda_double_stats *out);
 typedef void (*cuda_double_reset_peak_fn)(void);
 /* Make `count` calls of `what` fail with `code` after letting `after` of
  * them succeed. `what`: "copy" (the failure shows at cuStreamSynchronize,
- * as a real asynchronous fault does), "cuPointerGetAttribute",
+ * as a real asynchronous fault does), "copy_call" (the copy call itself
+ * fails, as for a bad pointer), "cuPointerGetAttribute",
  * "cuMemHostAlloc", "cuStreamCreate". */
 typedef void (*cuda_double_inject_fn)(const char *what, int after, int count, int code);
 

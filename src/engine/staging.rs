@@ -30,6 +30,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::conn::Conn;
 use super::cuda::{device_error, Device};
+use super::regions::Region;
 use super::transfer::{run_window, Request, WindowOutcome};
 use super::wire::{self, Direction, RequestHeader, HEADER_LEN};
 use super::Inner;
@@ -665,12 +666,15 @@ impl Drop for Staging {
     }
 }
 
-/// Serve one inbound request on a device region (the target side): an
-/// inbound write is received into staging, copied to the device and
-/// acknowledged (v2) only after the copy was synchronized, so a v1 fence
-/// read behind it also passes only then; an inbound read is copied to
-/// staging, synchronized and sent. A failed driver call answers REJECTED
-/// where the request is acknowledged and closes the connection (`false`).
+/// Serve inbound requests on a device region (the target side). An inbound
+/// write is received into staging, copied to the device and acknowledged
+/// (v2) only after the copy was synchronized, so a v1 fence read behind it
+/// also passes only then; an inbound read is copied to staging,
+/// synchronized and sent. Small requests already pipelined behind this one
+/// (same direction, same device, fitting one buffer) are served together:
+/// one synchronize, one send. A failed driver call answers REJECTED for the
+/// request it concerns where requests are acknowledged, after confirming
+/// the ones before it, and closes the connection (`false`).
 pub(crate) fn serve_device(
     inner: &Inner,
     conn: &mut Conn,
@@ -679,22 +683,12 @@ pub(crate) fn serve_device(
     acks: &mut Vec<u8>,
     revoked: &dyn Fn() -> bool,
 ) -> bool {
-    let stop = || inner.registry.stopping();
     let size = header.size as usize;
-    let result = match header.direction {
-        Direction::Write => inner.staging.recv_to_device(conn, dev, header.addr, size, revoked).and_then(|()| {
-            if header.acknowledged {
-                acks.extend_from_slice(&wire::encode_status(wire::STATUS_OK));
-            }
-            if conn.buffered() < HEADER_LEN || acks.len() >= 4096 {
-                conn.send_all(acks)?;
-                acks.clear();
-            }
-            Ok(())
-        }),
-        Direction::Read => {
-            inner.staging.send_from_device(conn, dev, header.addr, size, acks, header.acknowledged, revoked)
-        }
+    let staging = &inner.staging;
+    let result = if size > staging.chunk {
+        large(staging, conn, dev, header, acks, revoked)
+    } else {
+        small_run(inner, conn, dev, header, acks, revoked)
     };
     match result {
         Ok(()) => true,
@@ -703,20 +697,161 @@ pub(crate) fn serve_device(
             false
         }
         Err(Failure::Device(e)) => {
-            if !stop() {
-                log::warn!(
-                    "data connection: {:?} of {size} bytes at {:#x} ({dev:?}) failed: {e}",
-                    header.direction,
-                    header.addr
-                );
-            }
-            if header.acknowledged && header.direction == Direction::Write && e.kind() == ErrorKind::Device {
-                acks.extend_from_slice(&wire::encode_status(wire::STATUS_REJECTED));
-                let _ = conn.send_all(acks);
+            if !inner.registry.stopping() {
+                log::warn!("data connection: staging for {dev:?} failed: {e}");
             }
             false
         }
     }
+}
+
+/// Flush acknowledgements unless more pipelined requests are already here.
+fn flush_acks(conn: &Conn, acks: &mut Vec<u8>) -> io::Result<()> {
+    if conn.buffered() < HEADER_LEN || acks.len() >= 4096 {
+        conn.send_all(acks)?;
+        acks.clear();
+    }
+    Ok(())
+}
+
+fn reject(conn: &Conn, acks: &mut Vec<u8>, acknowledged: bool, e: Error) -> Failure {
+    if acknowledged {
+        acks.extend_from_slice(&wire::encode_status(wire::STATUS_REJECTED));
+        let _ = conn.send_all(acks);
+    }
+    acks.clear();
+    Failure::Device(e)
+}
+
+/// One request larger than a staging buffer, pipelined in chunks.
+fn large(
+    staging: &Staging,
+    conn: &mut Conn,
+    dev: &Arc<Device>,
+    header: &RequestHeader,
+    acks: &mut Vec<u8>,
+    revoked: &dyn Fn() -> bool,
+) -> std::result::Result<(), Failure> {
+    let size = header.size as usize;
+    match header.direction {
+        Direction::Write => {
+            match staging.recv_to_device(conn, dev, header.addr, size, revoked) {
+                Ok(()) => {}
+                Err(Failure::Device(e)) => return Err(reject(conn, acks, header.acknowledged, e)),
+                Err(f) => return Err(f),
+            }
+            if header.acknowledged {
+                acks.extend_from_slice(&wire::encode_status(wire::STATUS_OK));
+            }
+            flush_acks(conn, acks)?;
+            Ok(())
+        }
+        Direction::Read => staging.send_from_device(conn, dev, header.addr, size, acks, header.acknowledged, revoked),
+    }
+}
+
+/// The next pipelined request, if it can join a run of small requests in
+/// direction `d` on `dev` with `room` bytes left in the buffer.
+fn next_small(inner: &Inner, conn: &Conn, d: Direction, dev: &Device, room: usize) -> Option<(RequestHeader, Arc<Region>)> {
+    let h = RequestHeader::decode(&conn.peek_buffered::<HEADER_LEN>()?);
+    if h.direction != d || h.size == 0 || h.size as usize > room {
+        return None;
+    }
+    let r = inner.regions.lookup(h.addr, h.size)?;
+    (r.device.as_ref()?.ordinal == dev.ordinal && !r.is_revoked()).then_some((h, r))
+}
+
+/// A run of small requests staged in one buffer with one synchronize.
+fn small_run(
+    inner: &Inner,
+    conn: &mut Conn,
+    dev: &Arc<Device>,
+    first: &RequestHeader,
+    acks: &mut Vec<u8>,
+    revoked: &dyn Fn() -> bool,
+) -> std::result::Result<(), Failure> {
+    let staging = &inner.staging;
+    let lease = match staging.lease(Side::Inbound, dev, 1, revoked) {
+        Ok(l) => l,
+        // No buffer in time (or stopping): close, the initiator retries.
+        Err(e) => return Err(Failure::Io(io::Error::new(io::ErrorKind::TimedOut, e.to_string()))),
+    };
+    let base = lease.buf(0);
+    // Regions of the requests after the first (the caller holds the first's)
+    // stay held until their copies are synchronized.
+    let mut held: Vec<Arc<Region>> = Vec::new();
+    let mut run: Vec<(RequestHeader, usize)> = Vec::new();
+    let mut header = *first;
+    let mut off = 0usize;
+    loop {
+        let size = header.size as usize;
+        let stop = || revoked() || held.iter().any(|r| r.is_revoked());
+        // SAFETY (both arms): `base+off .. +size` lies in our pinned buffer
+        // (size fits the room left); the device range is in a held region.
+        let queued = match header.direction {
+            Direction::Write => {
+                unsafe { conn.recv_raw(base.add(off), size, &stop) }?;
+                lease.h2d_from(0, header.addr, unsafe { base.add(off) }, size)
+            }
+            Direction::Read => lease.d2h_at(0, off, header.addr, size),
+        };
+        if let Err(e) = queued {
+            // This request alone failed: confirm the ones before it.
+            let done = lease.sync(0).map(|()| run.len()).unwrap_or(0);
+            let e = finish_run(conn, &lease, &run[..done], acks).err().map(Failure::Io).unwrap_or(Failure::Device(e));
+            return Err(match e {
+                Failure::Device(e) => reject(conn, acks, header.acknowledged, e),
+                f => f,
+            });
+        }
+        run.push((header, off));
+        off += size;
+        match next_small(inner, conn, header.direction, dev, staging.chunk - off) {
+            Some((h, r)) => {
+                let mut raw = [0u8; HEADER_LEN];
+                conn.recv_exact(&mut raw)?; // the header peeked at, now consumed
+                held.push(r);
+                header = h;
+            }
+            None => break,
+        }
+    }
+    if let Err(e) = lease.sync(0) {
+        // Which copy failed is unknown: the first request of the run is
+        // refused and the connection closes; the initiator retries the rest.
+        return Err(reject(conn, acks, run[0].0.acknowledged, e));
+    }
+    finish_run(conn, &lease, &run, acks)?;
+    drop(held);
+    Ok(())
+}
+
+/// Acknowledge a synchronized run of writes, or send a run of reads (each
+/// with its status frame in v2) in one gathered send.
+fn finish_run(conn: &Conn, lease: &Lease<'_>, run: &[(RequestHeader, usize)], acks: &mut Vec<u8>) -> io::Result<()> {
+    let Some((first, _)) = run.first() else { return Ok(()) };
+    if first.direction == Direction::Write {
+        for (h, _) in run {
+            if h.acknowledged {
+                acks.extend_from_slice(&wire::encode_status(wire::STATUS_OK));
+            }
+        }
+        return flush_acks(conn, acks);
+    }
+    let ok = wire::encode_status(wire::STATUS_OK);
+    let mut pieces: Vec<(*const u8, usize)> = Vec::with_capacity(2 * run.len() + 1);
+    pieces.push((acks.as_ptr(), acks.len()));
+    for (h, off) in run {
+        if h.acknowledged {
+            pieces.push((ok.as_ptr(), ok.len()));
+        }
+        // SAFETY: inside our pinned buffer, synchronized.
+        pieces.push((unsafe { lease.buf(0).add(*off) }.cast_const(), h.size as usize));
+    }
+    // SAFETY: every piece is readable: our Vec, a local array, our buffer.
+    let sent = unsafe { conn.send_vectored(&pieces) };
+    acks.clear();
+    sent
 }
 
 /// The device each request's local range lives on (`None`: host memory),
