@@ -534,6 +534,10 @@ pdx_status pdx_register_memory(pdx_engine *engine, void *addr, size_t len);
  * call with `PDX_ERR_DEVICE`; each message names the region and the cause.
  * Other errors as `pdx_register_memory`. The Mooncake backend passes the
  * location to `registerLocalMemory` unchanged.
+ *
+ * # Safety
+ * `location` is NULL or a NUL-terminated string; the memory stays valid
+ * until it is unregistered.
  */
 pdx_status pdx_register_memory_at(pdx_engine *engine, void *addr, size_t len, const char *location);
 
