@@ -335,16 +335,18 @@ impl Staging {
         stop: &dyn Fn() -> bool,
     ) -> WindowOutcome {
         let mut confirmed = 0usize;
-        for run in runs(devs) {
-            let Some(dev) = run.device.clone() else {
-                let out = run_window(conn, session, direction, v2, &reqs[run.range.clone()]);
+        let ords: Vec<Option<u32>> = devs.iter().map(|d| d.as_ref().map(|d| d.ordinal)).collect();
+        for (range, _) in runs(&ords) {
+            let dev = devs[range.clone()].iter().flatten().next().cloned();
+            let Some(dev) = dev else {
+                let out = run_window(conn, session, direction, v2, &reqs[range.clone()]);
                 confirmed += out.confirmed;
                 if out.broken.is_some() {
                     return WindowOutcome { confirmed, ..out };
                 }
                 continue;
             };
-            let groups = self.groups(&reqs[run.range.clone()], &devs[run.range.clone()], run.range.start);
+            let groups = self.groups(&reqs[range.clone()], &ords[range.clone()], range.start);
             let lease = match self.lease(Side::Outbound, &dev, groups.len(), stop) {
                 Ok(l) => l,
                 Err(e) => return WindowOutcome { confirmed, rejected: false, broken: Some(e) },
@@ -362,7 +364,7 @@ impl Staging {
     }
 
     /// Cut a run into groups whose device bytes fit one buffer.
-    fn groups(&self, reqs: &[Request], devs: &[Option<Arc<Device>>], base: usize) -> Vec<Range<usize>> {
+    fn groups(&self, reqs: &[Request], devs: &[Option<u32>], base: usize) -> Vec<Range<usize>> {
         let mut out = Vec::new();
         let mut start = 0usize;
         let mut bytes = 0usize;
@@ -382,31 +384,25 @@ impl Staging {
     }
 }
 
-/// Consecutive requests whose device requests share one device.
-struct Run {
-    range: Range<usize>,
-    device: Option<Arc<Device>>,
-}
-
-fn runs(devs: &[Option<Arc<Device>>]) -> Vec<Run> {
-    let mut out: Vec<Run> = Vec::new();
+/// Consecutive requests whose device requests share one device: (range,
+/// that device's ordinal, `None` if all are host memory).
+fn runs(ords: &[Option<u32>]) -> Vec<(Range<usize>, Option<u32>)> {
+    let mut out = Vec::new();
     let mut start = 0usize;
-    let mut current: Option<Arc<Device>> = None;
-    for (i, d) in devs.iter().enumerate() {
-        if let Some(d) = d {
-            match &current {
-                Some(c) if c.ordinal != d.ordinal => {
-                    out.push(Run { range: start..i, device: current.take() });
-                    start = i;
-                    current = Some(d.clone());
-                }
-                Some(_) => {}
-                None => current = Some(d.clone()),
+    let mut current: Option<u32> = None;
+    for (i, &d) in ords.iter().enumerate() {
+        match (current, d) {
+            (Some(c), Some(d)) if c != d => {
+                out.push((start..i, Some(c)));
+                start = i;
+                current = Some(d);
             }
+            (None, Some(d)) => current = Some(d),
+            _ => {}
         }
     }
-    if start < devs.len() {
-        out.push(Run { range: start..devs.len(), device: current });
+    if start < ords.len() {
+        out.push((start..ords.len(), current));
     }
     out
 }
@@ -752,7 +748,13 @@ fn large(
 
 /// The next pipelined request, if it can join a run of small requests in
 /// direction `d` on `dev` with `room` bytes left in the buffer.
-fn next_small(inner: &Inner, conn: &Conn, d: Direction, dev: &Device, room: usize) -> Option<(RequestHeader, Arc<Region>)> {
+fn next_small(
+    inner: &Inner,
+    conn: &Conn,
+    d: Direction,
+    dev: &Device,
+    room: usize,
+) -> Option<(RequestHeader, Arc<Region>)> {
     let h = RequestHeader::decode(&conn.peek_buffered::<HEADER_LEN>()?);
     if h.direction != d || h.size == 0 || h.size as usize > room {
         return None;
@@ -922,4 +924,40 @@ pub(crate) fn check_locals(inner: &Inner, reqs: &[Request]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_sizes_follow_the_cap() {
+        let s = Staging::new(DEFAULT_STAGING_BYTES, Duration::from_secs(1));
+        assert_eq!((s.cap(), s.chunk()), (64 << 20, 2 << 20));
+        assert_eq!(s.halves[0].max_bufs * s.chunk() * 2, s.cap());
+        let small = Staging::new(1, Duration::from_secs(1));
+        assert_eq!(small.cap(), MIN_STAGING_BYTES);
+        assert_eq!(small.chunk(), 8192);
+        assert!(small.halves[1].max_bufs * small.chunk() * 2 <= small.cap());
+        let odd = Staging::new(1_000_000, Duration::from_secs(1));
+        assert_eq!(odd.chunk() % 4096, 0);
+        assert!(odd.halves[0].max_bufs * odd.chunk() * 2 <= odd.cap());
+    }
+
+    #[test]
+    fn runs_split_at_device_changes_and_groups_fit_a_buffer() {
+        let (d0, d3) = (Some(0), Some(3));
+        let r = runs(&[None, d0, None, d0, d3, None, d3]);
+        assert_eq!(r, vec![(0..4, Some(0)), (4..7, Some(3))]);
+        assert_eq!(runs(&[None, None]), vec![(0..2, None)]);
+        assert!(runs(&[]).is_empty());
+
+        let s = Staging::new(MIN_STAGING_BYTES, Duration::from_secs(1));
+        let c = s.chunk();
+        let req = |len| Request { local: 0x1000, remote: 0x2000, len };
+        // Device bytes per group never exceed one buffer; host requests ride along.
+        let reqs = [req(c / 2), req(c / 2), req(1), req(c / 2 + 1), req(c), req(100)];
+        let g = s.groups(&reqs, &[d0, d0, None, d0, d0, None], 10);
+        assert_eq!(g, vec![10..13, 13..14, 14..16]);
+    }
 }
