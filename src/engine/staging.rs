@@ -31,7 +31,7 @@ use parking_lot::{Condvar, Mutex};
 use super::conn::Conn;
 use super::cuda::{device_error, Device};
 use super::regions::Region;
-use super::transfer::{run_window, Request, WindowOutcome};
+use super::transfer::{header, io_error, run_window, take_acks, Request, WindowOutcome};
 use super::wire::{self, Direction, RequestHeader, HEADER_LEN};
 use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
@@ -351,9 +351,11 @@ impl Staging {
                 Ok(l) => l,
                 Err(e) => return WindowOutcome { confirmed, rejected: false, broken: Some(e) },
             };
-            let out = match direction {
-                Direction::Write => write_groups(&lease, conn, session, v2, reqs, devs, &groups),
-                Direction::Read => read_groups(&lease, conn, session, v2, reqs, devs, &groups),
+            let out = match (direction, v2) {
+                (Direction::Write, true) => write_groups_v2(&lease, conn, session, reqs, devs, &groups),
+                // v1: a fence read per group confirms it.
+                (Direction::Write, false) => write_groups(&lease, conn, session, false, reqs, devs, &groups),
+                (Direction::Read, _) => read_groups(&lease, conn, session, v2, reqs, devs, &groups),
             };
             confirmed += out.confirmed;
             if out.broken.is_some() {
@@ -485,6 +487,84 @@ unsafe fn write_groups(
     WindowOutcome { confirmed, rejected: false, broken: None }
 }
 
+/// The outcome when the target refused a request or the connection ended
+/// while acknowledgements were awaited.
+fn ended(confirmed: usize, (rejected, err): (bool, Option<Error>)) -> WindowOutcome {
+    let broken = Some(err.unwrap_or_else(|| Error::new(ErrorKind::RemoteRejected, "rejected")));
+    WindowOutcome { confirmed, rejected, broken }
+}
+
+/// Protocol v2 writes of a run, pipelined across groups: group g+1 is
+/// staged while group g is sent, and acknowledgements are taken as they
+/// come and waited for only at the end (as for host memory).
+unsafe fn write_groups_v2(
+    lease: &Lease<'_>,
+    conn: &mut Conn,
+    session: &str,
+    reqs: &[Request],
+    devs: &[Option<Arc<Device>>],
+    groups: &[Range<usize>],
+) -> WindowOutcome {
+    let n = lease.len();
+    let total = groups.iter().map(|g| g.len()).sum::<usize>();
+    let mut views: Vec<Option<Result<Vec<Request>>>> = (0..n).map(|_| None).collect();
+    views[0] = Some(stage_out(lease, 0, reqs, devs, &groups[0]));
+    let (mut acked, mut sent) = (0usize, 0usize);
+    // A local failure after `sent` requests went out: report what the
+    // target confirmed of those.
+    let local_failure =
+        |conn: &mut Conn, acked: &mut usize, sent: usize, e: Error| match take_acks(conn, session, sent, acked, true) {
+            Ok(()) => WindowOutcome { confirmed: *acked, rejected: false, broken: Some(e) },
+            Err(end) => ended(*acked, end),
+        };
+    for (g, group) in groups.iter().enumerate() {
+        let b = g % n;
+        if n > 1 && g + 1 < groups.len() {
+            views[(g + 1) % n] = Some(stage_out(lease, (g + 1) % n, reqs, devs, &groups[g + 1]));
+        }
+        let view = match views[b].take() {
+            Some(Ok(v)) => v,
+            Some(Err(e)) => return local_failure(conn, &mut acked, sent, e),
+            None => return local_failure(conn, &mut acked, sent, Error::new(ErrorKind::Panic, "group not staged")),
+        };
+        if let Err(e) = lease.sync(b) {
+            return local_failure(conn, &mut acked, sent, e);
+        }
+        let headers: Vec<[u8; HEADER_LEN]> = view.iter().map(|r| header(r, Direction::Write, true)).collect();
+        let mut pieces = Vec::with_capacity(2 * view.len());
+        for (h, r) in headers.iter().zip(&view) {
+            pieces.push((h.as_ptr(), HEADER_LEN));
+            pieces.push((r.local as *const u8, r.len));
+        }
+        if let Err(e) = conn.send_vectored(&pieces) {
+            // The target may have refused an earlier request and closed.
+            let e = io_error(e, session);
+            let _ = conn.fill_nonblocking();
+            return match take_acks(conn, session, sent, &mut acked, false) {
+                Err(end) => ended(acked, end),
+                Ok(()) => WindowOutcome { confirmed: acked, rejected: false, broken: Some(e) },
+            };
+        }
+        sent += group.len();
+        if conn.fill_nonblocking().is_ok() {
+            if let Err(end) = take_acks(conn, session, sent, &mut acked, false) {
+                return ended(acked, end);
+            }
+        }
+        if n == 1 && g + 1 < groups.len() {
+            views[0] = Some(stage_out(lease, 0, reqs, devs, &groups[g + 1]));
+        }
+    }
+    match take_acks(conn, session, total, &mut acked, true) {
+        Ok(()) => WindowOutcome { confirmed: acked, rejected: false, broken: None },
+        Err(end) => ended(acked, end),
+    }
+}
+
+/// Reads of a run: every header is sent first (as for host memory), then
+/// group after group is received into alternating buffers, each group's
+/// copies to the device queued while the next one arrives. A request is
+/// confirmed once its copy was synchronized (in order).
 unsafe fn read_groups(
     lease: &Lease<'_>,
     conn: &mut Conn,
@@ -495,8 +575,16 @@ unsafe fn read_groups(
     groups: &[Range<usize>],
 ) -> WindowOutcome {
     let n = lease.len();
-    // Requests received into buffer b whose copies to the device are
-    // queued, and which group that was (groups are synchronized in order).
+    let mut wire_headers = Vec::with_capacity(HEADER_LEN * groups.iter().map(|g| g.len()).sum::<usize>());
+    for g in groups {
+        for r in &reqs[g.clone()] {
+            wire_headers.extend_from_slice(&header(r, Direction::Read, v2));
+        }
+    }
+    if let Err(e) = conn.send_all(&wire_headers) {
+        return WindowOutcome { confirmed: 0, rejected: false, broken: Some(io_error(e, session)) };
+    }
+    // Requests received into buffer b whose copies are queued, not yet synchronized.
     let mut pending: Vec<usize> = vec![0; n];
     let mut confirmed = 0usize;
     let settle = |b: usize, pending: &mut Vec<usize>, confirmed: &mut usize| -> Result<()> {
@@ -512,20 +600,35 @@ unsafe fn read_groups(
             }
         }
         let view = host_view(lease, b, reqs, devs, group);
-        let out = run_window(conn, session, Direction::Read, v2, &view);
+        let mut got = 0usize;
+        let mut failure: Option<(bool, Error)> = None;
+        for r in &view {
+            if v2 {
+                let mut one = 0;
+                if let Err((rejected, err)) = take_acks(conn, session, 1, &mut one, true) {
+                    let e = err.unwrap_or_else(|| Error::new(ErrorKind::RemoteRejected, "rejected"));
+                    failure = Some((rejected, e));
+                    break;
+                }
+            }
+            if let Err(e) = conn.recv_raw(r.local as *mut u8, r.len, &|| false) {
+                failure = Some((false, io_error(e, session)));
+                break;
+            }
+            got += 1;
+        }
         let mut queued: Result<()> = Ok(());
-        for (k, i) in group.clone().enumerate().take(out.confirmed) {
+        for (k, i) in group.clone().enumerate().take(got) {
             if queued.is_ok() && devs[i].is_some() {
                 queued = lease.h2d_from(b, reqs[i].local as u64, view[k].local as *const u8, reqs[i].len);
             }
         }
-        pending[b] = out.confirmed;
-        let broken = match (queued, out.broken) {
+        pending[b] = got;
+        let failure = match (queued, failure) {
             (Err(e), _) => Some((false, e)),
-            (Ok(()), Some(e)) => Some((out.rejected, e)),
-            (Ok(()), None) => None,
+            (Ok(()), f) => f,
         };
-        if let Some((rejected, e)) = broken {
+        if let Some((rejected, e)) = failure {
             // Settle what is queued, oldest first; the prefix stops at the
             // first copy that failed.
             for j in (g + 1).saturating_sub(n)..=g {
@@ -533,7 +636,6 @@ unsafe fn read_groups(
                     return WindowOutcome { confirmed, rejected: false, broken: Some(e) };
                 }
             }
-            let rejected = rejected && pending.iter().all(|&p| p == 0);
             return WindowOutcome { confirmed, rejected, broken: Some(e) };
         }
     }
