@@ -171,10 +171,11 @@ impl Engine {
         self.inner.identity.data_port
     }
 
-    /// Let peers read and write `[addr, addr+len)`. Refuses zero lengths and
-    /// overlaps with registered regions.
+    /// Let peers read and write `[addr, addr+len)` (its location detected,
+    /// see [`register_batch_at`](Self::register_batch_at)). Refuses zero
+    /// lengths and overlaps with registered regions.
     pub fn register(&self, addr: u64, len: u64) -> Result<()> {
-        self.inner.regions.register_all(&[(addr, len)])
+        self.register_batch(&[(addr, len)])
     }
 
     /// Register several regions, all or none.
@@ -197,11 +198,6 @@ impl Engine {
     /// Where the registered region containing `addr` lives, if any.
     pub fn location_of(&self, addr: u64) -> Option<crate::location::Location> {
         self.inner.regions.lookup(addr, 1).map(|r| r.location)
-    }
-
-    /// Pinned staging bytes this engine may allocate, and one buffer's size.
-    pub fn staging_limits(&self) -> (usize, usize) {
-        (self.inner.staging.cap(), self.inner.staging.chunk())
     }
 
     /// Withdraw the region starting at `addr`; returns once no inbound
