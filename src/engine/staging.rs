@@ -334,6 +334,15 @@ impl Staging {
         devs: &[Option<Arc<Device>>],
         stop: &dyn Fn() -> bool,
     ) -> WindowOutcome {
+        // Pieces were cut to one buffer when the batch was made; a local range
+        // registered as device memory since then may be larger.
+        if let Some(r) = reqs.iter().zip(devs).find(|(r, d)| d.is_some() && r.len > self.chunk).map(|(r, _)| r) {
+            let e = Error::invalid_argument(format!(
+                "local range {:#x}+{} became device memory after the transfer was submitted",
+                r.local, r.len
+            ));
+            return WindowOutcome { confirmed: 0, rejected: false, broken: Some(e) };
+        }
         let mut confirmed = 0usize;
         let ords: Vec<Option<u32>> = devs.iter().map(|d| d.as_ref().map(|d| d.ordinal)).collect();
         for (range, _) in runs(&ords) {
