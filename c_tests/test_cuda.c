@@ -282,12 +282,21 @@ static void test_round_trips(pdx_engine *a, pdx_engine *b) {
     side_init(&loc, b, combos[c][0], 32u << 20);
     side_init(&rem, a, rd, 16u << 20);
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) round_trip(&loc, &rem, sa, sizes[i], 0);
-    /* Protocol v1 (fence read) into device memory. */
-    setenv("MC_TCP_PROTO", "1", 1);
-    round_trip(&loc, &rem, sa, (3u << 20) + 5, 0);
-    unsetenv("MC_TCP_PROTO");
     side_free(&loc);
     side_free(&rem);
+    /* Protocol v1 (a fence read confirms the writes), engines started with
+     * MC_TCP_PROTO=1. */
+    setenv("MC_TCP_PROTO", "1", 1);
+    pdx_engine *a1 = start_engine(), *b1 = start_engine();
+    unsetenv("MC_TCP_PROTO");
+    side_init(&loc, b1, combos[c][0], 32u << 20);
+    side_init(&rem, a1, rd, 16u << 20);
+    round_trip(&loc, &rem, pdx_engine_session_id(a1), (3u << 20) + 5, 0);
+    round_trip(&loc, &rem, pdx_engine_session_id(a1), 4096, 0);
+    side_free(&loc);
+    side_free(&rem);
+    pdx_engine_free(a1);
+    pdx_engine_free(b1);
   }
   /* 256 MiB device to device, both directions. */
   struct side loc, rem;
@@ -373,7 +382,7 @@ static void *worker_main(void *arg) {
 static void test_cap(void) {
   enum { T = 16 };
   const size_t cap = 256u << 10, n = 4u << 20;
-  setenv("PDX_CUDA_STAGING_BYTES", "256K", 1);
+  setenv("PDX_CUDA_STAGING_BYTES", "262144", 1);
   pdx_engine *a = start_engine(), *b = start_engine();
   unsetenv("PDX_CUDA_STAGING_BYTES");
   struct side loc, rem;

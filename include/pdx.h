@@ -319,6 +319,10 @@ const char *pdx_last_error_message(void);
  * On success `*out` receives a new object owned by the caller, to be
  * released with `pdx_args_free`. Errors: `PDX_ERR_NULL_ARGUMENT` when `out`
  * is NULL (nothing is allocated).
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `out` is NULL or valid for writing one
+ * pointer. Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_args_new(pdx_args **out);
 
@@ -350,6 +354,10 @@ void pdx_args_free(pdx_args *args);
  * `PDX_ERR_UNKNOWN_KEY`, `PDX_ERR_INVALID_VALUE` (the message names the
  * key and lists the allowed values). On success, strings previously
  * returned by `pdx_args_get` for this object become invalid.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `key` is NULL or a NUL-terminated string;
+ * `value` is NULL or a NUL-terminated string. Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_args_set(pdx_args *args, const char *key, const char *value);
 
@@ -363,6 +371,10 @@ pdx_status pdx_args_set(pdx_args *args, const char *key, const char *value);
  *
  * Errors (`*out` untouched): `PDX_ERR_NULL_ARGUMENT`,
  * `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INVALID_UTF8`, `PDX_ERR_UNKNOWN_KEY`.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `key` is NULL or a NUL-terminated string;
+ * `out` is NULL or valid for writing one pointer. Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_args_get(const pdx_args *args, const char *key, const char **out);
 
@@ -380,6 +392,10 @@ pdx_status pdx_args_get(const pdx_args *args, const char *key, const char **out)
  * `PDX_ERR_INVALID_ARGUMENT` (argc < 0), `PDX_ERR_INVALID_HANDLE`,
  * `PDX_ERR_INVALID_UTF8`, `PDX_ERR_INVALID_VALUE` (a recognized flag with a
  * bad or missing value: `argument --flag: expected one argument`).
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `argv` is NULL or points to `argc` readable
+ * pointers, each NULL or a NUL-terminated string. Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_args_parse_argv(pdx_args *args, int argc, const char *const *argv);
 
@@ -425,6 +441,10 @@ size_t pdx_args_message_count(const pdx_args *args);
  * `pdx_normalize_args` on it or `pdx_args_free`. Returns NULL (and leaves
  * `*level` untouched) on error: stale handle, or `i` out of range
  * (`PDX_ERR_INDEX_OUT_OF_RANGE` in the recorded error).
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `level` is NULL or valid for writing one
+ * `i32`. Handles are checked by pdx, never trusted.
  */
 const char *pdx_args_message(const pdx_args *args, size_t i, int32_t *level);
 
@@ -435,6 +455,10 @@ const char *pdx_args_message(const pdx_args *args, size_t i, int32_t *level);
  *
  * Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_UTF8`,
  * `PDX_ERR_INVALID_VALUE` (empty name).
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `name` is NULL or a NUL-terminated string.
+ * Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_add_transfer_backend_choice(const char *name);
 
@@ -447,6 +471,10 @@ pdx_status pdx_add_transfer_backend_choice(const char *name);
  * exports its whole C API. Whether that build supports a given protocol
  * shows only when `pdx_engine_init` installs it. Unknown names and NULL
  * give 0. The library is loaded once and stays loaded.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `name` is NULL or a NUL-terminated string.
+ * Handles are checked by pdx, never trusted.
  */
 int32_t pdx_backend_available(const char *name);
 
@@ -459,6 +487,11 @@ int32_t pdx_backend_available(const char *name);
  *
  * Errors: `PDX_ERR_NULL_ARGUMENT` (`name` NULL, or `buf` NULL with
  * `buf_len` > 0), `PDX_ERR_INVALID_UTF8`. Nothing is written on error.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `name` is NULL or a NUL-terminated string;
+ * `buf` is NULL (with `buf_len` 0) or writable for `buf_len` bytes; `out_len` is NULL or valid for
+ * writing one `usize`. Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_backend_unavailable_reason(const char *name,
                                           char *buf,
@@ -481,6 +514,12 @@ pdx_status pdx_backend_unavailable_reason(const char *name,
  * `hostname` is required; `protocol` and `device` may be NULL. On success
  * `*out` receives an engine owned by the caller (release it with
  * `pdx_engine_free`); on error `*out` is untouched.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `hostname` is NULL or a NUL-terminated
+ * string; `protocol` is NULL or a NUL-terminated string; `device` is NULL or a NUL-terminated
+ * string; `out` is NULL or valid for writing one pointer. Handles are checked by pdx, never
+ * trusted.
  */
 pdx_status pdx_engine_init(const char *hostname,
                            const char *protocol,
@@ -550,6 +589,11 @@ pdx_status pdx_unregister_memory(pdx_engine *engine, void *addr);
 
 /**
  * Register `n` regions (`addrs[i]`, `lens[i]`), all or none.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `addrs` is NULL (with `n` 0) or points to
+ * `n` readable elements; `lens` is NULL (with `n` 0) or points to `n` readable elements. Handles
+ * are checked by pdx, never trusted.
  */
 pdx_status pdx_batch_register_memory(pdx_engine *engine,
                                      void *const *addrs,
@@ -558,6 +602,10 @@ pdx_status pdx_batch_register_memory(pdx_engine *engine,
 
 /**
  * Unregister `n` regions by start address, all or none.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `addrs` is NULL (with `n` 0) or points to
+ * `n` readable elements. Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_batch_unregister_memory(pdx_engine *engine, void *const *addrs, size_t n);
 
@@ -567,6 +615,11 @@ pdx_status pdx_batch_unregister_memory(pdx_engine *engine, void *const *addrs, s
  * the target; `PDX_ERR_REMOTE_REJECTED` when the peer has not registered
  * that range; connection and timeout errors as named. `len == 0` succeeds
  * at once without touching memory or the network (`local` may be NULL).
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+ * string; `local` is readable for `len` bytes until the call returns. Handles are checked by pdx,
+ * never trusted.
  */
 pdx_status pdx_transfer_sync_write(pdx_engine *engine,
                                    const char *session,
@@ -577,6 +630,11 @@ pdx_status pdx_transfer_sync_write(pdx_engine *engine,
 /**
  * Read `len` bytes at `remote_addr` in the peer `session` into `local`
  * (the destination). `PDX_OK` only when every byte has arrived.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+ * string; `local` is writable for `len` bytes until the call returns. Handles are checked by pdx,
+ * never trusted.
  */
 pdx_status pdx_transfer_sync_read(pdx_engine *engine,
                                   const char *session,
@@ -589,6 +647,13 @@ pdx_status pdx_transfer_sync_read(pdx_engine *engine,
  * peer. `PDX_OK` only when every entry is confirmed; otherwise the status
  * of the first failed entry, and the message counts the failures. Entries
  * may complete in any order; a failed entry does not stop the others.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+ * string; `locals` is NULL (with `n` 0) or points to `n` readable elements; `remotes` is NULL
+ * (with `n` 0) or points to `n` readable elements; `lens` is NULL (with `n` 0) or points to `n`
+ * readable elements; each `locals[i]` is valid for `lens[i]` bytes (readable for writes, writable
+ * for reads) until the call returns. Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_batch_transfer_sync_write(pdx_engine *engine,
                                          const char *session,
@@ -600,6 +665,13 @@ pdx_status pdx_batch_transfer_sync_write(pdx_engine *engine,
 /**
  * Read `n` entries (`remotes[i]` → `locals[i]`, `lens[i]` bytes) from one
  * peer; as `pdx_batch_transfer_sync_write`.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+ * string; `locals` is NULL (with `n` 0) or points to `n` readable elements; `remotes` is NULL
+ * (with `n` 0) or points to `n` readable elements; `lens` is NULL (with `n` 0) or points to `n`
+ * readable elements; each `locals[i]` is valid for `lens[i]` bytes (readable for writes, writable
+ * for reads) until the call returns. Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_batch_transfer_sync_read(pdx_engine *engine,
                                         const char *session,
@@ -616,6 +688,15 @@ pdx_status pdx_batch_transfer_sync_read(pdx_engine *engine,
  * none). Local memory must stay valid until the batch is finished. Poll
  * with `pdx_batch_status` / `pdx_task_status`, wait with `pdx_batch_wait`,
  * release with `pdx_batch_free`.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+ * string; `locals` is NULL (with `n` 0) or points to `n` readable elements; `remotes` is NULL
+ * (with `n` 0) or points to `n` readable elements; `lens` is NULL (with `n` 0) or points to `n`
+ * readable elements; `notify_name` is NULL or a NUL-terminated string; `notify_msg` is NULL or a
+ * NUL-terminated string; `out_batch` is NULL or valid for writing one `u64`; each `locals[i]` is
+ * valid for `lens[i]` bytes (readable for writes, writable for reads) until the batch is finished.
+ * Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_batch_submit(pdx_engine *engine,
                             const char *session,
@@ -631,6 +712,10 @@ pdx_status pdx_batch_submit(pdx_engine *engine,
 /**
  * Fill `*out` with the batch's summary (state, counts, bytes). A stale,
  * freed or made-up id gives `PDX_ERR_INVALID_HANDLE`.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `out` is NULL or valid for writing one
+ * `pdx_batch_summary`. Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_batch_status(pdx_engine *engine, uint64_t batch, pdx_batch_summary *out);
 
@@ -638,6 +723,11 @@ pdx_status pdx_batch_status(pdx_engine *engine, uint64_t batch, pdx_batch_summar
  * One task's state (`PDX_TASK_*`), bytes confirmed, and the status code of
  * its failure (`PDX_OK` when it has none). Any out-param may be NULL.
  * `PDX_ERR_INDEX_OUT_OF_RANGE` for `task >= total`.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `state` is NULL or valid for writing one
+ * `i32`; `bytes` is NULL or valid for writing one `u64`; `error` is NULL or valid for writing one
+ * `pdx_status`. Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_task_status(pdx_engine *engine,
                            uint64_t batch,
@@ -651,6 +741,11 @@ pdx_status pdx_task_status(pdx_engine *engine,
  * NUL-terminated, truncated if needed) and its full length (without the
  * NUL) into `*out_len` (may be NULL). An empty string when the task has not
  * failed. `buf` may be NULL when `buf_len` is 0 (to ask for the length).
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `buf` is NULL (with `buf_len` 0) or
+ * writable for `buf_len` bytes; `out_len` is NULL or valid for writing one `usize`. Handles are
+ * checked by pdx, never trusted.
  */
 pdx_status pdx_task_error_message(pdx_engine *engine,
                                   uint64_t batch,
@@ -665,6 +760,10 @@ pdx_status pdx_task_error_message(pdx_engine *engine,
  * `PDX_TASK_FAILED`) in `*out_state` (may be NULL); `PDX_ERR_TIMEOUT` while
  * tasks are still in flight. Every task reaches a terminal state within the
  * engine's deadlines, so waiting again always ends.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `out_state` is NULL or valid for writing
+ * one `i32`. Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_batch_wait(pdx_engine *engine,
                           uint64_t batch,
@@ -679,12 +778,21 @@ pdx_status pdx_batch_free(pdx_engine *engine, uint64_t batch);
 
 /**
  * Ask `session` whether it is alive. `PDX_OK` when it answered.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+ * string. Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_send_probe(pdx_engine *engine, const char *session);
 
 /**
  * Send the notification (`name`, `msg`) to `session`, as Mooncake's notify.
  * `PDX_ERR_NOTIFY_REJECTED` if the peer refused it.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+ * string; `name` is NULL or a NUL-terminated string; `msg` is NULL or a NUL-terminated string.
+ * Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_send_notify(pdx_engine *engine,
                            const char *session,
@@ -694,6 +802,10 @@ pdx_status pdx_send_notify(pdx_engine *engine,
 /**
  * Take every notification received so far (oldest first) into a new list
  * owned by the caller (`*out`; release with `pdx_notifications_free`).
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `out` is NULL or valid for writing one
+ * pointer. Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_notifications_drain(pdx_engine *engine, pdx_notifications **out);
 
@@ -705,6 +817,11 @@ size_t pdx_notifications_count(const pdx_notifications *list);
 /**
  * Entry `i` of the list: `*name` and `*msg` point to strings owned by the
  * list, valid until `pdx_notifications_free`. Either out-param may be NULL.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `name` is NULL or valid for writing one
+ * pointer; `msg` is NULL or valid for writing one pointer. Handles are checked by pdx, never
+ * trusted.
  */
 pdx_status pdx_notification_get(const pdx_notifications *list,
                                 size_t i,
@@ -715,6 +832,137 @@ pdx_status pdx_notification_get(const pdx_notifications *list,
  * Release a notification list; NULL is ignored.
  */
 void pdx_notifications_free(pdx_notifications *list);
+
+/**
+ * SGLang's `parse_ib_device_config`: parse `text` (NULL or blank = nothing
+ * configured; a comma list kept as one string; an inline JSON object
+ * `{"0": "mlx5_0"}`; or a path ending in `.json`).
+ *
+ * On success `*out` receives a new object owned by the caller (free with
+ * `pdx_ib_device_config_free`). Errors (`*out` untouched):
+ * `PDX_ERR_NULL_ARGUMENT` (out), `PDX_ERR_INVALID_UTF8`, and SGLang's
+ * `PDX_ERR_VALUE_ERROR` / `PDX_ERR_RUNTIME` with the exact texts.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `text` is NULL or a NUL-terminated string;
+ * `out` is NULL or valid for writing one pointer. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_parse_ib_device_config(const char *text, pdx_ib_device_config **out);
+
+/**
+ * The kind of `config`: `PDX_IB_CONFIG_NONE`, `PDX_IB_CONFIG_ALL_GPUS` or
+ * `PDX_IB_CONFIG_PER_GPU`, written to `*kind` on success.
+ * Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `kind` is NULL or valid for writing one
+ * `i32`. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_ib_device_config_kind(const pdx_ib_device_config *config, int32_t *kind);
+
+/**
+ * Number of GPU entries of a per-GPU mapping (0 for the other kinds),
+ * written to `*count`. Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `count` is NULL or valid for writing one
+ * `usize`. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_ib_device_config_gpu_count(const pdx_ib_device_config *config, size_t *count);
+
+/**
+ * Entry `i` of a per-GPU mapping, in the JSON object's order: its GPU id
+ * and its device string (trimmed, not split; owned by `config`).
+ * Errors (outputs untouched): `PDX_ERR_NULL_ARGUMENT`,
+ * `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INDEX_OUT_OF_RANGE`.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `gpu_id` is NULL or valid for writing one
+ * `i64`; `devices` is NULL or valid for writing one pointer. Handles are checked by pdx, never
+ * trusted.
+ */
+pdx_status pdx_ib_device_config_gpu_at(const pdx_ib_device_config *config,
+                                       size_t i,
+                                       int64_t *gpu_id,
+                                       const char **devices);
+
+/**
+ * SGLang's `get_ib_devices_for_gpu` on a parsed configuration: `*devices`
+ * is NULL when nothing is configured, else the device string for `gpu_id`
+ * (owned by `config`, valid until it is freed).
+ *
+ * Errors (`*devices` untouched): `PDX_ERR_NULL_ARGUMENT`,
+ * `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_VALUE_ERROR`
+ * (`No IB devices configured for GPU 2. Available GPUs: [0, 1]`).
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `devices` is NULL or valid for writing one
+ * pointer. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_ib_devices_for_gpu(const pdx_ib_device_config *config,
+                                  int64_t gpu_id,
+                                  const char **devices);
+
+/**
+ * Release a parsed IB configuration and its strings. NULL and stale
+ * pointers are ignored.
+ */
+void pdx_ib_device_config_free(pdx_ib_device_config *config);
+
+/**
+ * SGLang's `ServerArgs._validate_ib_devices(devices)`, checking device
+ * names against the entries of `sysfs_root` (NULL = `/sys/class/infiniband`;
+ * tests pass a directory of their own).
+ *
+ * On success `*out` receives a new object owned by the caller (free with
+ * `pdx_ib_validation_free`): the normalized devices (NULL when `devices` is
+ * NULL, meaning auto discovery; a comma list; or compact JSON
+ * `{"0":"mlx5_0,mlx5_1"}`) and its warnings. Errors (`*out` untouched):
+ * `PDX_ERR_NULL_ARGUMENT` (out), `PDX_ERR_INVALID_UTF8`,
+ * `PDX_ERR_VALUE_ERROR` and `PDX_ERR_RUNTIME` with SGLang's texts.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `devices` is NULL or a NUL-terminated
+ * string; `sysfs_root` is NULL or a NUL-terminated string; `out` is NULL or valid for writing one
+ * pointer. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_validate_ib_devices(const char *devices,
+                                   const char *sysfs_root,
+                                   pdx_ib_validation **out);
+
+/**
+ * The normalized devices of a validation, written to `*devices`: NULL for
+ * auto discovery, else a string owned by `validation`.
+ * Errors (`*devices` untouched): `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `devices` is NULL or valid for writing one
+ * pointer. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_ib_validation_devices(const pdx_ib_validation *validation, const char **devices);
+
+/**
+ * Number of warnings of a validation (0 on a bad handle).
+ */
+size_t pdx_ib_validation_message_count(const pdx_ib_validation *validation);
+
+/**
+ * Warning `i` of a validation, owned by `validation`; its level
+ * (`PDX_LOG_WARNING`) goes to `*level` when `level` is not NULL. NULL on a
+ * bad handle or an out-of-range index.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `level` is NULL or valid for writing one
+ * `i32`. Handles are checked by pdx, never trusted.
+ */
+const char *pdx_ib_validation_message(const pdx_ib_validation *validation,
+                                      size_t i,
+                                      int32_t *level);
+
+/**
+ * Release a validation result. NULL and stale pointers are ignored.
+ */
+void pdx_ib_validation_free(pdx_ib_validation *validation);
 
 /**
  * A static, NUL-terminated description of `status`.
@@ -749,6 +997,12 @@ const char *pdx_status_str(pdx_status status);
  * `PDX_ERR_UNKNOWN_PROTOCOL` (the message lists the known ones), the IB
  * configuration errors (`PDX_ERR_VALUE_ERROR`, `PDX_ERR_RUNTIME`), and
  * `PDX_ERR_IO` when no free port is found for Ascend.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `hostname` is NULL or a NUL-terminated
+ * string; `protocol` is NULL or a NUL-terminated string; `device` is NULL or a NUL-terminated
+ * string; `out` is NULL or valid for writing one pointer. Handles are checked by pdx, never
+ * trusted.
  */
 pdx_status pdx_resolve_transport(const char *hostname,
                                  const char *protocol,
@@ -807,109 +1061,17 @@ void pdx_transport_choice_free(pdx_transport_choice *choice);
  *
  * Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_UTF8`,
  * `PDX_ERR_INVALID_ARGUMENT` (empty host). Nothing is written on error.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `host` is NULL or a NUL-terminated string;
+ * `buf` is NULL (with `buf_len` 0) or writable for `buf_len` bytes; `out_len` is NULL or valid for
+ * writing one `usize`. Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_session_id(const char *host,
                           uint16_t port,
                           char *buf,
                           size_t buf_len,
                           size_t *out_len);
-
-/**
- * SGLang's `parse_ib_device_config`: parse `text` (NULL or blank = nothing
- * configured; a comma list kept as one string; an inline JSON object
- * `{"0": "mlx5_0"}`; or a path ending in `.json`).
- *
- * On success `*out` receives a new object owned by the caller (free with
- * `pdx_ib_device_config_free`). Errors (`*out` untouched):
- * `PDX_ERR_NULL_ARGUMENT` (out), `PDX_ERR_INVALID_UTF8`, and SGLang's
- * `PDX_ERR_VALUE_ERROR` / `PDX_ERR_RUNTIME` with the exact texts.
- */
-pdx_status pdx_parse_ib_device_config(const char *text, pdx_ib_device_config **out);
-
-/**
- * The kind of `config`: `PDX_IB_CONFIG_NONE`, `PDX_IB_CONFIG_ALL_GPUS` or
- * `PDX_IB_CONFIG_PER_GPU`, written to `*kind` on success.
- * Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
- */
-pdx_status pdx_ib_device_config_kind(const pdx_ib_device_config *config, int32_t *kind);
-
-/**
- * Number of GPU entries of a per-GPU mapping (0 for the other kinds),
- * written to `*count`. Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
- */
-pdx_status pdx_ib_device_config_gpu_count(const pdx_ib_device_config *config, size_t *count);
-
-/**
- * Entry `i` of a per-GPU mapping, in the JSON object's order: its GPU id
- * and its device string (trimmed, not split; owned by `config`).
- * Errors (outputs untouched): `PDX_ERR_NULL_ARGUMENT`,
- * `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INDEX_OUT_OF_RANGE`.
- */
-pdx_status pdx_ib_device_config_gpu_at(const pdx_ib_device_config *config,
-                                       size_t i,
-                                       int64_t *gpu_id,
-                                       const char **devices);
-
-/**
- * SGLang's `get_ib_devices_for_gpu` on a parsed configuration: `*devices`
- * is NULL when nothing is configured, else the device string for `gpu_id`
- * (owned by `config`, valid until it is freed).
- *
- * Errors (`*devices` untouched): `PDX_ERR_NULL_ARGUMENT`,
- * `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_VALUE_ERROR`
- * (`No IB devices configured for GPU 2. Available GPUs: [0, 1]`).
- */
-pdx_status pdx_ib_devices_for_gpu(const pdx_ib_device_config *config,
-                                  int64_t gpu_id,
-                                  const char **devices);
-
-/**
- * Release a parsed IB configuration and its strings. NULL and stale
- * pointers are ignored.
- */
-void pdx_ib_device_config_free(pdx_ib_device_config *config);
-
-/**
- * SGLang's `ServerArgs._validate_ib_devices(devices)`, checking device
- * names against the entries of `sysfs_root` (NULL = `/sys/class/infiniband`;
- * tests pass a directory of their own).
- *
- * On success `*out` receives a new object owned by the caller (free with
- * `pdx_ib_validation_free`): the normalized devices (NULL when `devices` is
- * NULL, meaning auto discovery; a comma list; or compact JSON
- * `{"0":"mlx5_0,mlx5_1"}`) and its warnings. Errors (`*out` untouched):
- * `PDX_ERR_NULL_ARGUMENT` (out), `PDX_ERR_INVALID_UTF8`,
- * `PDX_ERR_VALUE_ERROR` and `PDX_ERR_RUNTIME` with SGLang's texts.
- */
-pdx_status pdx_validate_ib_devices(const char *devices,
-                                   const char *sysfs_root,
-                                   pdx_ib_validation **out);
-
-/**
- * The normalized devices of a validation, written to `*devices`: NULL for
- * auto discovery, else a string owned by `validation`.
- * Errors (`*devices` untouched): `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
- */
-pdx_status pdx_ib_validation_devices(const pdx_ib_validation *validation, const char **devices);
-
-/**
- * Number of warnings of a validation (0 on a bad handle).
- */
-size_t pdx_ib_validation_message_count(const pdx_ib_validation *validation);
-
-/**
- * Warning `i` of a validation, owned by `validation`; its level
- * (`PDX_LOG_WARNING`) goes to `*level` when `level` is not NULL. NULL on a
- * bad handle or an out-of-range index.
- */
-const char *pdx_ib_validation_message(const pdx_ib_validation *validation,
-                                      size_t i,
-                                      int32_t *level);
-
-/**
- * Release a validation result. NULL and stale pointers are ignored.
- */
-void pdx_ib_validation_free(pdx_ib_validation *validation);
 
 /**
  * The library version as a static string, e.g. `"pdx/0.1.0"`.

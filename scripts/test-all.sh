@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Runs every test: cargo (unit, integration, header freshness), the C tests
-# under ctest with AddressSanitizer, and the Python ctypes tests.
+# Runs every test: the lint gates (rustfmt, clippy with warnings as errors),
+# cargo (unit, integration, header freshness), the C tests under ctest with
+# AddressSanitizer, and the Python ctypes tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+echo "== cargo fmt --check, cargo clippy -D warnings"
+cargo fmt --all --check
+cargo clippy --release --workspace --all-targets -- -D warnings
 
 echo "== cargo test"
 cargo test --release --workspace

@@ -1,6 +1,12 @@
-//! Checked ids for objects C refers to by number (asynchronous batches):
-//! a slot index plus a generation, never a pointer, never 0. A stale, freed
-//! or made-up id is an `InvalidHandle` error, not a crash.
+//! Checked ids: the one table behind every object C refers to, by handle
+//! (engines, argument sets, transport choices, ...) or by number
+//! (asynchronous batches). An id is a slot index plus a generation plus a
+//! tag naming the table, never a pointer, never 0. A stale, freed, foreign
+//! or made-up id is an `InvalidHandle` error, not a crash; a freed slot is
+//! reused (memory stays flat however many objects come and go) under a new
+//! generation, so the old id stays dead.
+//!
+//! Layout: `tag << 56 | generation << 24 | (index + 1)`.
 
 use std::sync::Arc;
 
@@ -10,10 +16,14 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// Most objects alive at once in one table.
 const MAX_LIVE: usize = 1 << 20;
+const INDEX_BITS: u32 = 24;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+const GENERATION_MASK: u64 = 0xffff_ffff;
 
 /// A table of live objects by id.
 pub struct IdTable<T> {
     what: &'static str,
+    tag: u8,
     slots: Mutex<Slots<T>>,
 }
 
@@ -22,18 +32,25 @@ struct Slots<T> {
     free: Vec<u32>,
 }
 
-fn split(id: u64) -> (usize, u32) {
-    (((id & 0xffff_ffff) as usize).wrapping_sub(1), (id >> 32) as u32)
-}
-
 impl<T> IdTable<T> {
-    /// An empty table; `what` names the objects in error messages.
-    pub fn new(what: &'static str) -> Self {
-        IdTable { what, slots: Mutex::new(Slots { entries: Vec::new(), free: Vec::new() }) }
+    /// An empty table; `what` names the objects in error messages, `tag`
+    /// (distinct per table that shares an id space) keeps one table's ids
+    /// from ever naming an object of another.
+    pub const fn new(what: &'static str, tag: u8) -> Self {
+        IdTable { what, tag, slots: parking_lot::const_mutex(Slots { entries: Vec::new(), free: Vec::new() }) }
+    }
+
+    /// `(index, generation)` of an id of this table.
+    fn split(&self, id: u64) -> Option<(usize, u32)> {
+        if (id >> 56) as u8 != self.tag {
+            return None;
+        }
+        let index = ((id & INDEX_MASK) as usize).checked_sub(1)?;
+        Some((index, ((id >> INDEX_BITS) & GENERATION_MASK) as u32))
     }
 
     fn not_live(&self, id: u64) -> Error {
-        Error::new(ErrorKind::InvalidHandle, format!("{} id {id:#x} is not live (freed, or never issued)", self.what))
+        Error::new(ErrorKind::InvalidHandle, format!("{} {id:#x} is not live (freed, or never issued)", self.what))
     }
 
     /// Store `value`; the id is never 0, and a reused slot gets a new
@@ -49,19 +66,19 @@ impl<T> IdTable<T> {
             None => {
                 return Err(Error::new(
                     ErrorKind::Busy,
-                    format!("{MAX_LIVE} {}es are alive; free some first", self.what),
+                    format!("{MAX_LIVE} of {} are alive; free some first", self.what),
                 ))
             }
         };
         let slot = &mut s.entries[index];
         slot.0 = slot.0.wrapping_add(1).max(1);
         slot.1 = Some(value);
-        Ok((u64::from(slot.0) << 32) | (index as u64 + 1))
+        Ok((u64::from(self.tag) << 56) | (u64::from(slot.0) << INDEX_BITS) | (index as u64 + 1))
     }
 
     /// The live object behind `id`.
     pub fn get(&self, id: u64) -> Result<Arc<T>> {
-        let (index, generation) = split(id);
+        let (index, generation) = self.split(id).ok_or_else(|| self.not_live(id))?;
         match self.slots.lock().entries.get(index) {
             Some((g, Some(v))) if *g == generation => Ok(v.clone()),
             _ => Err(self.not_live(id)),
@@ -70,8 +87,8 @@ impl<T> IdTable<T> {
 
     /// Remove `id` if `release` agrees. The table stays locked meanwhile, so
     /// one id is released at most once.
-    pub fn remove_with(&self, id: u64, release: impl FnOnce(&T) -> Result<()>) -> Result<()> {
-        let (index, generation) = split(id);
+    pub fn remove_with(&self, id: u64, release: impl FnOnce(&T) -> Result<()>) -> Result<Arc<T>> {
+        let (index, generation) = self.split(id).ok_or_else(|| self.not_live(id))?;
         let mut s = self.slots.lock();
         let value = match s.entries.get(index) {
             Some((g, Some(v))) if *g == generation => v.clone(),
@@ -80,7 +97,17 @@ impl<T> IdTable<T> {
         release(&value)?;
         s.entries[index].1 = None;
         s.free.push(index as u32);
-        Ok(())
+        Ok(value)
+    }
+
+    /// Remove `id` unconditionally; the object if it was live.
+    pub fn remove(&self, id: u64) -> Option<Arc<T>> {
+        self.remove_with(id, |_| Ok(())).ok()
+    }
+
+    /// What the table holds, as messages name it.
+    pub fn what(&self) -> &'static str {
+        self.what
     }
 
     /// Every live object.
@@ -95,11 +122,11 @@ mod tests {
 
     #[test]
     fn ids_are_checked_never_zero_and_not_reused() {
-        let t: IdTable<u32> = IdTable::new("batch");
+        let t: IdTable<u32> = IdTable::new("batch", 0);
         let id = t.insert(Arc::new(5)).unwrap();
         assert_ne!(id, 0);
         assert_eq!(*t.get(id).unwrap(), 5);
-        for bad in [0, 1 << 32, id ^ (1 << 32), u64::MAX, id + 1] {
+        for bad in [0, 1 << 24, id ^ (1 << 24), u64::MAX, id + 1, id | (1 << 56)] {
             assert_eq!(t.get(bad).unwrap_err().kind(), ErrorKind::InvalidHandle, "{bad:#x}");
         }
         let busy = t.remove_with(id, |_| Err(Error::new(ErrorKind::Busy, "in flight")));
@@ -110,5 +137,25 @@ mod tests {
         let id2 = t.insert(Arc::new(6)).unwrap();
         assert_ne!(id, id2, "a reused slot gets a new generation");
         assert_eq!(t.all().len(), 1);
+    }
+
+    #[test]
+    fn tags_keep_tables_apart_and_slots_are_reused() {
+        let a: IdTable<u32> = IdTable::new("a", 1);
+        let b: IdTable<u32> = IdTable::new("b", 2);
+        let ida = a.insert(Arc::new(1)).unwrap();
+        let idb = b.insert(Arc::new(2)).unwrap();
+        assert_eq!(ida & !(0xff << 56), idb & !(0xff << 56), "same slot and generation");
+        assert_eq!(b.get(ida).unwrap_err().kind(), ErrorKind::InvalidHandle);
+        assert_eq!(a.get(idb).unwrap_err().kind(), ErrorKind::InvalidHandle);
+        let mut stale = ida;
+        for _ in 0..1000 {
+            a.remove(stale).unwrap();
+            let fresh = a.insert(Arc::new(3)).unwrap();
+            assert_eq!(a.get(stale).unwrap_err().kind(), ErrorKind::InvalidHandle);
+            assert!(a.remove(stale).is_none());
+            stale = fresh;
+        }
+        assert_eq!(a.slots.lock().entries.len(), 1, "one slot serves every cycle");
     }
 }

@@ -8,14 +8,20 @@
 //! The pure-Rust core never sees a raw C pointer except for the memory
 //! addresses that a transfer engine moves bytes between.
 
+#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
 pub mod backend;
 pub mod config;
 pub mod engine;
 pub mod error;
 pub mod ffi;
-pub mod ids;
-pub mod location;
+pub(crate) mod ids;
 pub mod logging;
 pub mod mooncake;
+pub mod transfer;
 
 pub use error::{Error, ErrorKind, Result};
+
+// Handles and ids handed to C are 64-bit values carried in pointers.
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!("pdx supports 64-bit targets only");

@@ -9,8 +9,9 @@ static INIT: Once = Once::new();
 /// Install the logger once; cheap after the first call.
 pub fn init() {
     INIT.call_once(|| {
-        let env = env_logger::Env::default().default_filter_or("warn");
+        use crate::config::env::{read, vars, ProcessEnv};
+        let filter: String = read(&ProcessEnv, &vars::RUST_LOG).unwrap_or_else(|| "warn".to_owned());
         // An error means another logger is installed: keep it.
-        let _ = env_logger::Builder::from_env(env).format_timestamp_micros().try_init();
+        let _ = env_logger::Builder::new().parse_filters(&filter).format_timestamp_micros().try_init();
     });
 }

@@ -7,16 +7,13 @@
 
 use std::sync::Arc;
 
-use pdx::backend::TransferBackend;
-use pdx::engine::{Direction, Request};
 use pdx::mooncake::MooncakeBackend;
+use pdx::transfer::TransferBackend;
+use pdx::transfer::{Direction, Request};
 
 fn real_library() -> Option<Arc<mooncake_sys::Api>> {
-    let Ok(path) = std::env::var(mooncake_sys::LIB_ENV) else {
-        eprintln!(
-            "SKIPPED mooncake_real: {} is not set (point it to a real libtransfer_engine.so)",
-            mooncake_sys::LIB_ENV
-        );
+    let Ok(path) = std::env::var("PDX_MOONCAKE_LIB") else {
+        eprintln!("SKIPPED mooncake_real: PDX_MOONCAKE_LIB is not set (point it to a real libtransfer_engine.so)");
         return None;
     };
     match mooncake_sys::load_cached(&path) {

@@ -10,19 +10,8 @@ use libloading::Library;
 
 use crate::types::*;
 
-/// The environment variable naming the driver library to load.
-pub const LIB_ENV: &str = "PDX_CUDA_LIB";
-/// The library loaded when `PDX_CUDA_LIB` is unset (the driver's soname).
+/// The driver's soname, the library to load when the caller names none.
 pub const DEFAULT_LIB: &str = "libcuda.so.1";
-
-/// The library [`load_cached`] of the default would open: `PDX_CUDA_LIB`
-/// if set and non-empty, else [`DEFAULT_LIB`].
-pub fn library_path() -> String {
-    match std::env::var(LIB_ENV) {
-        Ok(p) if !p.is_empty() => p,
-        _ => DEFAULT_LIB.to_owned(),
-    }
-}
 
 /// Why the driver library could not be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,11 +28,9 @@ pub enum LoadError {
 impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LoadError::Open { path, reason } => write!(
-                f,
-                "cannot load the CUDA driver library '{path}': {reason} \
-                 (no NVIDIA driver here? set {LIB_ENV} to the path of libcuda.so.1)"
-            ),
+            LoadError::Open { path, reason } => {
+                write!(f, "cannot load the CUDA driver library '{path}': {reason}")
+            }
             LoadError::MissingSymbol { path, symbol, reason } => {
                 write!(f, "CUDA driver library '{path}' does not export '{symbol}' ({reason}); it is not a CUDA driver")
             }
@@ -220,7 +207,6 @@ mod tests {
         assert!(matches!(e, LoadError::Open { .. }));
         let text = e.to_string();
         assert!(text.contains("'/nonexistent/dir/libcuda.so.1'"), "{text}");
-        assert!(text.contains(LIB_ENV), "{text}");
         assert_eq!(load_cached("/nonexistent/dir/libcuda.so.1").unwrap_err(), e);
         assert!(matches!(Api::load(""), Err(LoadError::Open { .. })));
     }

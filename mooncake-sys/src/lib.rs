@@ -13,10 +13,12 @@
 //!   `Status::Code`, negative `ERR_*`).
 //! - [`loader`]: the library and its symbols.
 
+#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
 pub mod loader;
 pub mod status;
 pub mod types;
 
-pub use loader::{library_path, load_cached, load_default, Api, LoadError, DEFAULT_LIB, LIB_ENV, REQUIRED_SYMBOLS};
+pub use loader::{load_cached, Api, LoadError, DEFAULT_LIB, REQUIRED_SYMBOLS};
 pub use status::{check, Code, Convention, McError};
 pub use types::*;

@@ -9,20 +9,9 @@ use libloading::Library;
 
 use crate::types::*;
 
-/// The environment variable naming the library to load.
-pub const LIB_ENV: &str = "PDX_MOONCAKE_LIB";
-/// The library loaded when `PDX_MOONCAKE_LIB` is unset (found through the
+/// The library to load when the caller names none (found through the
 /// dynamic linker's search path).
 pub const DEFAULT_LIB: &str = "libtransfer_engine.so";
-
-/// The library `load_default` would open: `PDX_MOONCAKE_LIB` if set and
-/// non-empty, else [`DEFAULT_LIB`].
-pub fn library_path() -> String {
-    match std::env::var(LIB_ENV) {
-        Ok(p) if !p.is_empty() => p,
-        _ => DEFAULT_LIB.to_owned(),
-    }
-}
 
 /// Why the library could not be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,11 +26,9 @@ pub enum LoadError {
 impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LoadError::Open { path, reason } => write!(
-                f,
-                "cannot load Mooncake's transfer engine library '{path}': {reason} \
-                 (set {LIB_ENV} to the path of a libtransfer_engine.so built with its C API)"
-            ),
+            LoadError::Open { path, reason } => {
+                write!(f, "cannot load Mooncake's transfer engine library '{path}': {reason}")
+            }
             LoadError::MissingSymbol { path, symbol, reason } => write!(
                 f,
                 "Mooncake library '{path}' does not export '{symbol}' ({reason}); \
@@ -168,11 +155,6 @@ pub fn load_cached(path: &str) -> Result<Arc<Api>, LoadError> {
     Ok(api)
 }
 
-/// [`load_cached`] of [`library_path`].
-pub fn load_default() -> Result<Arc<Api>, LoadError> {
-    load_cached(&library_path())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,7 +165,6 @@ mod tests {
         assert!(matches!(e, LoadError::Open { .. }));
         let text = e.to_string();
         assert!(text.contains("'/nonexistent/dir/libtransfer_engine.so'"), "{text}");
-        assert!(text.contains(LIB_ENV), "{text}");
         assert!(load_cached("/nonexistent/dir/libtransfer_engine.so").is_err());
     }
 

@@ -19,6 +19,7 @@ pub struct DeviceBuffer {
 
 // SAFETY: driver handles, used with the context made current on each call.
 unsafe impl Send for DeviceBuffer {}
+// SAFETY: as above; the driver serializes work on one stream.
 unsafe impl Sync for DeviceBuffer {}
 
 fn check(api: &Api, rc: i32, call: &'static str) -> Result<(), String> {
@@ -27,15 +28,15 @@ fn check(api: &Api, rc: i32, call: &'static str) -> Result<(), String> {
 
 /// The ordinal of a `cuda:N` location, `None` for host locations.
 pub fn ordinal(location: &str) -> Result<Option<u32>, String> {
-    match pdx::location::Requested::parse(location).map_err(|e| e.to_string())? {
-        pdx::location::Requested::At(l) => Ok(l.cuda_ordinal()),
-        pdx::location::Requested::Detect => Ok(None),
+    match pdx::transfer::location::Requested::parse(location).map_err(|e| e.to_string())? {
+        pdx::transfer::location::Requested::At(l) => Ok(l.cuda_ordinal()),
+        pdx::transfer::location::Requested::Detect => Ok(None),
     }
 }
 
 impl DeviceBuffer {
     pub fn new(ordinal: u32, len: usize) -> Result<DeviceBuffer, String> {
-        let api = cuda_sys::load_cached(&cuda_sys::library_path()).map_err(|e| e.to_string())?;
+        let api = pdx::engine::cuda::driver().map_err(|e| e.to_string())?;
         let alloc = api.mem_alloc.ok_or("the CUDA driver has no cuMemAlloc_v2")?;
         let mut dev = 0;
         let mut ctx: CUcontext = std::ptr::null_mut();

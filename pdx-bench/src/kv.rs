@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use pdx::engine::Request;
+use pdx::transfer::Request;
 use serde_json::{json, Value};
 
 use crate::memory::Buffer;
@@ -28,29 +28,17 @@ const SHAPES: &[Shape] = &[
     Shape { name: "llama3-70b", layers: 80, kv_heads: 8, head_dim: 128, dtype_bytes: 2 },
 ];
 
-/// A deterministic generator for page layouts.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// `count` distinct page indices out of `pool`, in runs of 1..=8 pages at
 /// random places: what a paged allocator hands out after some churn.
-fn scattered_pages(rng: &mut Rng, pool: usize, count: usize) -> Vec<usize> {
+fn scattered_pages(rng: &mut fastrand::Rng, pool: usize, count: usize) -> Vec<usize> {
     let mut used = vec![false; pool];
     let mut out = Vec::with_capacity(count);
     while out.len() < count {
-        let run = (1 + rng.next() % 8) as usize;
-        let start = (rng.next() % pool as u64) as usize;
-        for p in start..(start + run).min(pool) {
-            if out.len() < count && !used[p] {
-                used[p] = true;
+        let run = rng.usize(1..=8);
+        let start = rng.usize(..pool);
+        for (p, taken) in used.iter_mut().enumerate().take((start + run).min(pool)).skip(start) {
+            if out.len() < count && !*taken {
+                *taken = true;
                 out.push(p);
             }
         }
@@ -97,7 +85,7 @@ pub fn run(ctx: &Context<'_>) -> Result<Vec<Value>, String> {
     let mut local = Buffer::new(buffers * buffer_bytes).map_err(|e| format!("cannot map the prefill pool: {e}"))?;
     pattern::fill(local.as_mut_slice(), 23);
     let (local_base, remote_base) = (local.addr() as usize, ctx.remote_addr);
-    let mut rng = Rng(0x5eed_1234_5678_9abc);
+    let mut rng = fastrand::Rng::with_seed(0x5eed_1234_5678_9abc);
     let mut latencies = Vec::new();
     let mut last: Vec<Request> = Vec::new();
     let handoff_bytes = (buffers * pages * page_bytes) as u64;
@@ -194,7 +182,7 @@ mod tests {
 
     #[test]
     fn pages_are_distinct_and_runs_merge_on_both_sides() {
-        let mut rng = Rng(1);
+        let mut rng = fastrand::Rng::with_seed(1);
         let p = scattered_pages(&mut rng, 100, 50);
         let mut sorted = p.clone();
         sorted.sort_unstable();

@@ -5,6 +5,8 @@
 //! two hosts. Control messages (checksums, quit) travel as pdx
 //! notifications, so the two sides need nothing but the session name.
 
+#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
 mod device;
 mod kv;
 mod memory;
@@ -17,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use pdx::backend::TransferBackend;
+use pdx::transfer::TransferBackend;
 
 use memory::Buffer;
 
@@ -204,7 +206,7 @@ fn target(opts: TargetOpts) -> Result<(), String> {
         None => None,
     };
     let served = dev.as_ref().map_or(buf.addr(), |d| d.addr());
-    let at = pdx::location::Requested::parse(&opts.location).map_err(|e| e.to_string())?;
+    let at = pdx::transfer::location::Requested::parse(&opts.location).map_err(|e| e.to_string())?;
     engine.register_batch_at(&[(served, buf.len() as u64)], at).map_err(|e| e.to_string())?;
     println!(
         "{}",
@@ -212,6 +214,7 @@ fn target(opts: TargetOpts) -> Result<(), String> {
     );
     // Serve control requests until told to quit, stdin closes (the loopback
     // parent holds it), or the parent goes away.
+    // SAFETY: getppid has no preconditions.
     let parent = unsafe { libc::getppid() };
     let stdin_closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = stdin_closed.clone();
@@ -254,6 +257,7 @@ fn target(opts: TargetOpts) -> Result<(), String> {
                 _ => eprintln!("pdx-bench target: ignoring control message {msg:?}"),
             }
         }
+        // SAFETY: as above.
         if unsafe { libc::getppid() } != parent {
             return Ok(()); // parent died
         }

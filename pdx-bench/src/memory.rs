@@ -11,6 +11,7 @@ pub struct Buffer {
 
 // SAFETY: plain memory; synchronization is the user's business.
 unsafe impl Send for Buffer {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for Buffer {}
 
 impl Buffer {

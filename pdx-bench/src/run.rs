@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use pdx::backend::TransferBackend;
-use pdx::engine::{Direction, Request};
+use pdx::transfer::TransferBackend;
+use pdx::transfer::{Direction, Request};
 
 use crate::memory::Buffer;
 use crate::report::{human_bytes, Row};
@@ -108,7 +108,7 @@ pub fn block_sweep(ctx: &Context<'_>) -> Result<(Vec<Row>, Moved), String> {
         Some(n) => {
             let d = crate::device::DeviceBuffer::new(n, local.len())?;
             d.upload(0, local.as_slice())?;
-            let at = pdx::location::Requested::parse(&opts.location).map_err(|e| e.to_string())?;
+            let at = pdx::transfer::location::Requested::parse(&opts.location).map_err(|e| e.to_string())?;
             ctx.engine.register_batch_at(&[(d.addr(), d.len() as u64)], at).map_err(|e| e.to_string())?;
             Some(d)
         }

@@ -49,93 +49,6 @@ impl RuleSet {
     }
 }
 
-/// The typed arguments. Defaults are SGLang's.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerArgs {
-    /// `null`, `prefill` or `decode`.
-    pub disaggregation_mode: String,
-    /// One of the transfer-backend choices; `mooncake_tcp` is rewritten by normalization.
-    pub disaggregation_transfer_backend: String,
-    /// IB devices (comma list, JSON mapping or `.json` path); cleared for `mooncake_tcp`.
-    pub disaggregation_ib_device: Option<String>,
-    /// Decode keeps a radix cache.
-    pub disaggregation_decode_enable_radix_cache: bool,
-    /// Extra decode req-to-token slots (defaulted by the 2026-07 rules).
-    pub disaggregation_decode_extra_slots: Option<i64>,
-    /// Radix cache disabled (forced for decode without the radix flag).
-    pub disable_radix_cache: bool,
-    /// HiSparse attention.
-    pub enable_hisparse: bool,
-    /// Speculative decoding algorithm, e.g. `EAGLE`.
-    pub speculative_algorithm: Option<String>,
-    /// DP attention (warning only).
-    pub enable_dp_attention: bool,
-    /// Max running requests.
-    pub max_running_requests: Option<i64>,
-    /// Data-parallel size.
-    pub dp_size: i64,
-    /// CUDA graphs disabled (set for prefill by the default rules).
-    pub disable_cuda_graph: bool,
-    /// `auto`, `no_buffer` or `extra_buffer`.
-    pub mamba_scheduler_strategy: String,
-    /// Decode offloads KV cache to HiCache storage.
-    pub disaggregation_decode_enable_offload_kvcache: bool,
-    /// Reserved decode tokens.
-    pub num_reserved_decode_tokens: i64,
-    /// Decode polling interval.
-    pub disaggregation_decode_polling_interval: i64,
-    /// Optimistic prefill attempts.
-    pub optimistic_prefill_attempts: i64,
-    /// `auto` is resolved by normalization.
-    pub load_balance_method: String,
-    /// Elastic-EP IB devices (fallback IB source of the shared engine).
-    pub mooncake_ib_device: Option<String>,
-    /// Encoder transfer backend.
-    pub encoder_transfer_backend: String,
-    /// Bootstrap port.
-    pub disaggregation_bootstrap_port: i64,
-    /// HTTP port.
-    pub port: i64,
-    /// Decode context-parallel size.
-    pub dcp_size: i64,
-    /// HiCache.
-    pub enable_hierarchical_cache: bool,
-    /// pdx's own setting: which rule set normalization applies.
-    pub pdx_rules: RuleSet,
-}
-
-impl Default for ServerArgs {
-    fn default() -> Self {
-        ServerArgs {
-            disaggregation_mode: "null".into(),
-            disaggregation_transfer_backend: "mooncake".into(),
-            disaggregation_ib_device: None,
-            disaggregation_decode_enable_radix_cache: false,
-            disaggregation_decode_extra_slots: None,
-            disable_radix_cache: false,
-            enable_hisparse: false,
-            speculative_algorithm: None,
-            enable_dp_attention: false,
-            max_running_requests: None,
-            dp_size: 1,
-            disable_cuda_graph: false,
-            mamba_scheduler_strategy: "auto".into(),
-            disaggregation_decode_enable_offload_kvcache: false,
-            num_reserved_decode_tokens: 512,
-            disaggregation_decode_polling_interval: 1,
-            optimistic_prefill_attempts: 0,
-            load_balance_method: "auto".into(),
-            mooncake_ib_device: None,
-            encoder_transfer_backend: "zmq_to_scheduler".into(),
-            disaggregation_bootstrap_port: 8998,
-            port: 30000,
-            dcp_size: 1,
-            enable_hierarchical_cache: false,
-            pdx_rules: RuleSet::Pr26346,
-        }
-    }
-}
-
 /// The type of a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -162,41 +75,176 @@ pub struct FieldSpec {
     pub kind: Kind,
 }
 
-macro_rules! fields {
-    ($($name:ident : $kind:ident [$($flag:literal),+]),* $(,)?) => {
+/// How a field's Rust type crosses the text API.
+trait FieldValue: Sized {
+    const KIND: Kind;
+    /// Parse `value` (`None`: Python's `None`); `invalid` builds the error.
+    fn parse(value: Option<&str>, invalid: &dyn Fn(String) -> Error) -> Result<Self>;
+    fn show(&self) -> Option<String>;
+}
+
+const BOOL_SPELLINGS: &str = "true, 1, yes, y, false, 0, no, n (any case)";
+
+fn not_none<'a>(value: Option<&'a str>, invalid: &dyn Fn(String) -> Error, expected: &str) -> Result<&'a str> {
+    value.ok_or_else(|| invalid(format!("None is not allowed; expected {expected}")))
+}
+
+impl FieldValue for bool {
+    const KIND: Kind = Kind::Bool;
+    fn parse(value: Option<&str>, invalid: &dyn Fn(String) -> Error) -> Result<bool> {
+        let v = not_none(value, invalid, &format!("a boolean: {BOOL_SPELLINGS}"))?;
+        env::parse_bool(v).map_err(|_| invalid(format!("{}; expected a boolean: {BOOL_SPELLINGS}", py::repr_str(v))))
+    }
+    fn show(&self) -> Option<String> {
+        Some(if *self { "true" } else { "false" }.to_owned())
+    }
+}
+
+impl FieldValue for i64 {
+    const KIND: Kind = Kind::Int;
+    fn parse(value: Option<&str>, invalid: &dyn Fn(String) -> Error) -> Result<i64> {
+        let v = not_none(value, invalid, "a decimal integer")?;
+        py::parse_int(v).ok_or_else(|| invalid(format!("{}; expected a decimal integer", py::repr_str(v))))
+    }
+    fn show(&self) -> Option<String> {
+        Some(self.to_string())
+    }
+}
+
+impl FieldValue for Option<i64> {
+    const KIND: Kind = Kind::OptInt;
+    fn parse(value: Option<&str>, invalid: &dyn Fn(String) -> Error) -> Result<Option<i64>> {
+        value.map(|v| i64::parse(Some(v), invalid)).transpose()
+    }
+    fn show(&self) -> Option<String> {
+        self.map(|v| v.to_string())
+    }
+}
+
+impl FieldValue for String {
+    const KIND: Kind = Kind::Str;
+    fn parse(value: Option<&str>, invalid: &dyn Fn(String) -> Error) -> Result<String> {
+        not_none(value, invalid, "a string").map(str::to_owned)
+    }
+    fn show(&self) -> Option<String> {
+        Some(self.clone())
+    }
+}
+
+impl FieldValue for Option<String> {
+    const KIND: Kind = Kind::OptStr;
+    fn parse(value: Option<&str>, _: &dyn Fn(String) -> Error) -> Result<Option<String>> {
+        Ok(value.map(str::to_owned))
+    }
+    fn show(&self) -> Option<String> {
+        self.clone()
+    }
+}
+
+impl FieldValue for RuleSet {
+    const KIND: Kind = Kind::Str;
+    fn parse(value: Option<&str>, invalid: &dyn Fn(String) -> Error) -> Result<RuleSet> {
+        let v = not_none(value, invalid, "a string")?;
+        RuleSet::from_name(v)
+            .ok_or_else(|| invalid(format!("{}; allowed values: {}", py::repr_str(v), RuleSet::CHOICES.join(", "))))
+    }
+    fn show(&self) -> Option<String> {
+        Some(self.name().to_owned())
+    }
+}
+
+/// Declares every field once: its type, SGLang's default, its CLI flags and
+/// its meaning; the struct, its `Default`, [`FIELDS`] and the text
+/// set/get all come from this one list.
+macro_rules! server_args {
+    ($($(#[doc = $doc:literal])* $name:ident: $ty:ty = $default:expr, [$($flag:literal),+];)*) => {
+        /// The typed arguments. Defaults are SGLang's.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct ServerArgs {
+            $($(#[doc = $doc])* pub $name: $ty,)*
+        }
+
+        impl Default for ServerArgs {
+            fn default() -> Self {
+                ServerArgs { $($name: $default,)* }
+            }
+        }
+
         /// Every field, in SGLang's documentation order.
         pub const FIELDS: &[FieldSpec] = &[
-            $(FieldSpec { name: stringify!($name), flags: &[$($flag),+], kind: Kind::$kind }),*
+            $(FieldSpec { name: stringify!($name), flags: &[$($flag),+], kind: <$ty as FieldValue>::KIND }),*
         ];
+
+        impl ServerArgs {
+            fn set_field(&mut self, spec: &FieldSpec, value: Option<&str>, invalid: &dyn Fn(String) -> Error) -> Result<()> {
+                match spec.name {
+                    $(stringify!($name) => self.$name = <$ty as FieldValue>::parse(value, invalid)?,)*
+                    other => return Err(unknown_key(other)),
+                }
+                Ok(())
+            }
+
+            fn get_field(&self, name: &str) -> Option<String> {
+                match name {
+                    $(stringify!($name) => self.$name.show(),)*
+                    _ => None,
+                }
+            }
+        }
     };
 }
 
-fields! {
-    disaggregation_mode: Str ["--disaggregation-mode"],
-    disaggregation_transfer_backend: Str ["--disaggregation-transfer-backend"],
-    disaggregation_ib_device: OptStr ["--disaggregation-ib-device"],
-    disaggregation_decode_enable_radix_cache: Bool ["--disaggregation-decode-enable-radix-cache"],
-    disaggregation_decode_extra_slots: OptInt ["--disaggregation-decode-extra-slots"],
-    disable_radix_cache: Bool ["--disable-radix-cache"],
-    enable_hisparse: Bool ["--enable-hisparse"],
-    speculative_algorithm: OptStr ["--speculative-algorithm"],
-    enable_dp_attention: Bool ["--enable-dp-attention"],
-    max_running_requests: OptInt ["--max-running-requests"],
-    dp_size: Int ["--dp-size", "--data-parallel-size"],
-    disable_cuda_graph: Bool ["--disable-cuda-graph"],
-    mamba_scheduler_strategy: Str ["--mamba-scheduler-strategy"],
-    disaggregation_decode_enable_offload_kvcache: Bool ["--disaggregation-decode-enable-offload-kvcache"],
-    num_reserved_decode_tokens: Int ["--num-reserved-decode-tokens"],
-    disaggregation_decode_polling_interval: Int ["--disaggregation-decode-polling-interval"],
-    optimistic_prefill_attempts: Int ["--optimistic-prefill-attempts"],
-    load_balance_method: Str ["--load-balance-method"],
-    mooncake_ib_device: OptStr ["--mooncake-ib-device"],
-    encoder_transfer_backend: Str ["--encoder-transfer-backend"],
-    disaggregation_bootstrap_port: Int ["--disaggregation-bootstrap-port"],
-    port: Int ["--port"],
-    dcp_size: Int ["--dcp-size", "--decode-context-parallel-size"],
-    enable_hierarchical_cache: Bool ["--enable-hierarchical-cache"],
-    pdx_rules: Str ["--pdx-rules"],
+server_args! {
+    /// `null`, `prefill` or `decode`.
+    disaggregation_mode: String = "null".into(), ["--disaggregation-mode"];
+    /// One of the transfer-backend choices; `mooncake_tcp` is rewritten by normalization.
+    disaggregation_transfer_backend: String = "mooncake".into(), ["--disaggregation-transfer-backend"];
+    /// IB devices (comma list, JSON mapping or `.json` path); cleared for `mooncake_tcp`.
+    disaggregation_ib_device: Option<String> = None, ["--disaggregation-ib-device"];
+    /// Decode keeps a radix cache.
+    disaggregation_decode_enable_radix_cache: bool = false, ["--disaggregation-decode-enable-radix-cache"];
+    /// Extra decode req-to-token slots (defaulted by the 2026-07 rules).
+    disaggregation_decode_extra_slots: Option<i64> = None, ["--disaggregation-decode-extra-slots"];
+    /// Radix cache disabled (forced for decode without the radix flag).
+    disable_radix_cache: bool = false, ["--disable-radix-cache"];
+    /// HiSparse attention.
+    enable_hisparse: bool = false, ["--enable-hisparse"];
+    /// Speculative decoding algorithm, e.g. `EAGLE`.
+    speculative_algorithm: Option<String> = None, ["--speculative-algorithm"];
+    /// DP attention (warning only).
+    enable_dp_attention: bool = false, ["--enable-dp-attention"];
+    /// Max running requests.
+    max_running_requests: Option<i64> = None, ["--max-running-requests"];
+    /// Data-parallel size.
+    dp_size: i64 = 1, ["--dp-size", "--data-parallel-size"];
+    /// CUDA graphs disabled (set for prefill by the default rules).
+    disable_cuda_graph: bool = false, ["--disable-cuda-graph"];
+    /// `auto`, `no_buffer` or `extra_buffer`.
+    mamba_scheduler_strategy: String = "auto".into(), ["--mamba-scheduler-strategy"];
+    /// Decode offloads KV cache to HiCache storage.
+    disaggregation_decode_enable_offload_kvcache: bool = false, ["--disaggregation-decode-enable-offload-kvcache"];
+    /// Reserved decode tokens.
+    num_reserved_decode_tokens: i64 = 512, ["--num-reserved-decode-tokens"];
+    /// Decode polling interval.
+    disaggregation_decode_polling_interval: i64 = 1, ["--disaggregation-decode-polling-interval"];
+    /// Optimistic prefill attempts.
+    optimistic_prefill_attempts: i64 = 0, ["--optimistic-prefill-attempts"];
+    /// `auto` is resolved by normalization.
+    load_balance_method: String = "auto".into(), ["--load-balance-method"];
+    /// Elastic-EP IB devices (fallback IB source of the shared engine).
+    mooncake_ib_device: Option<String> = None, ["--mooncake-ib-device"];
+    /// Encoder transfer backend.
+    encoder_transfer_backend: String = "zmq_to_scheduler".into(), ["--encoder-transfer-backend"];
+    /// Bootstrap port.
+    disaggregation_bootstrap_port: i64 = 8998, ["--disaggregation-bootstrap-port"];
+    /// HTTP port.
+    port: i64 = 30000, ["--port"];
+    /// Decode context-parallel size.
+    dcp_size: i64 = 1, ["--dcp-size", "--decode-context-parallel-size"];
+    /// HiCache.
+    enable_hierarchical_cache: bool = false, ["--enable-hierarchical-cache"];
+    /// pdx's own setting: which rule set normalization applies.
+    pdx_rules: RuleSet = RuleSet::Pr26346, ["--pdx-rules"];
 }
 
 /// The field a key names: a field name, or (when it starts with `--`) a flag.
@@ -233,8 +281,6 @@ fn label(spec: &FieldSpec) -> String {
     format!("{} ({})", spec.name, spec.flags[0])
 }
 
-const BOOL_SPELLINGS: &str = "true, 1, yes, y, false, 0, no, n (any case)";
-
 impl ServerArgs {
     /// Set the field named by `key` from text; `None` is Python's `None`.
     ///
@@ -244,40 +290,18 @@ impl ServerArgs {
     pub fn set(&mut self, key: &str, value: Option<&str>) -> Result<()> {
         let spec = lookup(key).ok_or_else(|| unknown_key(key))?;
         let invalid = |what: String| Error::invalid_value(format!("invalid value for {}: {what}", label(spec)));
-        let shown = |v: &str| py::repr_str(v);
-        match spec.kind {
-            Kind::Bool => {
-                let v = value
-                    .ok_or_else(|| invalid(format!("None is not allowed; expected a boolean: {BOOL_SPELLINGS}")))?;
-                let b = env::parse_bool(v)
-                    .map_err(|_| invalid(format!("{}; expected a boolean: {BOOL_SPELLINGS}", shown(v))))?;
-                self.set_bool(spec.name, b);
-            }
-            Kind::Int | Kind::OptInt => {
-                let parsed = match value {
-                    None if spec.kind == Kind::OptInt => None,
-                    None => return Err(invalid("None is not allowed; expected a decimal integer".into())),
-                    Some(v) => Some(
-                        py::parse_int(v).ok_or_else(|| invalid(format!("{}; expected a decimal integer", shown(v))))?,
-                    ),
-                };
-                self.set_int(spec.name, parsed);
-            }
-            Kind::Str | Kind::OptStr => {
-                if let (Some(v), Some(allowed)) = (value, choices_of(spec.name)) {
-                    if !allowed.iter().any(|a| a == v) {
-                        return Err(invalid(format!("{}; allowed values: {}", shown(v), allowed.join(", "))));
-                    }
+        if let Some(allowed) = choices_of(spec.name) {
+            match value {
+                Some(v) if !allowed.iter().any(|a| a == v) => {
+                    return Err(invalid(format!("{}; allowed values: {}", py::repr_str(v), allowed.join(", "))));
                 }
-                if value.is_none() && spec.kind == Kind::Str {
-                    let hint = choices_of(spec.name)
-                        .map_or_else(|| "a string".to_owned(), |a| format!("one of {}", a.join(", ")));
-                    return Err(invalid(format!("None is not allowed; expected {hint}")));
+                None if spec.kind == Kind::Str => {
+                    return Err(invalid(format!("None is not allowed; expected one of {}", allowed.join(", "))));
                 }
-                self.set_str(spec.name, value.map(str::to_owned));
+                _ => {}
             }
         }
-        Ok(())
+        self.set_field(spec, value, &invalid)
     }
 
     /// The value of the field named by `key` as text: `None` for Python's
@@ -290,98 +314,6 @@ impl ServerArgs {
     /// Every field with its current value, in [`FIELDS`] order.
     pub fn entries(&self) -> Vec<(&'static str, Option<String>)> {
         FIELDS.iter().map(|f| (f.name, self.get_field(f.name))).collect()
-    }
-
-    fn bool_slot(&mut self, name: &str) -> &mut bool {
-        match name {
-            "disaggregation_decode_enable_radix_cache" => &mut self.disaggregation_decode_enable_radix_cache,
-            "disable_radix_cache" => &mut self.disable_radix_cache,
-            "enable_hisparse" => &mut self.enable_hisparse,
-            "enable_dp_attention" => &mut self.enable_dp_attention,
-            "disable_cuda_graph" => &mut self.disable_cuda_graph,
-            "disaggregation_decode_enable_offload_kvcache" => &mut self.disaggregation_decode_enable_offload_kvcache,
-            "enable_hierarchical_cache" => &mut self.enable_hierarchical_cache,
-            other => unreachable!("{other} is not a bool field"),
-        }
-    }
-
-    fn set_bool(&mut self, name: &str, v: bool) {
-        *self.bool_slot(name) = v;
-    }
-
-    fn set_int(&mut self, name: &str, v: Option<i64>) {
-        match name {
-            "disaggregation_decode_extra_slots" => self.disaggregation_decode_extra_slots = v,
-            "max_running_requests" => self.max_running_requests = v,
-            other => {
-                let v = v.expect("non-optional int checked by set");
-                *match other {
-                    "dp_size" => &mut self.dp_size,
-                    "num_reserved_decode_tokens" => &mut self.num_reserved_decode_tokens,
-                    "disaggregation_decode_polling_interval" => &mut self.disaggregation_decode_polling_interval,
-                    "optimistic_prefill_attempts" => &mut self.optimistic_prefill_attempts,
-                    "disaggregation_bootstrap_port" => &mut self.disaggregation_bootstrap_port,
-                    "port" => &mut self.port,
-                    "dcp_size" => &mut self.dcp_size,
-                    other => unreachable!("{other} is not an int field"),
-                } = v;
-            }
-        }
-    }
-
-    fn set_str(&mut self, name: &str, v: Option<String>) {
-        match name {
-            "disaggregation_ib_device" => self.disaggregation_ib_device = v,
-            "speculative_algorithm" => self.speculative_algorithm = v,
-            "mooncake_ib_device" => self.mooncake_ib_device = v,
-            "pdx_rules" => {
-                self.pdx_rules = RuleSet::from_name(v.as_deref().unwrap_or_default()).expect("checked by set")
-            }
-            other => {
-                let v = v.expect("non-optional str checked by set");
-                *match other {
-                    "disaggregation_mode" => &mut self.disaggregation_mode,
-                    "disaggregation_transfer_backend" => &mut self.disaggregation_transfer_backend,
-                    "mamba_scheduler_strategy" => &mut self.mamba_scheduler_strategy,
-                    "load_balance_method" => &mut self.load_balance_method,
-                    "encoder_transfer_backend" => &mut self.encoder_transfer_backend,
-                    other => unreachable!("{other} is not a str field"),
-                } = v;
-            }
-        }
-    }
-
-    fn get_field(&self, name: &str) -> Option<String> {
-        let b = |v: bool| Some(if v { "true" } else { "false" }.to_owned());
-        let i = |v: i64| Some(v.to_string());
-        match name {
-            "disaggregation_mode" => Some(self.disaggregation_mode.clone()),
-            "disaggregation_transfer_backend" => Some(self.disaggregation_transfer_backend.clone()),
-            "disaggregation_ib_device" => self.disaggregation_ib_device.clone(),
-            "disaggregation_decode_enable_radix_cache" => b(self.disaggregation_decode_enable_radix_cache),
-            "disaggregation_decode_extra_slots" => self.disaggregation_decode_extra_slots.map(|v| v.to_string()),
-            "disable_radix_cache" => b(self.disable_radix_cache),
-            "enable_hisparse" => b(self.enable_hisparse),
-            "speculative_algorithm" => self.speculative_algorithm.clone(),
-            "enable_dp_attention" => b(self.enable_dp_attention),
-            "max_running_requests" => self.max_running_requests.map(|v| v.to_string()),
-            "dp_size" => i(self.dp_size),
-            "disable_cuda_graph" => b(self.disable_cuda_graph),
-            "mamba_scheduler_strategy" => Some(self.mamba_scheduler_strategy.clone()),
-            "disaggregation_decode_enable_offload_kvcache" => b(self.disaggregation_decode_enable_offload_kvcache),
-            "num_reserved_decode_tokens" => i(self.num_reserved_decode_tokens),
-            "disaggregation_decode_polling_interval" => i(self.disaggregation_decode_polling_interval),
-            "optimistic_prefill_attempts" => i(self.optimistic_prefill_attempts),
-            "load_balance_method" => Some(self.load_balance_method.clone()),
-            "mooncake_ib_device" => self.mooncake_ib_device.clone(),
-            "encoder_transfer_backend" => Some(self.encoder_transfer_backend.clone()),
-            "disaggregation_bootstrap_port" => i(self.disaggregation_bootstrap_port),
-            "port" => i(self.port),
-            "dcp_size" => i(self.dcp_size),
-            "enable_hierarchical_cache" => b(self.enable_hierarchical_cache),
-            "pdx_rules" => Some(self.pdx_rules.name().to_owned()),
-            other => unreachable!("{other} is not a field"),
-        }
     }
 }
 

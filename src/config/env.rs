@@ -183,20 +183,257 @@ pub fn get_str(env: &dyn Env, name: &str, default: &str) -> String {
     env.var(name).unwrap_or_else(|| default.to_owned())
 }
 
-/// The variables this crate reads or writes, with SGLang's defaults.
+/// The type and range of a declared variable.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Ty {
+    /// Only presence counts (any value, even empty).
+    Presence,
+    /// SGLang's `EnvBool` spellings.
+    Bool,
+    /// A decimal integer in `min..=max`.
+    Int { min: i64, max: i64 },
+    /// Seconds, decimals allowed, in `min..=max`.
+    Seconds { min: f64, max: f64 },
+    /// Whole milliseconds in `min..=max`.
+    Millis { min: u64, max: u64 },
+    /// Whole microseconds in `min..=max`.
+    Micros { min: u64, max: u64 },
+    /// Free text (a name, an address, a path, a device list).
+    Text,
+    /// One of the listed words.
+    Choice(&'static [&'static str]),
+}
+
+/// One environment variable pdx reads: declared once, here, with its
+/// meaning, type, range and default. Nothing else in pdx reads the
+/// environment (a test checks).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Var {
+    pub name: &'static str,
+    pub ty: Ty,
+    /// The default as the README shows it.
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+macro_rules! vars {
+    ($($id:ident: $ty:expr, $default:literal, $meaning:literal;)*) => {
+        /// Every variable pdx reads.
+        pub mod vars {
+            use super::*;
+            $(#[doc = $meaning] pub const $id: Var = Var { name: stringify!($id), ty: $ty, default: $default, meaning: $meaning };)*
+            /// All of them, in declaration order.
+            pub const ALL: &[Var] = &[$($id),*];
+        }
+    };
+}
+
+const SECONDS: Ty = Ty::Seconds { min: 0.001, max: 1e6 };
+const MILLIS: Ty = Ty::Millis { min: 1, max: 1_000_000_000 };
+const PORT: Ty = Ty::Int { min: 1, max: 65535 };
+
+vars! {
+    MC_FORCE_TCP: Ty::Presence, "unset",
+        "Present (any value): every engine uses `tcp`. `mooncake_tcp` normalization sets it to `1` unless set.";
+    MOONCAKE_PROTOCOL: Ty::Text, "rdma",
+        "The transport of every engine initialized without an explicit protocol (`rdma`, `efa`, `tcp`, `ascend`, ...).";
+    ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE: Ty::Bool, "false",
+        "Ascend: protocol `ascend` and the `:port:npu_N` hostname suffix.";
+    ASCEND_NPU_PHY_ID: Ty::Int { min: i64::MIN, max: i64::MAX }, "-1",
+        "Ascend: physical NPU id of the hostname suffix (-1: the GPU id).";
+    SGLANG_DISAGG_STAGING_BUFFER: Ty::Bool, "false",
+        "SGLang's staging-buffer rule of argument normalization.";
+    PDX_MIN_PORT: PORT, "15000", "Lowest listener port (wins over `MC_MIN_RPC_PORT`).";
+    MC_MIN_RPC_PORT: PORT, "15000", "Lowest listener port.";
+    MC_MIN_PRC_PORT: PORT, "15000", "Mooncake's misspelt alias of `MC_MIN_RPC_PORT`.";
+    PDX_MAX_PORT: PORT, "17000", "Highest listener port (wins over `MC_MAX_RPC_PORT`).";
+    MC_MAX_RPC_PORT: PORT, "17000", "Highest listener port.";
+    MC_MAX_PRC_PORT: PORT, "17000", "Mooncake's misspelt alias of `MC_MAX_RPC_PORT`.";
+    PDX_MIN_DATA_PORT: PORT, "the listener range", "Lowest data-listener port.";
+    PDX_MAX_DATA_PORT: PORT, "the listener range", "Highest data-listener port.";
+    MC_HANDSHAKE_PORT: PORT, "12001", "Handshake port of session names given without one.";
+    MC_HANDSHAKE_MAX_LENGTH: Ty::Int { min: 1 << 20, max: 128 << 20 }, "1048576", "Largest handshake frame (bytes).";
+    PDX_CONNECT_TIMEOUT_MS: MILLIS, "5000", "Connect bound (wins over `MC_HANDSHAKE_CONNECT_TIMEOUT`).";
+    MC_HANDSHAKE_CONNECT_TIMEOUT: SECONDS, "5", "Connect bound.";
+    PDX_HANDSHAKE_TIMEOUT_MS: MILLIS, "30000", "Bound on a handshake exchange after connecting.";
+    PDX_STATUS_TIMEOUT_MS: MILLIS, "30000", "v2 acknowledgement bound (wins over `MC_TCP_STATUS_TIMEOUT_SEC`).";
+    MC_TCP_STATUS_TIMEOUT_SEC: SECONDS, "30", "v2 acknowledgement bound.";
+    PDX_PROGRESS_TIMEOUT_MS: MILLIS, "30000", "Sliding payload-progress bound (wins over `MC_TCP_PROGRESS_TIMEOUT_SEC`).";
+    MC_TCP_PROGRESS_TIMEOUT_SEC: SECONDS, "30", "Sliding payload-progress bound.";
+    PDX_TCP_LANES: Ty::Int { min: 1, max: 64 }, "4", "Data connections per peer (wins over `MC_TCP_LANES_PER_PEER`).";
+    MC_TCP_LANES_PER_PEER: Ty::Int { min: 1, max: 64 }, "4", "Data connections per peer.";
+    MC_TCP_MAX_CONNECTIONS_PER_PEER: Ty::Int { min: 1, max: 64 }, "4", "Alias of `MC_TCP_LANES_PER_PEER`.";
+    PDX_LANE_WAIT_TIMEOUT_MS: MILLIS, "30000", "Wait for a free lane (wins over `MC_TRANSFER_TIMEOUT`).";
+    MC_TRANSFER_TIMEOUT: Ty::Seconds { min: 5.0, max: 1e6 }, "30",
+        "How long a transfer may wait: the native engine's lane wait, the Mooncake backend's sync deadline.";
+    MC_TCP_PROTO: Ty::Choice(&["1", "2"]), "2", "`1`: initiate with data protocol v1.";
+    PDX_MAX_DATA_CONNECTIONS: Ty::Int { min: 1, max: 65536 }, "512", "Inbound data connections served at once.";
+    PDX_MAX_HANDSHAKE_CONNECTIONS: Ty::Int { min: 1, max: 4096 }, "64", "Inbound handshake connections served at once.";
+    PDX_MAX_QUEUED_NOTIFICATIONS: Ty::Int { min: 1, max: 1 << 24 }, "65536", "Received notifications kept until drained.";
+    PDX_WORKERS: Ty::Int { min: 1, max: 256 }, "8", "Worker threads for asynchronous and multi-lane work.";
+    PDX_SPIN_US: Ty::Micros { min: 0, max: 10_000 }, "50", "How long a receive polls before it sleeps (0: never).";
+    PDX_BIND_ADDRESS: Ty::Text, "the hostname's address", "Where the listeners bind.";
+    PDX_TCP_ENGINE: Ty::Choice(&["native", "mooncake"]), "native", "Which engine serves `tcp`.";
+    PDX_MOONCAKE_LIB: Ty::Text, "libtransfer_engine.so", "Mooncake's Transfer Engine library (C API) to load.";
+    PDX_CUDA_LIB: Ty::Text, "libcuda.so.1", "The CUDA driver library to load (device memory; see docs/gpu.md).";
+    PDX_CUDA_STAGING_BYTES: Ty::Int { min: 65536, max: 1 << 40 }, "67108864",
+        "Pinned host memory per engine for staging device memory (bytes).";
+    RUST_LOG: Ty::Text, "warn", "Log filter (`env_logger` syntax).";
+}
+
+/// The names SGLang's rules use (the declarations' names).
 pub mod names {
-    /// Raw presence check; set to `"1"` (setdefault) by the `mooncake_tcp` alias.
-    pub const MC_FORCE_TCP: &str = "MC_FORCE_TCP";
-    /// EnvStr, default `"rdma"`.
-    pub const MOONCAKE_PROTOCOL: &str = "MOONCAKE_PROTOCOL";
-    /// EnvStr, default `""`.
-    pub const MOONCAKE_DEVICE: &str = "MOONCAKE_DEVICE";
-    /// EnvBool, default false.
-    pub const ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE: &str = "ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE";
-    /// EnvInt, default -1.
-    pub const ASCEND_NPU_PHY_ID: &str = "ASCEND_NPU_PHY_ID";
-    /// EnvBool, default false.
-    pub const SGLANG_DISAGG_STAGING_BUFFER: &str = "SGLANG_DISAGG_STAGING_BUFFER";
+    use super::vars;
+    pub(crate) const MC_FORCE_TCP: &str = vars::MC_FORCE_TCP.name;
+    pub(crate) const MOONCAKE_PROTOCOL: &str = vars::MOONCAKE_PROTOCOL.name;
+    pub(crate) const ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE: &str = vars::ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE.name;
+    pub(crate) const ASCEND_NPU_PHY_ID: &str = vars::ASCEND_NPU_PHY_ID.name;
+    pub(crate) const SGLANG_DISAGG_STAGING_BUFFER: &str = vars::SGLANG_DISAGG_STAGING_BUFFER.name;
+}
+
+/// A value pdx reads for itself (not under SGLang's rules): unset or empty
+/// gives `None`; a value that does not parse is a warning and `None` (the
+/// next source or the default applies); a value out of range is a warning
+/// naming the variable and the value used instead (the nearest bound).
+pub trait FromVar: Sized {
+    fn from_var(env: &dyn Env, var: &Var) -> Option<Self>;
+}
+
+fn present(env: &dyn Env, var: &Var) -> Option<String> {
+    env.var(var.name).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty())
+}
+
+/// A reader used on a variable of another type: a pdx bug, which the
+/// declaration tests catch; never a panic at run time.
+fn misdeclared<T>(var: &Var, as_what: &str) -> Option<T> {
+    debug_assert!(false, "{} is read as {as_what} but declared {:?}", var.name, var.ty);
+    log::error!("pdx bug: {} is read as {as_what} but declared {:?}; ignoring it", var.name, var.ty);
+    None
+}
+
+fn unparsable(var: &Var, text: &str, what: &str) {
+    log::warn!("ignoring {}={text:?}: not {what}", var.name);
+}
+
+fn clamp_warn<T: PartialOrd + Copy + std::fmt::Display>(var: &Var, text: &str, v: T, min: T, max: T) -> T {
+    let used = if v < min {
+        min
+    } else if v > max {
+        max
+    } else {
+        return v;
+    };
+    log::warn!("{}={text:?} is outside {min}..={max}; using {used}", var.name);
+    used
+}
+
+impl FromVar for i64 {
+    fn from_var(env: &dyn Env, var: &Var) -> Option<i64> {
+        let text = present(env, var)?;
+        let Ty::Int { min, max } = var.ty else { return misdeclared(var, "an integer") };
+        match text.parse::<i64>() {
+            Ok(v) => Some(clamp_warn(var, &text, v, min, max)),
+            Err(_) => {
+                unparsable(var, &text, "an integer");
+                None
+            }
+        }
+    }
+}
+
+macro_rules! narrow_int {
+    ($($t:ty),*) => {$(
+        impl FromVar for $t {
+            fn from_var(env: &dyn Env, var: &Var) -> Option<$t> {
+                // Declared ranges lie inside the type, so the conversion holds.
+                i64::from_var(env, var).and_then(|v| <$t>::try_from(v).ok())
+            }
+        }
+    )*};
+}
+narrow_int!(u16, usize);
+
+impl FromVar for std::time::Duration {
+    fn from_var(env: &dyn Env, var: &Var) -> Option<std::time::Duration> {
+        use std::time::Duration;
+        let text = present(env, var)?;
+        match var.ty {
+            Ty::Seconds { min, max } => match text.parse::<f64>() {
+                Ok(v) if v.is_finite() => Some(Duration::from_secs_f64(clamp_warn(var, &text, v, min, max))),
+                _ => {
+                    unparsable(var, &text, "a number of seconds");
+                    None
+                }
+            },
+            Ty::Millis { min, max } | Ty::Micros { min, max } => match text.parse::<u64>() {
+                Ok(v) => {
+                    let v = clamp_warn(var, &text, v, min, max);
+                    Some(if matches!(var.ty, Ty::Millis { .. }) {
+                        Duration::from_millis(v)
+                    } else {
+                        Duration::from_micros(v)
+                    })
+                }
+                Err(_) => {
+                    unparsable(var, &text, "a whole number");
+                    None
+                }
+            },
+            _ => misdeclared(var, "a duration"),
+        }
+    }
+}
+
+impl FromVar for String {
+    fn from_var(env: &dyn Env, var: &Var) -> Option<String> {
+        present(env, var)
+    }
+}
+
+/// Read `var` as `T` (see [`FromVar`]).
+pub fn read<T: FromVar>(env: &dyn Env, var: &Var) -> Option<T> {
+    T::from_var(env, var)
+}
+
+/// The first of `vars` that is set and valid.
+pub fn read_first<T: FromVar>(env: &dyn Env, vars: &[Var]) -> Option<T> {
+    vars.iter().find_map(|v| read(env, v))
+}
+
+/// A [`Ty::Choice`] variable: its word, `None` when unset or empty, an
+/// `InvalidValue` error naming the allowed words otherwise.
+pub fn read_choice(env: &dyn Env, var: &Var) -> crate::Result<Option<&'static str>> {
+    let Ty::Choice(words) = var.ty else { return Ok(misdeclared(var, "a choice")) };
+    let Some(text) = present(env, var) else { return Ok(None) };
+    words.iter().find(|w| **w == text).map(|w| Some(*w)).ok_or_else(|| {
+        crate::Error::new(
+            crate::ErrorKind::InvalidValue,
+            format!("{}={text:?} is not one of: {}", var.name, words.join(", ")),
+        )
+    })
+}
+
+fn describe(ty: Ty) -> String {
+    match ty {
+        Ty::Presence => "presence".to_owned(),
+        Ty::Bool => "boolean".to_owned(),
+        Ty::Int { min: i64::MIN, .. } => "integer".to_owned(),
+        Ty::Int { min, max } => format!("integer {min}..={max}"),
+        Ty::Seconds { min, max } => format!("seconds {min}..={max}"),
+        Ty::Millis { min, max } => format!("ms {min}..={max}"),
+        Ty::Micros { min, max } => format!("µs {min}..={max}"),
+        Ty::Text => "text".to_owned(),
+        Ty::Choice(words) => words.join(" \\| "),
+    }
+}
+
+/// The README's table of every variable, generated from the declarations.
+pub fn markdown_table() -> String {
+    let mut out = String::from("| variable | type | default | meaning |\n|---|---|---|---|\n");
+    for v in vars::ALL {
+        out.push_str(&format!("| `{}` | {} | {} | {} |\n", v.name, describe(v.ty), v.default, v.meaning));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -273,5 +510,85 @@ mod tests {
         assert_eq!(ProcessEnv.set_default(name, "2"), Some("1".to_owned()));
         assert_eq!(ProcessEnv.var(name).as_deref(), Some("1"));
         assert_eq!(ProcessEnv.var("BAD=NAME"), None);
+    }
+
+    #[test]
+    fn declarations_are_unique_and_typed_readers_match() {
+        let mut seen = std::collections::HashSet::new();
+        for v in vars::ALL {
+            assert!(seen.insert(v.name), "{} declared twice", v.name);
+            assert!(!v.meaning.is_empty() && !v.default.is_empty(), "{}", v.name);
+        }
+        let env = MapEnv::from_pairs(&[("PDX_TCP_LANES", "0"), ("PDX_SPIN_US", "x"), ("PDX_TCP_ENGINE", "fast")]);
+        assert_eq!(read::<usize>(&env, &vars::PDX_TCP_LANES), Some(1), "clamped to the range");
+        assert_eq!(read::<std::time::Duration>(&env, &vars::PDX_SPIN_US), None, "garbage is ignored");
+        let e = read_choice(&env, &vars::PDX_TCP_ENGINE).unwrap_err();
+        assert_eq!(e.message(), "PDX_TCP_ENGINE=\"fast\" is not one of: native, mooncake");
+        assert_eq!(read_choice(&MapEnv::new(), &vars::PDX_TCP_ENGINE).unwrap(), None);
+    }
+
+    fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    /// Every variable is read here and only here: no other non-test source of
+    /// the workspace calls `std::env::var`/`var_os`/`vars` or `getenv`, and
+    /// every declared variable is used by some reader.
+    #[test]
+    fn nothing_else_reads_the_environment() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files = Vec::new();
+        for dir in ["src", "mooncake-sys/src", "cuda-sys/src", "pdx-bench/src"] {
+            if root.join(dir).is_dir() {
+                sources(&root.join(dir), &mut files);
+            }
+        }
+        let this = root.join("src/config/env.rs");
+        let mut used = String::new();
+        for f in &files {
+            let text = std::fs::read_to_string(f).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            if *f != this {
+                for pattern in
+                    ["env::var(", "env::var_os(", "env::vars(", "env::vars_os(", "libc::getenv", "env_logger::Env"]
+                {
+                    assert!(
+                        !code.contains(pattern),
+                        "{} reads the environment ({pattern}) outside config::env",
+                        f.display()
+                    );
+                }
+                used.push_str(code);
+            }
+        }
+        for v in vars::ALL {
+            assert!(used.contains(v.name), "{} is declared but nothing reads it", v.name);
+        }
+    }
+
+    /// The README's table is the declarations, rendered
+    /// (`PDX_BLESS_README=1 cargo test` rewrites it).
+    #[test]
+    fn readme_table_lists_every_variable() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+        let readme = std::fs::read_to_string(&path).unwrap();
+        let (begin, end) = ("<!-- env-table:begin -->\n", "<!-- env-table:end -->");
+        let start = readme.find(begin).expect("README has no env-table:begin marker") + begin.len();
+        let stop = readme[start..].find(end).expect("README has no env-table:end marker") + start;
+        let table = markdown_table();
+        if readme[start..stop] != table {
+            if std::env::var_os("PDX_BLESS_README").is_some() {
+                std::fs::write(&path, format!("{}{table}{}", &readme[..start], &readme[stop..])).unwrap();
+                return;
+            }
+            panic!("README's variable table is stale: run PDX_BLESS_README=1 cargo test --lib readme_table");
+        }
     }
 }

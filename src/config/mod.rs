@@ -6,7 +6,7 @@
 //! - [`argv`]: reading the PD flags out of a command line.
 //! - [`env`]: environment access with SGLang's `environ.py` rules.
 //! - [`rules`]: `handle_pd_disaggregation` in two versions, plus normalization.
-//! - [`load_balance`]: `_handle_load_balance_method`.
+//! - [`load_balance`]: SGLang's `_handle_load_balance_method`.
 //! - [`ib_device`]: IB device configuration parsing and validation.
 //! - [`transport`]: protocol / hostname / device resolution.
 //! - [`net`]: session ids and free ports.

@@ -2,7 +2,7 @@
 //! [`normalize`], which runs it together with load-balance defaulting.
 //!
 //! Texts are copied byte for byte from SGLang (commits 6076066e3 and
-//! d4801be); see `shared/specs/sglang-pd-disaggregation.md` §A.
+//! d4801be of `python/sglang/srt/server_args.py`); `docs/sglang-rules.md` lists them.
 
 use super::args::{RuleSet, ServerArgs};
 use super::env::{self, names, Env};

@@ -4,7 +4,7 @@
 //! so a stale or made-up id is an error, not a crash.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -12,22 +12,24 @@ use parking_lot::{Condvar, Mutex};
 
 use super::peers::{Lane, Peer};
 use super::staging::run_window_any;
-use super::transfer::{Request, WINDOW_BYTES, WINDOW_REQUESTS};
-use super::wire::Direction;
+use super::transfer::{WINDOW_BYTES, WINDOW_REQUESTS};
 use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
-
-/// Task and batch states (plain integers on the ABI).
-pub(crate) const STATE_PENDING: i32 = 0;
-pub(crate) const STATE_COMPLETED: i32 = 1;
-pub(crate) const STATE_FAILED: i32 = 2;
+use crate::transfer::state::{self, BatchSummary, TaskState, TaskSummary};
+use crate::transfer::{Direction, Request};
 
 struct Task {
-    state: AtomicI32,
+    state: AtomicU8,
     bytes: AtomicU64,
     /// Pieces of this task not yet terminal.
     pieces_left: AtomicUsize,
     error: Mutex<Option<Error>>,
+}
+
+impl Task {
+    fn state(&self) -> TaskState {
+        TaskState::from_u8(self.state.load(Ordering::Acquire))
+    }
 }
 
 /// Requests larger than this travel as several pieces: windows stay bounded
@@ -57,42 +59,6 @@ pub struct BatchRun {
     done_cv: Condvar,
 }
 
-/// A summary of a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BatchSummary {
-    pub state: i32,
-    pub total: usize,
-    pub completed: usize,
-    pub failed: usize,
-    pub bytes: u64,
-}
-
-impl BatchSummary {
-    /// The `Timeout` error for a batch still in flight after waiting `waited`.
-    pub fn not_finished(&self, id: u64, waited: std::time::Duration) -> Error {
-        Error::timeout(format!(
-            "batch {id:#x} not finished after {waited:?}: {} of {} tasks still in flight",
-            self.total - self.completed - self.failed,
-            self.total
-        ))
-    }
-}
-
-/// One task's state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskSummary {
-    pub state: i32,
-    pub bytes: u64,
-    pub error: Option<Error>,
-}
-
-fn op_name(d: Direction) -> &'static str {
-    match d {
-        Direction::Write => "WRITE",
-        Direction::Read => "READ",
-    }
-}
-
 impl BatchRun {
     /// A batch of `reqs`. Zero-length requests complete at once (nothing
     /// crosses the wire for them, as in Mooncake).
@@ -119,7 +85,7 @@ impl BatchRun {
                 count += 1;
             }
             tasks.push(Task {
-                state: AtomicI32::new(if r.len == 0 { STATE_COMPLETED } else { STATE_PENDING }),
+                state: AtomicU8::new(if r.len == 0 { TaskState::Completed } else { TaskState::Pending }.to_u8()),
                 bytes: AtomicU64::new(0),
                 pieces_left: AtomicUsize::new(count),
                 error: Mutex::new(None),
@@ -136,7 +102,7 @@ impl BatchRun {
             remaining: AtomicUsize::new(pending),
             abort: Mutex::new(None),
             peer: OnceLock::new(),
-            force_v1: inner.settings.force_v1(),
+            force_v1: inner.settings.force_v1,
             notify,
             notify_error: Mutex::new(None),
             done: Mutex::new(false),
@@ -219,7 +185,7 @@ impl BatchRun {
             return;
         }
         let failed = task.error.lock().is_some();
-        task.state.store(if failed { STATE_FAILED } else { STATE_COMPLETED }, Ordering::Release);
+        task.state.store(if failed { TaskState::Failed } else { TaskState::Completed }.to_u8(), Ordering::Release);
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.finish(inner);
         }
@@ -233,8 +199,8 @@ impl BatchRun {
 
     fn finish(&self, inner: &Inner) {
         if let Some((name, msg)) = &self.notify {
-            if self.tasks.iter().all(|t| t.state.load(Ordering::Acquire) == STATE_COMPLETED) {
-                let sent = self.peer(inner).and_then(|p| super::send_notify_to(inner, &p, name, msg));
+            if self.tasks.iter().all(|t| t.state() == TaskState::Completed) {
+                let sent = self.peer(inner).and_then(|p| super::notify::send_to(inner, &p, name, msg));
                 if let Err(e) = sent {
                     log::warn!("batch to {} completed but its notification failed: {e}", self.session);
                     *self.notify_error.lock() = Some(e);
@@ -252,7 +218,7 @@ impl BatchRun {
             format!(
                 "{} rejected {} of {} bytes at remote address {:#x}: the range is not inside one region it registered",
                 self.session,
-                op_name(self.direction),
+                self.direction.name(),
                 r.len,
                 r.remote
             ),
@@ -397,46 +363,20 @@ impl BatchRun {
     }
 
     pub fn summary(&self) -> BatchSummary {
-        let mut s = BatchSummary { state: STATE_PENDING, total: self.tasks.len(), completed: 0, failed: 0, bytes: 0 };
-        for t in &self.tasks {
-            match t.state.load(Ordering::Acquire) {
-                STATE_COMPLETED => s.completed += 1,
-                STATE_FAILED => s.failed += 1,
-                _ => {}
-            }
-            s.bytes += t.bytes.load(Ordering::Acquire);
-        }
-        if self.is_done() {
-            s.state = if s.failed == 0 { STATE_COMPLETED } else { STATE_FAILED };
-        }
-        s
+        let tasks = self.tasks.iter().map(|t| (t.state(), t.bytes.load(Ordering::Acquire)));
+        BatchSummary::tally(tasks, self.is_done())
     }
 
     pub fn task(&self, i: usize) -> Result<TaskSummary> {
-        let t = self.tasks.get(i).ok_or_else(|| {
-            Error::new(
-                ErrorKind::IndexOutOfRange,
-                format!("task index {i} out of range (batch has {} tasks)", self.tasks.len()),
-            )
-        })?;
-        Ok(TaskSummary {
-            state: t.state.load(Ordering::Acquire),
-            bytes: t.bytes.load(Ordering::Acquire),
-            error: t.error.lock().clone(),
-        })
+        let t = self.tasks.get(i).ok_or_else(|| state::no_such_task(i, self.tasks.len()))?;
+        Ok(TaskSummary { state: t.state(), bytes: t.bytes.load(Ordering::Acquire), error: t.error.lock().clone() })
     }
 
-    /// The error of a finished batch: `None` if every task completed, else
+    /// The error of a finished batch: `Ok` if every task completed, else
     /// the first failure with a count.
     pub fn outcome(&self) -> Result<()> {
-        let failed: Vec<&Task> =
-            self.tasks.iter().filter(|t| t.state.load(Ordering::Acquire) == STATE_FAILED).collect();
-        let Some(first) = failed.first() else { return Ok(()) };
-        let e = first.error.lock().clone().unwrap_or_else(|| Error::new(ErrorKind::ConnectionLost, "failed"));
-        if self.tasks.len() == 1 {
-            return Err(e);
-        }
-        Err(e.context(format!("{} of {} requests failed; first", failed.len(), self.tasks.len())))
+        let failures = self.tasks.iter().filter(|t| t.state() == TaskState::Failed).map(|t| t.error.lock().clone());
+        state::outcome(self.tasks.len(), failures)
     }
 
     /// The notification error, if the batch's notification failed.

@@ -224,6 +224,7 @@ impl Conn {
         }
         // SAFETY: the tail of our own buffer is writable.
         let tail = unsafe { self.buf.as_mut_ptr().add(self.end) };
+        // SAFETY: `tail` is writable for `free` bytes of our buffer.
         match unsafe { self.recv_once(tail, free, libc::MSG_DONTWAIT) } {
             Ok(0) => Err(Self::eof()),
             Ok(n) => {
@@ -335,11 +336,13 @@ mod tests {
             b.recv_exact(&mut head).unwrap();
             assert_eq!(&head, b"hello");
             let mut got = vec![0u8; expected.len()];
+            // SAFETY: `got` is writable for its length.
             unsafe { b.recv_raw(got.as_mut_ptr(), got.len(), &|| false).unwrap() };
             assert!(got == expected);
             b
         });
         let small = b"hello";
+        // SAFETY: every piece points into a live buffer of that length.
         unsafe { a.send_vectored(&[(small.as_ptr(), small.len()), (big.as_ptr(), big.len()), (small.as_ptr(), 0)]) }
             .unwrap();
         let mut b = receiver.join().unwrap();

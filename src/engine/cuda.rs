@@ -14,17 +14,31 @@ use std::sync::{Arc, OnceLock};
 use cuda_sys::{Api, CUcontext, CudaError};
 use parking_lot::Mutex;
 
+use crate::config::env::{read, vars, ProcessEnv};
 use crate::error::{Error, ErrorKind, Result};
-use crate::location::{Location, Requested};
+use crate::transfer::location::{Location, Requested};
 
 /// A driver error as a pdx error (the driver's name and text kept).
 pub fn device_error(e: CudaError) -> Error {
     Error::new(ErrorKind::Device, e.to_string())
 }
 
-/// The driver named by `PDX_CUDA_LIB` (default `libcuda.so.1`), loaded once.
-pub fn driver() -> std::result::Result<Arc<Api>, cuda_sys::LoadError> {
-    cuda_sys::load_cached(&cuda_sys::library_path())
+/// The driver library `PDX_CUDA_LIB` names (default `libcuda.so.1`).
+pub fn driver_path() -> String {
+    read(&ProcessEnv, &vars::PDX_CUDA_LIB).unwrap_or_else(|| cuda_sys::DEFAULT_LIB.to_owned())
+}
+
+/// The driver named by `PDX_CUDA_LIB`, loaded once per path.
+pub fn driver() -> Result<Arc<Api>> {
+    cuda_sys::load_cached(&driver_path()).map_err(|e| {
+        let hint = match e {
+            cuda_sys::LoadError::Open { .. } => {
+                " (no NVIDIA driver here? set PDX_CUDA_LIB to the path of libcuda.so.1)"
+            }
+            _ => "",
+        };
+        Error::new(ErrorKind::DeviceUnavailable, format!("{e}{hint}"))
+    })
 }
 
 /// One device's retained primary context.
@@ -135,7 +149,7 @@ pub fn classify(addr: u64, len: u64, requested: Requested) -> Result<Classified>
             }
         }
         Requested::At(Location::Cuda { ordinal }) => {
-            let api = driver().map_err(|e| region(Error::new(ErrorKind::DeviceUnavailable, e.to_string())))?;
+            let api = driver().map_err(region)?;
             let t = memory_type(&api, addr).map_err(|e| region(device_error(e)))?;
             if t != cuda_sys::CU_MEMORYTYPE_DEVICE {
                 return Err(region(Error::invalid_argument(format!(

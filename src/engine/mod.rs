@@ -10,16 +10,24 @@
 pub(crate) mod batch;
 mod conn;
 pub mod cuda;
+// The codecs are public only for the fuzz targets (feature `fuzzing`); the
+// engine's API is `Engine` and `Settings`.
+#[cfg(feature = "fuzzing")]
 pub mod descriptor;
+#[cfg(not(feature = "fuzzing"))]
+pub(crate) mod descriptor;
 mod notify;
 mod peers;
-pub mod regions;
+mod regions;
 mod registry;
 mod server;
 pub mod settings;
-pub mod staging;
+mod staging;
 mod transfer;
+#[cfg(feature = "fuzzing")]
 pub mod wire;
+#[cfg(not(feature = "fuzzing"))]
+pub(crate) mod wire;
 mod workers;
 
 #[cfg(test)]
@@ -32,33 +40,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use serde_json::{json, Value};
-
-pub use batch::{BatchSummary, TaskSummary};
-#[cfg(test)]
-pub(crate) use batch::{STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
-pub use transfer::Request;
-pub use wire::Direction;
+use serde_json::Value;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::ids::IdTable;
+use crate::transfer::host::{engine_host, parse_session};
+use crate::transfer::location::Requested;
+use crate::transfer::{state, BatchSummary, Direction, Request, TaskSummary, TransferBackend};
 use batch::BatchRun;
 use notify::Notifications;
-use peers::{Peer, Peers, SessionAddr};
+use peers::Peers;
 use regions::Regions;
 use registry::Registry;
 use server::Plane;
 use settings::Settings;
 use wire::FrameType;
 use workers::Workers;
-
-/// A random 64-bit value (for port picking), from std's per-process keys.
-pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos() ^ u128::from(std::process::id()));
-    h.finish() | 1
-}
 
 /// Who we are on the network.
 pub(crate) struct Identity {
@@ -95,8 +92,7 @@ fn bind_ip(hostname: &str, settings: &Settings) -> Result<IpAddr> {
             .parse::<IpAddr>()
             .map_err(|_| Error::invalid_argument(format!("PDX_BIND_ADDRESS={addr:?} is not an IP address")));
     }
-    let bare = crate::config::net::strip_brackets(hostname);
-    (bare, 0)
+    (hostname, 0)
         .to_socket_addrs()
         .map_err(|e| Error::invalid_argument(format!("cannot resolve hostname {hostname:?}: {e}")))?
         .map(|a| a.ip())
@@ -114,16 +110,15 @@ impl Engine {
 
     /// Start with explicit settings.
     pub fn start_with(hostname: &str, settings: Settings) -> Result<Engine> {
-        let host = host_part(hostname)?;
+        let host = engine_host(hostname)?;
         let ip = bind_ip(&host, &settings)?;
         let rpc = server::bind_in_range(ip, settings.min_port, settings.max_port)?;
         let data = server::bind_in_range(ip, settings.min_data_port, settings.max_data_port)?;
         let port_of = |l: &TcpListener| l.local_addr().map(|a| a.port()).map_err(|e| Error::io(e.to_string()));
         let (rpc_port, data_port) = (port_of(&rpc)?, port_of(&data)?);
-        let bare = crate::config::net::strip_brackets(&host).to_owned();
         let identity = Identity {
-            session_id: crate::config::net::session_id(&bare, rpc_port),
-            data_host: bare,
+            session_id: crate::config::net::session_id(&host, rpc_port),
+            data_host: host,
             rpc_port,
             data_port,
         };
@@ -135,7 +130,7 @@ impl Engine {
             regions: Regions::default(),
             peers: Peers::default(),
             workers: workers.clone(),
-            batches: IdTable::new("batch"),
+            batches: IdTable::new("batch id", 0),
             staging: staging::Staging::new(settings.staging_bytes, settings.lane_wait_timeout),
             settings,
         });
@@ -158,15 +153,6 @@ impl Engine {
         Ok(engine)
     }
 
-    /// `host:rpc_port` (IPv6 bracketed): the name peers use for us.
-    pub fn session_id(&self) -> &str {
-        &self.inner.identity.session_id
-    }
-
-    pub fn rpc_port(&self) -> u16 {
-        self.inner.identity.rpc_port
-    }
-
     pub fn data_port(&self) -> u16 {
         self.inner.identity.data_port
     }
@@ -178,25 +164,8 @@ impl Engine {
         self.register_batch(&[(addr, len)])
     }
 
-    /// Register several regions, all or none.
-    pub fn register_batch(&self, regions: &[(u64, u64)]) -> Result<()> {
-        self.register_batch_at(regions, crate::location::Requested::Detect)
-    }
-
-    /// Register several regions at `location`, all or none: `"*"` asks the
-    /// CUDA driver (when one loads) whether each is device memory; a
-    /// `cuda:N` region needs the driver and is refused at once (naming the
-    /// region and the cause) if it or the driver call fails.
-    pub fn register_batch_at(&self, regions: &[(u64, u64)], location: crate::location::Requested) -> Result<()> {
-        let classified = regions
-            .iter()
-            .map(|&(a, l)| cuda::classify(a, l, location).map(|c| (a, l, c)))
-            .collect::<Result<Vec<_>>>()?;
-        self.inner.regions.register_all_at(classified)
-    }
-
     /// Where the registered region containing `addr` lives, if any.
-    pub fn location_of(&self, addr: u64) -> Option<crate::location::Location> {
+    pub fn location_of(&self, addr: u64) -> Option<crate::transfer::location::Location> {
         self.inner.regions.lookup(addr, 1).map(|r| r.location)
     }
 
@@ -206,12 +175,6 @@ impl Engine {
         self.unregister_batch(&[addr])
     }
 
-    /// Withdraw several regions, all or none.
-    pub fn unregister_batch(&self, addrs: &[u64]) -> Result<()> {
-        let drain = self.inner.settings.progress_timeout + Duration::from_secs(1);
-        self.inner.regions.unregister_all(addrs, drain)
-    }
-
     fn check_running(&self) -> Result<()> {
         if self.inner.registry.stopping() {
             return Err(Error::new(ErrorKind::Shutdown, "engine is shutting down"));
@@ -219,13 +182,56 @@ impl Engine {
         Ok(())
     }
 
+    /// The failure of a finished batch (`Ok` if all completed).
+    pub fn batch_outcome(&self, id: u64) -> Result<()> {
+        self.inner.batches.get(id)?.outcome()
+    }
+
+    /// The error of the batch's notification, if it was requested and failed
+    /// (the transfers themselves still count as completed, as in Mooncake).
+    pub fn batch_notify_error(&self, id: u64) -> Result<Option<Error>> {
+        Ok(self.inner.batches.get(id)?.notify_error())
+    }
+}
+
+impl TransferBackend for Engine {
+    /// `host:rpc_port` (IPv6 bracketed): the name peers use for us.
+    fn session_id(&self) -> &str {
+        &self.inner.identity.session_id
+    }
+
+    fn rpc_port(&self) -> u16 {
+        self.inner.identity.rpc_port
+    }
+
+    fn protocol(&self) -> &str {
+        "tcp"
+    }
+
+    fn register_batch(&self, regions: &[(u64, u64)]) -> Result<()> {
+        self.register_batch_at(regions, Requested::Detect)
+    }
+
+    /// Register several regions at `location`, all or none: `"*"` asks the
+    /// CUDA driver (when one loads) whether each is device memory; a
+    /// `cuda:N` region needs the driver and is refused at once (naming the
+    /// region and the cause) if it or the driver call fails.
+    fn register_batch_at(&self, regions: &[(u64, u64)], location: Requested) -> Result<()> {
+        let classified = regions
+            .iter()
+            .map(|&(a, l)| cuda::classify(a, l, location).map(|c| (a, l, c)))
+            .collect::<Result<Vec<_>>>()?;
+        self.inner.regions.register_all_at(classified)
+    }
+
+    fn unregister_batch(&self, addrs: &[u64]) -> Result<()> {
+        let drain = self.inner.settings.progress_timeout + Duration::from_secs(1);
+        self.inner.regions.unregister_all(addrs, drain)
+    }
+
     /// Move every request and return when each is confirmed at the target
     /// (or failed). Returns the first failure, with a count.
-    ///
-    /// # Safety
-    /// Each request's local range must be valid (readable for writes,
-    /// writable for reads) until this returns.
-    pub unsafe fn transfer_sync(&self, session: &str, direction: Direction, reqs: Vec<Request>) -> Result<()> {
+    unsafe fn transfer_sync(&self, session: &str, direction: Direction, reqs: Vec<Request>) -> Result<()> {
         self.check_running()?;
         Request::validate_all(&reqs)?;
         staging::check_locals(&self.inner, &reqs)?;
@@ -237,10 +243,7 @@ impl Engine {
 
     /// Start a batch and return its id (never 0). `notify` is sent to the
     /// peer after every request completed.
-    ///
-    /// # Safety
-    /// Each request's local range must stay valid until the batch is done.
-    pub unsafe fn submit(
+    unsafe fn submit(
         &self,
         session: &str,
         direction: Direction,
@@ -256,17 +259,15 @@ impl Engine {
         Ok(id)
     }
 
-    pub fn batch_summary(&self, id: u64) -> Result<BatchSummary> {
+    fn batch_summary(&self, id: u64) -> Result<BatchSummary> {
         Ok(self.inner.batches.get(id)?.summary())
     }
 
-    pub fn task_summary(&self, id: u64, task: usize) -> Result<TaskSummary> {
+    fn task_summary(&self, id: u64, task: usize) -> Result<TaskSummary> {
         self.inner.batches.get(id)?.task(task)
     }
 
-    /// Wait up to `timeout` for the batch to finish; returns its summary, or
-    /// `Timeout` while tasks are still in flight.
-    pub fn batch_wait(&self, id: u64, timeout: Duration) -> Result<BatchSummary> {
+    fn batch_wait(&self, id: u64, timeout: Duration) -> Result<BatchSummary> {
         let run = self.inner.batches.get(id)?;
         let deadline = Instant::now().checked_add(timeout);
         if !run.wait_until(deadline) {
@@ -275,32 +276,17 @@ impl Engine {
         Ok(run.summary())
     }
 
-    /// The failure of a finished batch (`Ok` if all completed).
-    pub fn batch_outcome(&self, id: u64) -> Result<()> {
-        self.inner.batches.get(id)?.outcome()
-    }
-
-    /// The error of the batch's notification, if it was requested and failed
-    /// (the transfers themselves still count as completed, as in Mooncake).
-    pub fn batch_notify_error(&self, id: u64) -> Result<Option<Error>> {
-        Ok(self.inner.batches.get(id)?.notify_error())
-    }
-
-    /// Free a finished batch; `Busy` while tasks are in flight.
-    pub fn batch_free(&self, id: u64) -> Result<()> {
-        self.inner.batches.remove_with(id, |run| {
-            if run.is_done() {
-                Ok(())
-            } else {
-                Err(Error::new(ErrorKind::Busy, format!("batch id {id:#x} still has tasks in flight")))
-            }
-        })
+    fn batch_free(&self, id: u64) -> Result<()> {
+        self.inner
+            .batches
+            .remove_with(id, |run| if run.is_done() { Ok(()) } else { Err(state::still_in_flight(id)) })
+            .map(drop)
     }
 
     /// Ask the peer whether it is alive (a Probe exchange).
-    pub fn probe(&self, session: &str) -> Result<()> {
+    fn probe(&self, session: &str) -> Result<()> {
         self.check_running()?;
-        let addr = peers::parse_session(session, self.inner.settings.default_handshake_port)?;
+        let addr = parse_session(session, self.inner.settings.default_handshake_port)?;
         let reply = peers::exchange_json(&self.inner, &addr, FrameType::Probe, "{}")?;
         match reply.get("status").and_then(Value::as_str) {
             Some("success") => Ok(()),
@@ -309,19 +295,19 @@ impl Engine {
     }
 
     /// Send a notification to the peer (to the `name` in its descriptor).
-    pub fn notify(&self, session: &str, name: &str, msg: &str) -> Result<()> {
+    fn notify(&self, session: &str, name: &str, msg: &str) -> Result<()> {
         self.check_running()?;
         let peer = self.inner.peers.get(&self.inner, session)?;
-        send_notify_to(&self.inner, &peer, name, msg)
+        notify::send_to(&self.inner, &peer, name, msg)
     }
 
     /// Take every notification received so far, oldest first.
-    pub fn drain_notifications(&self) -> Vec<(String, String)> {
+    fn drain_notifications(&self) -> Vec<(String, String)> {
         self.inner.notifications.drain()
     }
 
     /// Stop listeners, fail in-flight work, join every thread. Idempotent.
-    pub fn stop(&self) {
+    fn stop(&self) {
         let listeners = std::mem::take(&mut *self.listeners.lock());
         if listeners.is_empty() {
             return;
@@ -340,32 +326,5 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// The host of `hostname`, dropping a `:port` (Mooncake ignores it in P2P
-/// mode). Bracketed IPv6 keeps its brackets off.
-fn host_part(hostname: &str) -> Result<String> {
-    let h = hostname.trim();
-    if h.is_empty() {
-        return Err(Error::invalid_argument("hostname is empty"));
-    }
-    if h.starts_with('[') || h.parse::<IpAddr>().is_ok() || !h.contains(':') {
-        return Ok(match peers::parse_session(h, 1) {
-            Ok(SessionAddr { host, .. }) if h.starts_with('[') => host,
-            _ => h.to_owned(),
-        });
-    }
-    Ok(peers::parse_session(h, 1)?.host)
-}
-
-/// Send one notification to `peer`'s descriptor name.
-pub(crate) fn send_notify_to(inner: &Inner, peer: &Peer, name: &str, msg: &str) -> Result<()> {
-    let target = peers::parse_session(&peer.descriptor().notify_name, inner.settings.default_handshake_port)?;
-    let body = json!({"name": name, "notify_msg": msg}).to_string();
-    let reply = peers::exchange_json(inner, &target, FrameType::Notify, &body)?;
-    match reply.get("notify_msg").and_then(Value::as_str) {
-        Some(m) if !m.is_empty() => Ok(()),
-        _ => Err(Error::new(ErrorKind::NotifyRejected, format!("{} rejected the notification", peer.session))),
     }
 }

@@ -1,4 +1,4 @@
-//! Peers we initiate to: session-name parsing, the handshake client, the
+//! Peers we initiate to: the handshake client, the
 //! per-session descriptor cache (refreshed when a peer restarts under the
 //! same name) and the pool of data connections ("lanes") per peer.
 
@@ -18,44 +18,7 @@ use super::settings::Settings;
 use super::wire::{self, FrameType};
 use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
-
-/// A session name split into the handshake endpoint.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionAddr {
-    pub host: String,
-    pub port: u16,
-}
-
-/// Parse `host:port`, `[v6]:port`, or a bare host (port = `default_port`).
-/// Leading `/` are ignored, as Mooncake does.
-pub fn parse_session(name: &str, default_port: u16) -> Result<SessionAddr> {
-    let bad = |why: &str| Error::invalid_argument(format!("invalid session name {name:?}: {why}"));
-    let s = name.trim_start_matches('/');
-    if s.is_empty() {
-        return Err(bad("empty"));
-    }
-    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-        let (host, after) = rest.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
-        match after {
-            "" => (host, None),
-            p if p.starts_with(':') => (host, Some(&p[1..])),
-            _ => return Err(bad("unexpected text after ']'")),
-        }
-    } else {
-        match s.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (s, None),
-        }
-    };
-    if host.is_empty() {
-        return Err(bad("empty host"));
-    }
-    let port = match port {
-        None => default_port,
-        Some(p) => p.parse::<u16>().ok().filter(|&p| p > 0).ok_or_else(|| bad("port is not 1..65535"))?,
-    };
-    Ok(SessionAddr { host: host.to_owned(), port })
-}
+use crate::transfer::host::{parse_session, SessionAddr};
 
 fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>> {
     let addrs: Vec<SocketAddr> = (host, port)
@@ -272,23 +235,5 @@ impl Peers {
             lane_freed: Condvar::new(),
         });
         Ok(self.map.lock().entry(session.to_owned()).or_insert(peer).clone())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn session_names() {
-        let p = |s| parse_session(s, 12001);
-        assert_eq!(p("127.0.0.1:16559").unwrap(), SessionAddr { host: "127.0.0.1".into(), port: 16559 });
-        assert_eq!(p("//h:1").unwrap(), SessionAddr { host: "h".into(), port: 1 });
-        assert_eq!(p("[::1]:80").unwrap(), SessionAddr { host: "::1".into(), port: 80 });
-        assert_eq!(p("[::1]").unwrap(), SessionAddr { host: "::1".into(), port: 12001 });
-        assert_eq!(p("localhost").unwrap(), SessionAddr { host: "localhost".into(), port: 12001 });
-        for bad in ["", "/", ":80", "h:0", "h:x", "h:70000", "[::1", "[::1]x", "[]:1"] {
-            assert!(p(bad).is_err(), "{bad:?}");
-        }
     }
 }

@@ -14,9 +14,10 @@ use serde_json::{json, Value};
 
 use super::conn::{Conn, MAX_IO_CHUNK};
 use super::descriptor::encode_descriptor;
-use super::wire::{self, Direction, FrameType, RequestHeader, HEADER_LEN};
+use super::wire::{self, FrameType, RequestHeader, HEADER_LEN};
 use super::Inner;
 use crate::error::{Error, Result};
+use crate::transfer::Direction;
 
 /// How long a handshake client may take to send its request.
 const HANDSHAKE_SERVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -24,14 +25,9 @@ const HANDSHAKE_SERVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bind a listener on `ip` at a random port in `[min, max]`, as Mooncake
 /// picks ports (up to 500 tries).
 pub fn bind_in_range(ip: IpAddr, min: u16, max: u16) -> Result<TcpListener> {
-    let span = u32::from(max - min) + 1;
-    let mut seed = super::random_u64();
     let mut last_err = None;
     for _ in 0..500 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let port = min + (seed % u64::from(span)) as u16;
+        let port = fastrand::u16(min..=max);
         match TcpListener::bind(SocketAddr::new(ip, port)) {
             Ok(l) => return Ok(l),
             Err(e) => last_err = Some(e),

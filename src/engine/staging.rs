@@ -31,10 +31,11 @@ use parking_lot::{Condvar, Mutex};
 use super::conn::Conn;
 use super::cuda::{device_error, Device};
 use super::regions::Region;
-use super::transfer::{header, io_error, run_window, take_acks, Request, WindowOutcome};
-use super::wire::{self, Direction, RequestHeader, HEADER_LEN};
+use super::transfer::{header, io_error, run_window, take_acks, WindowOutcome};
+use super::wire::{self, RequestHeader, HEADER_LEN};
 use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
+use crate::transfer::{Direction, Request};
 
 /// Default cap on pinned staging memory per engine.
 pub const DEFAULT_STAGING_BYTES: usize = 64 << 20;
@@ -125,6 +126,7 @@ impl Staging {
     }
 
     /// The cap on pinned bytes.
+    #[cfg(test)]
     pub fn cap(&self) -> usize {
         self.cap
     }
@@ -899,12 +901,15 @@ fn small_run(
     loop {
         let size = header.size as usize;
         let stop = || revoked() || held.iter().any(|r| r.is_revoked());
-        // SAFETY (both arms): `base+off .. +size` lies in our pinned buffer
-        // (size fits the room left); the device range is in a held region.
+        // `base+off .. +size` lies in our pinned buffer (size fits the room
+        // left); the device range is in a held region.
         let queued = match header.direction {
             Direction::Write => {
-                unsafe { conn.recv_raw(base.add(off), size, &stop) }?;
-                lease.h2d_from(0, header.addr, unsafe { base.add(off) }, size)
+                // SAFETY: see above; the buffer is ours until the lease drops.
+                let dst = unsafe { base.add(off) };
+                // SAFETY: `dst..dst+size` is writable (see above).
+                unsafe { conn.recv_raw(dst, size, &stop) }?;
+                lease.h2d_from(0, header.addr, dst, size)
             }
             Direction::Read => lease.d2h_at(0, off, header.addr, size),
         };
@@ -1075,7 +1080,8 @@ mod tests {
     #[test]
     fn host_memory_is_detected_as_host_and_moves_unstaged() {
         use crate::engine::{settings::Settings, Engine};
-        use crate::location::{Location, Requested};
+        use crate::transfer::location::{Location, Requested};
+        use crate::transfer::TransferBackend;
         let a = Engine::start_with("127.0.0.1", Settings::from_env()).unwrap();
         let b = Engine::start_with("127.0.0.1", Settings::from_env()).unwrap();
         let target = vec![0u8; 8192];

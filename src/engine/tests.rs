@@ -6,10 +6,11 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::transfer::TaskState;
 
 fn settings() -> Settings {
     let mut s = Settings::from_env();
-    s.force_v1 = Some(false);
+    s.force_v1 = false;
     s
 }
 
@@ -48,17 +49,19 @@ fn write_and_read_back_one_request() {
     let target = vec![0u8; 1 << 20];
     b.register(addr(&target), target.len() as u64).unwrap();
     let src = pattern(target.len(), 1);
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), src.len())]) }.unwrap();
     assert!(target == src);
     let mut back = vec![0u8; src.len()];
     let r = Request { local: back.as_mut_ptr() as usize, remote: addr(&target), len: back.len() };
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     unsafe { a.transfer_sync(b.session_id(), Direction::Read, vec![r]) }.unwrap();
     assert!(back == src);
 }
 
 fn scattered_batch_round_trip(force_v1: bool) {
     let mut s = settings();
-    s.force_v1 = Some(force_v1);
+    s.force_v1 = force_v1;
     let (a, b) = (engine_with(s), engine());
     const N: usize = 1500;
     const BLOCK: usize = 777;
@@ -68,6 +71,7 @@ fn scattered_batch_round_trip(force_v1: bool) {
     // Scatter: entry i goes to remote slot (i * 7) % N.
     let reqs: Vec<Request> =
         (0..N).map(|i| req(&src, i * BLOCK, addr(&target) + ((i * 7) % N * 1024) as u64, BLOCK)).collect();
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     unsafe { a.transfer_sync(b.session_id(), Direction::Write, reqs) }.unwrap();
     for i in 0..N {
         let slot = (i * 7) % N * 1024;
@@ -76,6 +80,7 @@ fn scattered_batch_round_trip(force_v1: bool) {
     let back = vec![0u8; N * BLOCK];
     let reqs: Vec<Request> =
         (0..N).map(|i| req(&back, i * BLOCK, addr(&target) + ((i * 7) % N * 1024) as u64, BLOCK)).collect();
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     unsafe { a.transfer_sync(b.session_id(), Direction::Read, reqs) }.unwrap();
     assert!(back == src);
 }
@@ -92,31 +97,35 @@ fn scattered_batch_v1_with_fence() {
 
 fn out_of_range_is_refused(force_v1: bool) {
     let mut s = settings();
-    s.force_v1 = Some(force_v1);
+    s.force_v1 = force_v1;
     let (a, b) = (engine_with(s), engine());
     let target = vec![0u8; 4096];
     b.register(addr(&target), 4096).unwrap();
     let src = pattern(4096, 3);
     let bad = addr(&target) + 4000; // runs past the region
     for dir in [Direction::Write, Direction::Read] {
+        // SAFETY: the test's buffers outlive the call (and every batch it starts).
         let e = unsafe { a.transfer_sync(b.session_id(), dir, vec![req(&src, 0, bad, 200)]) }.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::RemoteRejected, "{dir:?}: {e}");
     }
     // In a batch, only the bad entry fails; its neighbours land.
     let reqs =
         vec![req(&src, 0, addr(&target), 100), req(&src, 100, bad, 200), req(&src, 300, addr(&target) + 300, 100)];
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     let e = unsafe { a.transfer_sync(b.session_id(), Direction::Write, reqs.clone()) }.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::RemoteRejected, "{e}");
     assert!(e.message().starts_with("1 of 3 requests failed"), "{e}");
     assert_eq!(&target[..100], &src[..100]);
     assert_eq!(&target[300..400], &src[300..400]);
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     let id = unsafe { a.submit(b.session_id(), Direction::Write, reqs, None) }.unwrap();
     let s = a.batch_wait(id, Duration::from_secs(30)).unwrap();
-    assert_eq!((s.state, s.completed, s.failed, s.bytes), (STATE_FAILED, 2, 1, 200));
+    assert_eq!((s.state, s.completed, s.failed, s.bytes), (TaskState::Failed, 2, 1, 200));
     assert_eq!(a.task_summary(id, 1).unwrap().error.unwrap().kind(), ErrorKind::RemoteRejected);
-    assert_eq!(a.task_summary(id, 2).unwrap().state, STATE_COMPLETED);
+    assert_eq!(a.task_summary(id, 2).unwrap().state, TaskState::Completed);
     a.batch_free(id).unwrap();
     // The engine still works afterwards.
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), 4096)]) }.unwrap();
     assert!(target == src);
 }
@@ -135,10 +144,13 @@ fn out_of_range_is_refused_v1() {
 fn zero_length_and_empty_batches_complete_locally() {
     let a = engine();
     // No peer exists at this name; nothing must cross the wire.
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     unsafe { a.transfer_sync("127.0.0.1:1", Direction::Write, vec![]) }.unwrap();
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     unsafe { a.transfer_sync("127.0.0.1:1", Direction::Write, vec![Request { local: 0, remote: 0, len: 0 }]) }.unwrap();
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     let id = unsafe { a.submit("127.0.0.1:1", Direction::Read, vec![], None) }.unwrap();
-    assert_eq!(a.batch_wait(id, Duration::ZERO).unwrap().state, STATE_COMPLETED);
+    assert_eq!(a.batch_wait(id, Duration::ZERO).unwrap().state, TaskState::Completed);
     a.batch_free(id).unwrap();
 }
 
@@ -149,12 +161,13 @@ fn async_batches_and_ids() {
     b.register(addr(&target), target.len() as u64).unwrap();
     let src = pattern(1 << 16, 4);
     let reqs: Vec<Request> = (0..16).map(|i| req(&src, i * 4096, addr(&target) + (i * 4096) as u64, 4096)).collect();
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     let id = unsafe { a.submit(b.session_id(), Direction::Write, reqs, Some(("n".into(), "m".into()))) }.unwrap();
     assert_ne!(id, 0);
     let s = a.batch_wait(id, Duration::from_secs(30)).unwrap();
-    assert_eq!((s.state, s.total, s.completed, s.bytes), (STATE_COMPLETED, 16, 16, 1 << 16));
+    assert_eq!((s.state, s.total, s.completed, s.bytes), (TaskState::Completed, 16, 16, 1 << 16));
     assert!(target == src);
-    assert_eq!(a.task_summary(id, 15).unwrap().state, STATE_COMPLETED);
+    assert_eq!(a.task_summary(id, 15).unwrap().state, TaskState::Completed);
     assert_eq!(a.task_summary(id, 16).unwrap_err().kind(), ErrorKind::IndexOutOfRange);
     assert_eq!(b.drain_notifications(), vec![("n".to_owned(), "m".to_owned())]);
     a.batch_free(id).unwrap();
@@ -163,6 +176,7 @@ fn async_batches_and_ids() {
         assert_eq!(a.batch_free(stale).unwrap_err().kind(), ErrorKind::InvalidHandle);
     }
     // A reused slot gets a new generation: the old id stays dead.
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     let id2 = unsafe { a.submit(b.session_id(), Direction::Write, vec![], None) }.unwrap();
     assert_ne!(id2, id);
     assert_eq!(a.batch_summary(id).unwrap_err().kind(), ErrorKind::InvalidHandle);
@@ -199,10 +213,12 @@ fn many_threads_submit_at_once() {
                     let off = (t * PER + k) * BLOCK;
                     let r = req(src, off, base + off as u64, BLOCK);
                     if k % 2 == 0 {
+                        // SAFETY: the test's buffers outlive the call (and every batch it starts).
                         unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![r]) }.unwrap();
                     } else {
+                        // SAFETY: the test's buffers outlive the call (and every batch it starts).
                         let id = unsafe { a.submit(b.session_id(), Direction::Write, vec![r], None) }.unwrap();
-                        assert_eq!(a.batch_wait(id, Duration::from_secs(30)).unwrap().state, STATE_COMPLETED);
+                        assert_eq!(a.batch_wait(id, Duration::from_secs(30)).unwrap().state, TaskState::Completed);
                         a.batch_free(id).unwrap();
                     }
                 }
@@ -221,6 +237,7 @@ fn peer_stopped_mid_transfer_fails_fast() {
     let session = b.session_id().to_owned();
     let started = Instant::now();
     let result = std::thread::scope(|s| {
+        // SAFETY: the test's buffers outlive the call (and every batch it starts).
         let writer = s.spawn(|| unsafe {
             // Many 1 MiB requests so the transfer is surely in flight when
             // the peer goes away.
@@ -237,6 +254,7 @@ fn peer_stopped_mid_transfer_fails_fast() {
         assert!(matches!(e.kind(), ErrorKind::ConnectionLost | ErrorKind::PeerUnreachable | ErrorKind::Timeout), "{e}");
     }
     assert!(started.elapsed() < Duration::from_secs(20));
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     let e = unsafe { a.transfer_sync(&session, Direction::Write, vec![req(&src, 0, addr(&target), 10)]) }.unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::PeerUnreachable | ErrorKind::ConnectionLost), "{e}");
 }
@@ -250,6 +268,7 @@ fn silent_peer_times_out() {
     let a = engine_with(s);
     let src = [1u8; 8];
     let started = Instant::now();
+    // SAFETY: the test's own buffers and strings outlive the call.
     let e = unsafe {
         a.transfer_sync(&silent.local_addr().unwrap().to_string(), Direction::Write, vec![req(&src, 0, 4096, 8)])
     }
@@ -284,6 +303,7 @@ fn stalled_data_peer_hits_the_progress_deadline() {
     let a = engine_with(s);
     let src = vec![0u8; 64 << 20]; // more than the socket buffers hold
     let started = Instant::now();
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     let e = unsafe { a.transfer_sync(&session, Direction::Write, vec![req(&src, 0, 4096, src.len())]) }.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
@@ -308,6 +328,7 @@ fn peer_restarted_under_the_same_name() {
     let b = engine_with(with_ports(free_port()));
     let session = b.session_id().to_owned();
     b.register(addr(&target), 4096).unwrap();
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     unsafe { a.transfer_sync(&session, Direction::Write, vec![req(&src, 0, addr(&target), 1000)]) }.unwrap();
     drop(b);
     // Same name, new data port, new memory.
@@ -315,6 +336,7 @@ fn peer_restarted_under_the_same_name() {
     let b2 = engine_with(with_ports(free_port()));
     assert_eq!(b2.session_id(), session);
     b2.register(addr(&target2), 4096).unwrap();
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     unsafe { a.transfer_sync(&session, Direction::Write, vec![req(&src, 0, addr(&target2), 4096)]) }.unwrap();
     assert!(target2 == src);
 }
@@ -371,6 +393,7 @@ fn garbage_on_both_listeners_leaves_the_engine_serving() {
     assert_eq!(send_raw(data, &good.encode()), expect);
     // Still serving real peers.
     let src = pattern(4096, 7);
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), 4096)]) }.unwrap();
     assert!(target == src);
     a.probe(b.session_id()).unwrap();
@@ -384,6 +407,7 @@ fn stop_joins_everything_and_refuses_new_work() {
     a.stop();
     a.stop(); // idempotent
     let src = [0u8; 4];
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     let e = unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, 4096, 4)]) }.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Shutdown);
     assert_eq!(b.probe(a.session_id()).unwrap_err().kind(), ErrorKind::PeerUnreachable);
@@ -398,6 +422,7 @@ fn unregister_withdraws_memory() {
     b.unregister(addr(&target)).unwrap();
     assert_eq!(b.unregister(addr(&target)).unwrap_err().kind(), ErrorKind::NotFound);
     let src = [1u8; 16];
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     let e = unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), 16)]) }
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::RemoteRejected);
@@ -411,15 +436,17 @@ fn large_entries_travel_as_pieces_and_fail_as_one_task() {
     let target = vec![0u8; len];
     b.register(addr(&target), len as u64).unwrap();
     let src = pattern(len, 8);
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), len)]) }.unwrap();
     assert!(target == src);
     // The last piece runs past the region: the whole entry fails, once.
     let reqs = vec![req(&src, 0, addr(&target) + 1, len), req(&src, 0, addr(&target), 100)];
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     let id = unsafe { a.submit(b.session_id(), Direction::Read, reqs, None) }.unwrap();
     let s = a.batch_wait(id, Duration::from_secs(30)).unwrap();
-    assert_eq!((s.state, s.total, s.completed, s.failed), (STATE_FAILED, 2, 1, 1));
+    assert_eq!((s.state, s.total, s.completed, s.failed), (TaskState::Failed, 2, 1, 1));
     let t = a.task_summary(id, 0).unwrap();
-    assert_eq!(t.state, STATE_FAILED);
+    assert_eq!(t.state, TaskState::Failed);
     assert_eq!(t.error.unwrap().kind(), ErrorKind::RemoteRejected);
     assert!(t.bytes < len as u64, "a failed entry reports only the bytes that moved");
 }
@@ -431,8 +458,10 @@ fn stop_interrupts_work_stuck_on_a_silent_peer() {
     let session = silent.local_addr().unwrap().to_string();
     let a = engine();
     let src = [1u8; 8];
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     let id = unsafe { a.submit(&session, Direction::Write, vec![req(&src, 0, 4096, 8)], None) }.unwrap();
     let sync_err = std::thread::scope(|s| {
+        // SAFETY: the test's buffers outlive the call (and every batch it starts).
         let sync = s.spawn(|| unsafe { a.transfer_sync(&session, Direction::Write, vec![req(&src, 0, 4096, 8)]) });
         std::thread::sleep(Duration::from_millis(200));
         let started = Instant::now();
@@ -442,7 +471,7 @@ fn stop_interrupts_work_stuck_on_a_silent_peer() {
     });
     assert_eq!(sync_err.kind(), ErrorKind::Shutdown, "{sync_err}");
     let s = a.batch_wait(id, Duration::ZERO).unwrap();
-    assert_eq!(s.state, STATE_FAILED);
+    assert_eq!(s.state, TaskState::Failed);
     assert_eq!(a.task_summary(id, 0).unwrap().error.unwrap().kind(), ErrorKind::Shutdown);
 }
 
@@ -458,6 +487,7 @@ fn ipv6_loopback_sessions_are_bracketed_and_work() {
     let target = vec![0u8; 4096];
     b.register(addr(&target), 4096).unwrap();
     let src = pattern(4096, 9);
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
     unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), 4096)]) }.unwrap();
     assert!(target == src);
     a.notify(b.session_id(), "v6", "ok").unwrap();
@@ -498,24 +528,28 @@ fn soak_mixed_operations_from_many_threads() {
                     let src = pattern(len, k ^ t as u64);
                     match k % 5 {
                         0 | 1 => {
+                            // SAFETY: the test's buffers outlive the call (and every batch it starts).
                             unsafe { a.transfer_sync(session, Direction::Write, vec![req(&src, 0, mine, len)]) }
                                 .unwrap();
                             let mut back = vec![0u8; len];
                             let r = Request { local: back.as_mut_ptr() as usize, remote: mine, len };
+                            // SAFETY: the test's buffers outlive the call (and every batch it starts).
                             unsafe { a.transfer_sync(session, Direction::Read, vec![r]) }.unwrap();
                             assert!(back == src, "thread {t} op {k}: read back differs");
                         }
                         2 => {
                             let reqs: Vec<Request> =
                                 (0..16).map(|i| req(&src, 0, mine + (i * 4096) as u64, len.min(4096))).collect();
+                            // SAFETY: the test's buffers outlive the call (and every batch it starts).
                             let id = unsafe { a.submit(session, Direction::Write, reqs, None) }.unwrap();
                             let s = a.batch_wait(id, Duration::from_secs(30)).unwrap();
-                            assert_eq!(s.state, STATE_COMPLETED);
+                            assert_eq!(s.state, TaskState::Completed);
                             a.batch_free(id).unwrap();
                         }
                         3 => {
                             // The churned region: either refused or confirmed, never anything else.
                             let n = len.min(SLICE);
+                            // SAFETY: the test's buffers outlive the call (and every batch it starts).
                             match unsafe {
                                 a.transfer_sync(session, Direction::Write, vec![req(&src, 0, addr(churn), n)])
                             } {

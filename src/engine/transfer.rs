@@ -7,32 +7,9 @@
 use std::io;
 
 use super::conn::Conn;
-use super::wire::{self, Direction, RequestHeader, HEADER_LEN, STATUS_LEN};
+use super::wire::{self, RequestHeader, HEADER_LEN, STATUS_LEN};
 use crate::error::{Error, ErrorKind};
-
-/// One entry of a batch: local memory, remote address, length.
-#[derive(Debug, Clone, Copy)]
-pub struct Request {
-    pub local: usize,
-    pub remote: u64,
-    pub len: usize,
-}
-
-impl Request {
-    /// Refuse requests no backend may start: a NULL local address with a
-    /// length, or a range that wraps around.
-    pub fn validate_all(reqs: &[Request]) -> crate::error::Result<()> {
-        for (i, r) in reqs.iter().enumerate() {
-            if r.len > 0 && r.local == 0 {
-                return Err(Error::new(ErrorKind::NullArgument, format!("request {i}: local address is NULL")));
-            }
-            if r.local.checked_add(r.len).is_none() || r.remote.checked_add(r.len as u64).is_none() {
-                return Err(Error::invalid_argument(format!("request {i}: address + length overflows")));
-            }
-        }
-        Ok(())
-    }
-}
+use crate::transfer::{Direction, Request};
 
 /// Requests per window, and bytes per window for writes (more pipelining
 /// buys nothing once a window covers several socket buffers).

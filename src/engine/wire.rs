@@ -3,6 +3,8 @@
 //! status frame on the data port. Pure functions over bytes: no I/O, no
 //! panics, every length bounded by the caller's limit.
 
+use crate::transfer::Direction;
+
 /// Handshake frame types (the byte after the length).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrameType {
@@ -33,9 +35,9 @@ impl FrameType {
     }
 }
 
-/// Smallest and largest handshake frame limits Mooncake accepts.
+/// Smallest handshake frame limit Mooncake accepts (the default; the
+/// largest allowed is declared with `MC_HANDSHAKE_MAX_LENGTH`).
 pub(crate) const HANDSHAKE_MIN_LIMIT: usize = 1 << 20;
-pub(crate) const HANDSHAKE_MAX_LIMIT: usize = 128 << 20;
 
 /// Why a handshake length prefix is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,15 +98,6 @@ pub(crate) const HEADER_LEN: usize = 24;
 /// Size of the v2 status frame.
 pub(crate) const STATUS_LEN: usize = 8;
 const STATUS_MAGIC: u32 = 0x4D43_5456; // "MCTV"
-
-/// Direction of a data request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
-    /// Initiator sends bytes into the target's memory.
-    Write,
-    /// Initiator fetches bytes from the target's memory.
-    Read,
-}
 
 /// A decoded data-port request header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use std::ffi::{c_char, c_int, CString};
 
 use parking_lot::Mutex;
 
-use super::boundary::{c_slice, c_str, guard, guard_or, opt_c_str, out_ptr, HandleTable};
+use super::boundary::{c_slice, c_str, guard, guard_or, handle_tag, opt_c_str, out_ptr, HandleTable};
 use super::status::pdx_status;
 use crate::config::{self, Level, Message, ProcessEnv, ServerArgs};
 use crate::error::{Error, ErrorKind, Result};
@@ -71,7 +71,7 @@ impl ArgsState {
     }
 }
 
-static ARGS: HandleTable<Mutex<ArgsState>> = HandleTable::new("pdx_args");
+static ARGS: HandleTable<Mutex<ArgsState>> = HandleTable::new("pdx_args handle", handle_tag::ARGS);
 
 /// Create an argument set holding SGLang's defaults (mode `null`, backend
 /// `mooncake`, rule set `default`).
@@ -79,12 +79,16 @@ static ARGS: HandleTable<Mutex<ArgsState>> = HandleTable::new("pdx_args");
 /// On success `*out` receives a new object owned by the caller, to be
 /// released with `pdx_args_free`. Errors: `PDX_ERR_NULL_ARGUMENT` when `out`
 /// is NULL (nothing is allocated).
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `out` is NULL or valid for writing one
+/// pointer. Handles are checked by pdx, never trusted.
 #[no_mangle]
-pub extern "C" fn pdx_args_new(out: *mut *mut pdx_args) -> pdx_status {
+pub unsafe extern "C" fn pdx_args_new(out: *mut *mut pdx_args) -> pdx_status {
     guard("pdx_args_new", || {
         let out = out_ptr(out, "out")?;
         let state = ArgsState { args: ServerArgs::default(), messages: Vec::new(), got: HashMap::new() };
-        let handle = ARGS.insert(Mutex::new(state));
+        let handle = ARGS.insert(Mutex::new(state))?;
         // SAFETY: `out` is non-NULL and aligned (checked above); the caller
         // promises it points to writable storage for one pointer.
         unsafe { *out = handle };
@@ -123,12 +127,17 @@ pub extern "C" fn pdx_args_free(args: *mut pdx_args) {
 /// `PDX_ERR_UNKNOWN_KEY`, `PDX_ERR_INVALID_VALUE` (the message names the
 /// key and lists the allowed values). On success, strings previously
 /// returned by `pdx_args_get` for this object become invalid.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `key` is NULL or a NUL-terminated string;
+/// `value` is NULL or a NUL-terminated string. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_args_set(args: *mut pdx_args, key: *const c_char, value: *const c_char) -> pdx_status {
     guard("pdx_args_set", || {
         let handle = ARGS.get(args)?;
         // SAFETY: the caller passes NUL-terminated strings or NULL.
         let key = unsafe { c_str(key, "key")? };
+        // SAFETY: as for `key`.
         let value = unsafe { opt_c_str(value, "value")? };
         let mut state = handle.lock();
         state.args.set(key, value)?;
@@ -146,6 +155,10 @@ pub unsafe extern "C" fn pdx_args_set(args: *mut pdx_args, key: *const c_char, v
 ///
 /// Errors (`*out` untouched): `PDX_ERR_NULL_ARGUMENT`,
 /// `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INVALID_UTF8`, `PDX_ERR_UNKNOWN_KEY`.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `key` is NULL or a NUL-terminated string;
+/// `out` is NULL or valid for writing one pointer. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_args_get(
     args: *const pdx_args,
@@ -189,6 +202,10 @@ pub unsafe extern "C" fn pdx_args_get(
 /// `PDX_ERR_INVALID_ARGUMENT` (argc < 0), `PDX_ERR_INVALID_HANDLE`,
 /// `PDX_ERR_INVALID_UTF8`, `PDX_ERR_INVALID_VALUE` (a recognized flag with a
 /// bad or missing value: `argument --flag: expected one argument`).
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `argv` is NULL or points to `argc` readable
+/// pointers, each NULL or a NUL-terminated string. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_args_parse_argv(
     args: *mut pdx_args,
@@ -264,6 +281,10 @@ pub extern "C" fn pdx_args_message_count(args: *const pdx_args) -> usize {
 /// `pdx_normalize_args` on it or `pdx_args_free`. Returns NULL (and leaves
 /// `*level` untouched) on error: stale handle, or `i` out of range
 /// (`PDX_ERR_INDEX_OUT_OF_RANGE` in the recorded error).
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `level` is NULL or valid for writing one
+/// `i32`. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_args_message(args: *const pdx_args, i: usize, level: *mut i32) -> *const c_char {
     guard_or("pdx_args_message", std::ptr::null(), || {
@@ -292,6 +313,10 @@ pub unsafe extern "C" fn pdx_args_message(args: *const pdx_args, i: usize, level
 ///
 /// Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_UTF8`,
 /// `PDX_ERR_INVALID_VALUE` (empty name).
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `name` is NULL or a NUL-terminated string.
+/// Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_add_transfer_backend_choice(name: *const c_char) -> pdx_status {
     guard("pdx_add_transfer_backend_choice", || {
@@ -312,6 +337,7 @@ mod tests {
     use std::ffi::CStr;
 
     fn s(p: *const c_char) -> Option<String> {
+        // SAFETY: pdx returns NUL-terminated strings that outlive this use.
         (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_owned())
     }
 

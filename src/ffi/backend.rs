@@ -33,6 +33,10 @@ fn unavailable_reason(name: &str) -> Option<String> {
 /// exports its whole C API. Whether that build supports a given protocol
 /// shows only when `pdx_engine_init` installs it. Unknown names and NULL
 /// give 0. The library is loaded once and stays loaded.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `name` is NULL or a NUL-terminated string.
+/// Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_backend_available(name: *const c_char) -> i32 {
     guard_or("pdx_backend_available", 0, || {
@@ -49,6 +53,11 @@ pub unsafe extern "C" fn pdx_backend_available(name: *const c_char) -> i32 {
 ///
 /// Errors: `PDX_ERR_NULL_ARGUMENT` (`name` NULL, or `buf` NULL with
 /// `buf_len` > 0), `PDX_ERR_INVALID_UTF8`. Nothing is written on error.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `name` is NULL or a NUL-terminated string;
+/// `buf` is NULL (with `buf_len` 0) or writable for `buf_len` bytes; `out_len` is NULL or valid for
+/// writing one `usize`. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_backend_unavailable_reason(
     name: *const c_char,
@@ -74,6 +83,7 @@ mod tests {
     fn tcp_is_always_available_and_unknown_names_are_not() {
         let tcp = CString::new("tcp").unwrap();
         let bogus = CString::new("infiniband").unwrap();
+        // SAFETY: the strings are live CStrings or NULL; `len` is a live local.
         unsafe {
             assert_eq!(pdx_backend_available(tcp.as_ptr()), 1);
             assert_eq!(pdx_backend_available(bogus.as_ptr()), 0);

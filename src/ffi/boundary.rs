@@ -4,15 +4,13 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
-
 use super::status::{pdx_status, status_of, PDX_ERR_PANIC, PDX_OK};
 use crate::error::{Error, ErrorKind, Result};
+use crate::ids::IdTable;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -34,7 +32,7 @@ pub(crate) fn set_last_error(message: &str) {
 pub extern "C" fn pdx_last_error_message() -> *const c_char {
     // Reading a thread-local cannot panic unless the thread is being torn
     // down; `try_with` covers that case.
-    LAST_ERROR.try_with(|slot| slot.borrow().as_ptr()).unwrap_or(b"\0".as_ptr().cast())
+    LAST_ERROR.try_with(|slot| slot.borrow().as_ptr()).unwrap_or(c"".as_ptr())
 }
 
 fn panic_text(payload: &(dyn Any + Send)) -> String {
@@ -168,6 +166,11 @@ impl TextOut {
     }
 }
 
+/// `IndexOutOfRange` for item `i` of a list of `len`.
+pub(crate) fn index_out_of_range(i: usize, len: usize) -> Error {
+    Error::new(ErrorKind::IndexOutOfRange, format!("index {i} is out of range ({len} items)"))
+}
+
 /// A C array argument of `len` elements. `len == 0` gives an empty slice
 /// whatever the pointer.
 ///
@@ -189,42 +192,45 @@ pub(crate) unsafe fn c_slice<'a, T>(ptr: *const T, len: usize, what: &str) -> Re
     Ok(std::slice::from_raw_parts(ptr, len))
 }
 
-/// Live handles of one type, keyed by the address handed to C.
-///
-/// A call looks its handle up here before touching it, so a NULL, freed,
-/// foreign or garbage pointer is refused with `PDX_ERR_INVALID_HANDLE`
-/// instead of being dereferenced. The table holds an `Arc`, so a handle freed
-/// by one thread while another thread is inside a call stays alive until that
-/// call returns.
+/// The tag of each handle table (distinct, nonzero: batch ids use 0), so a
+/// handle of one type is never taken for another.
+pub(crate) mod handle_tag {
+    pub(crate) const ENGINE: u8 = 1;
+    pub(crate) const ARGS: u8 = 2;
+    pub(crate) const TRANSPORT_CHOICE: u8 = 3;
+    pub(crate) const IB_DEVICE_CONFIG: u8 = 4;
+    pub(crate) const IB_VALIDATION: u8 = 5;
+    pub(crate) const NOTIFICATIONS: u8 = 6;
+}
+
+/// Live handles of one type. The pointer C holds is a generational id of
+/// [`IdTable`] (tag, generation, slot), never an address: a NULL, freed,
+/// reused, foreign or garbage handle is refused with `PDX_ERR_INVALID_HANDLE`
+/// and never dereferenced, however often slots are reused. The table holds
+/// an `Arc`, so a handle freed by one thread while another thread is inside
+/// a call stays alive until that call returns.
 pub(crate) struct HandleTable<T> {
-    name: &'static str,
-    live: RwLock<Option<HashMap<usize, Arc<T>>>>,
+    ids: IdTable<T>,
 }
 
 impl<T> HandleTable<T> {
-    pub(crate) const fn new(name: &'static str) -> Self {
-        HandleTable { name, live: RwLock::new(None) }
+    /// `name` is the C type in messages; `tag` is distinct per table.
+    pub(crate) const fn new(name: &'static str, tag: u8) -> Self {
+        HandleTable { ids: IdTable::new(name, tag) }
     }
 
     /// Register `value` and return the opaque pointer for C.
-    pub(crate) fn insert<C>(&self, value: T) -> *mut C {
-        let arc = Arc::new(value);
-        let key = Arc::as_ptr(&arc) as usize;
-        self.live.write().get_or_insert_with(HashMap::new).insert(key, arc);
-        key as *mut C
+    pub(crate) fn insert<C>(&self, value: T) -> Result<*mut C> {
+        // Ids fit a pointer: the crate builds only for 64-bit targets.
+        self.ids.insert(Arc::new(value)).map(|id| id as usize as *mut C)
     }
 
     /// The live object behind `ptr`.
     pub(crate) fn get<C>(&self, ptr: *const C) -> Result<Arc<T>> {
         if ptr.is_null() {
-            return Err(Error::new(ErrorKind::NullArgument, format!("{} handle is NULL", self.name)));
+            return Err(Error::new(ErrorKind::NullArgument, format!("{} is NULL", self.ids_name())));
         }
-        self.live.read().as_ref().and_then(|m| m.get(&(ptr as usize)).cloned()).ok_or_else(|| {
-            Error::new(
-                ErrorKind::InvalidHandle,
-                format!("{} handle {ptr:p} is not live (freed, or never created by pdx)", self.name),
-            )
-        })
+        self.ids.get(ptr as usize as u64)
     }
 
     /// Remove `ptr`; returns the object if it was live. NULL and unknown
@@ -233,7 +239,11 @@ impl<T> HandleTable<T> {
         if ptr.is_null() {
             return None;
         }
-        self.live.write().as_mut().and_then(|m| m.remove(&(ptr as usize)))
+        self.ids.remove(ptr as usize as u64)
+    }
+
+    fn ids_name(&self) -> &'static str {
+        self.ids.what()
     }
 }
 
@@ -246,9 +256,11 @@ mod tests {
     fn guard_maps_errors_and_panics() {
         assert_eq!(guard("t", || Ok(())), PDX_OK);
         assert_eq!(guard("t", || Err(Error::value_error("boom"))), PDX_ERR_VALUE_ERROR);
+        // SAFETY: pdx returns NUL-terminated strings that outlive this use.
         let msg = unsafe { CStr::from_ptr(pdx_last_error_message()) };
         assert_eq!(msg.to_str().unwrap(), "boom");
         assert_eq!(guard("t", || panic!("kaboom")), PDX_ERR_PANIC);
+        // SAFETY: pdx returns NUL-terminated strings that outlive this use.
         let msg = unsafe { CStr::from_ptr(pdx_last_error_message()) };
         assert!(msg.to_str().unwrap().contains("kaboom"));
         assert_eq!(guard_or("t", 7u16, || panic!("x")), 7);
@@ -258,6 +270,7 @@ mod tests {
     fn last_error_is_per_thread_and_never_null() {
         set_last_error("main thread");
         std::thread::spawn(|| {
+            // SAFETY: pdx returns NUL-terminated strings that outlive this use.
             let msg = unsafe { CStr::from_ptr(pdx_last_error_message()) };
             assert_eq!(msg.to_bytes(), b"");
         })
@@ -267,6 +280,7 @@ mod tests {
 
     #[test]
     fn strings_and_slices_are_checked() {
+        // SAFETY: every pointer is NULL, a live string, or refused before any read.
         unsafe {
             assert_eq!(c_str(std::ptr::null(), "key").unwrap_err().kind(), ErrorKind::NullArgument);
             assert_eq!(opt_c_str(std::ptr::null(), "v").unwrap(), None);
@@ -285,8 +299,10 @@ mod tests {
         let mut buf = [0x55 as c_char; 4];
         let mut len = 0usize;
         let out = text_out(buf.as_mut_ptr(), buf.len(), &mut len).unwrap();
+        // SAFETY: `buf` is writable for `buf_len` bytes (or NULL with length 0).
         unsafe { out.write("aé€") }; // 1 + 2 + 3 bytes
         assert_eq!(len, 6);
+        // SAFETY: pdx returns NUL-terminated strings that outlive this use.
         let got = unsafe { CStr::from_ptr(buf.as_ptr()) };
         assert_eq!(got.to_str().unwrap(), "aé");
         assert_eq!(
@@ -294,6 +310,7 @@ mod tests {
             ErrorKind::NullArgument
         );
         let out = text_out(std::ptr::null_mut(), 0, &mut len).unwrap();
+        // SAFETY: `buf` is writable for `buf_len` bytes (or NULL with length 0).
         unsafe { out.write("xyz") };
         assert_eq!(len, 3);
     }
@@ -301,13 +318,17 @@ mod tests {
     #[test]
     fn handle_table_refuses_unknown_and_freed() {
         struct Opaque;
-        static TABLE: HandleTable<u32> = HandleTable::new("test");
-        let p: *mut Opaque = TABLE.insert(5);
+        static TABLE: HandleTable<u32> = HandleTable::new("test handle", 0x7f);
+        let p: *mut Opaque = TABLE.insert(5).unwrap();
         assert_eq!(*TABLE.get(p).unwrap(), 5);
         assert_eq!(TABLE.get(0x1000 as *const Opaque).unwrap_err().kind(), ErrorKind::InvalidHandle);
         assert_eq!(TABLE.get(std::ptr::null::<Opaque>()).unwrap_err().kind(), ErrorKind::NullArgument);
         assert!(TABLE.remove(p).is_some());
         assert!(TABLE.remove(p).is_none());
         assert_eq!(TABLE.get(p).unwrap_err().kind(), ErrorKind::InvalidHandle);
+        let q: *mut Opaque = TABLE.insert(6).unwrap();
+        assert_ne!(p, q, "a reused slot is a new handle");
+        assert_eq!(TABLE.get(p).unwrap_err().kind(), ErrorKind::InvalidHandle);
+        assert_eq!(*TABLE.get(q).unwrap(), 6);
     }
 }

@@ -17,11 +17,12 @@ use std::ffi::{c_char, c_void, CString};
 use std::time::Duration;
 
 use super::args::to_cstring;
-use super::boundary::{c_slice, c_str, guard, guard_or, opt_c_str, opt_out_ptr, out_ptr, text_out, HandleTable};
+use super::boundary::{
+    c_slice, c_str, guard, guard_or, handle_tag, opt_c_str, opt_out_ptr, out_ptr, text_out, HandleTable,
+};
 use super::status::{pdx_status, status_of, PDX_OK};
-use crate::backend::TransferBackend;
-use crate::engine::{Direction, Request};
 use crate::error::{Error, ErrorKind, Result};
+use crate::transfer::{Direction, Request, TaskState, TransferBackend};
 
 /// Opaque transfer engine. Made by `pdx_engine_init`, released by
 /// `pdx_engine_free`.
@@ -42,7 +43,6 @@ pub const PDX_OPCODE_READ: i32 = 0;
 /// Opcode of `pdx_batch_submit`: write local memory into remote memory.
 pub const PDX_OPCODE_WRITE: i32 = 1;
 
-// Literal values so cbindgen can write them; a test ties them to the engine.
 /// Task or batch state: still in flight.
 pub const PDX_TASK_PENDING: i32 = 0;
 /// Task or batch state: every byte confirmed at the target.
@@ -68,14 +68,24 @@ pub struct pdx_batch_summary {
     pub bytes: u64,
 }
 
+/// The `PDX_TASK_*` integer of a state.
+fn task_state(state: TaskState) -> i32 {
+    match state {
+        TaskState::Pending => PDX_TASK_PENDING,
+        TaskState::Completed => PDX_TASK_COMPLETED,
+        TaskState::Failed => PDX_TASK_FAILED,
+    }
+}
+
 struct EngineHandle {
     engine: Box<dyn TransferBackend>,
     session_id: CString,
     protocol: CString,
 }
 
-static ENGINES: HandleTable<EngineHandle> = HandleTable::new("pdx_engine");
-static NOTIFICATIONS: HandleTable<Vec<(CString, CString)>> = HandleTable::new("pdx_notifications");
+static ENGINES: HandleTable<EngineHandle> = HandleTable::new("pdx_engine handle", handle_tag::ENGINE);
+static NOTIFICATIONS: HandleTable<Vec<(CString, CString)>> =
+    HandleTable::new("pdx_notifications handle", handle_tag::NOTIFICATIONS);
 
 /// Start a transfer engine on `hostname`.
 ///
@@ -92,6 +102,12 @@ static NOTIFICATIONS: HandleTable<Vec<(CString, CString)>> = HandleTable::new("p
 /// `hostname` is required; `protocol` and `device` may be NULL. On success
 /// `*out` receives an engine owned by the caller (release it with
 /// `pdx_engine_free`); on error `*out` is untouched.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `hostname` is NULL or a NUL-terminated
+/// string; `protocol` is NULL or a NUL-terminated string; `device` is NULL or a NUL-terminated
+/// string; `out` is NULL or valid for writing one pointer. Handles are checked by pdx, never
+/// trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_engine_init(
     hostname: *const c_char,
@@ -110,7 +126,7 @@ pub unsafe extern "C" fn pdx_engine_init(
             protocol: to_cstring(engine.protocol(), "protocol")?,
             engine,
         };
-        *out = ENGINES.insert(handle);
+        *out = ENGINES.insert(handle)?;
         Ok(())
     })
 }
@@ -198,8 +214,8 @@ pub unsafe extern "C" fn pdx_register_memory_at(
         let h = ENGINES.get(engine)?;
         let r = region(addr, len, None)?;
         let location = match opt_c_str(location, "location")? {
-            Some(text) => crate::location::Requested::parse(text)?,
-            None => crate::location::Requested::Detect,
+            Some(text) => crate::transfer::location::Requested::parse(text)?,
+            None => crate::transfer::location::Requested::Detect,
         };
         h.engine.register_batch_at(&[r], location)
     })
@@ -218,6 +234,11 @@ pub extern "C" fn pdx_unregister_memory(engine: *mut pdx_engine, addr: *mut c_vo
 }
 
 /// Register `n` regions (`addrs[i]`, `lens[i]`), all or none.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `addrs` is NULL (with `n` 0) or points to
+/// `n` readable elements; `lens` is NULL (with `n` 0) or points to `n` readable elements. Handles
+/// are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_batch_register_memory(
     engine: *mut pdx_engine,
@@ -240,6 +261,10 @@ pub unsafe extern "C" fn pdx_batch_register_memory(
 }
 
 /// Unregister `n` regions by start address, all or none.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `addrs` is NULL (with `n` 0) or points to
+/// `n` readable elements. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_batch_unregister_memory(
     engine: *mut pdx_engine,
@@ -283,6 +308,11 @@ unsafe fn sync(
 /// the target; `PDX_ERR_REMOTE_REJECTED` when the peer has not registered
 /// that range; connection and timeout errors as named. `len == 0` succeeds
 /// at once without touching memory or the network (`local` may be NULL).
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string; `local` is readable for `len` bytes until the call returns. Handles are checked by pdx,
+/// never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_transfer_sync_write(
     engine: *mut pdx_engine,
@@ -299,6 +329,11 @@ pub unsafe extern "C" fn pdx_transfer_sync_write(
 
 /// Read `len` bytes at `remote_addr` in the peer `session` into `local`
 /// (the destination). `PDX_OK` only when every byte has arrived.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string; `local` is writable for `len` bytes until the call returns. Handles are checked by pdx,
+/// never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_transfer_sync_read(
     engine: *mut pdx_engine,
@@ -317,6 +352,13 @@ pub unsafe extern "C" fn pdx_transfer_sync_read(
 /// peer. `PDX_OK` only when every entry is confirmed; otherwise the status
 /// of the first failed entry, and the message counts the failures. Entries
 /// may complete in any order; a failed entry does not stop the others.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string; `locals` is NULL (with `n` 0) or points to `n` readable elements; `remotes` is NULL
+/// (with `n` 0) or points to `n` readable elements; `lens` is NULL (with `n` 0) or points to `n`
+/// readable elements; each `locals[i]` is valid for `lens[i]` bytes (readable for writes, writable
+/// for reads) until the call returns. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_batch_transfer_sync_write(
     engine: *mut pdx_engine,
@@ -333,6 +375,13 @@ pub unsafe extern "C" fn pdx_batch_transfer_sync_write(
 
 /// Read `n` entries (`remotes[i]` → `locals[i]`, `lens[i]` bytes) from one
 /// peer; as `pdx_batch_transfer_sync_write`.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string; `locals` is NULL (with `n` 0) or points to `n` readable elements; `remotes` is NULL
+/// (with `n` 0) or points to `n` readable elements; `lens` is NULL (with `n` 0) or points to `n`
+/// readable elements; each `locals[i]` is valid for `lens[i]` bytes (readable for writes, writable
+/// for reads) until the call returns. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_batch_transfer_sync_read(
     engine: *mut pdx_engine,
@@ -352,6 +401,15 @@ pub unsafe extern "C" fn pdx_batch_transfer_sync_read(
 /// none). Local memory must stay valid until the batch is finished. Poll
 /// with `pdx_batch_status` / `pdx_task_status`, wait with `pdx_batch_wait`,
 /// release with `pdx_batch_free`.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string; `locals` is NULL (with `n` 0) or points to `n` readable elements; `remotes` is NULL
+/// (with `n` 0) or points to `n` readable elements; `lens` is NULL (with `n` 0) or points to `n`
+/// readable elements; `notify_name` is NULL or a NUL-terminated string; `notify_msg` is NULL or a
+/// NUL-terminated string; `out_batch` is NULL or valid for writing one `u64`; each `locals[i]` is
+/// valid for `lens[i]` bytes (readable for writes, writable for reads) until the batch is finished.
+/// Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_batch_submit(
     engine: *mut pdx_engine,
@@ -391,6 +449,10 @@ pub unsafe extern "C" fn pdx_batch_submit(
 
 /// Fill `*out` with the batch's summary (state, counts, bytes). A stale,
 /// freed or made-up id gives `PDX_ERR_INVALID_HANDLE`.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `out` is NULL or valid for writing one
+/// `pdx_batch_summary`. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_batch_status(
     engine: *mut pdx_engine,
@@ -401,7 +463,7 @@ pub unsafe extern "C" fn pdx_batch_status(
         let out = out_ptr(out, "out")?;
         let s = ENGINES.get(engine)?.engine.batch_summary(batch)?;
         *out = pdx_batch_summary {
-            state: s.state,
+            state: task_state(s.state),
             total: s.total,
             completed: s.completed,
             failed: s.failed,
@@ -414,6 +476,11 @@ pub unsafe extern "C" fn pdx_batch_status(
 /// One task's state (`PDX_TASK_*`), bytes confirmed, and the status code of
 /// its failure (`PDX_OK` when it has none). Any out-param may be NULL.
 /// `PDX_ERR_INDEX_OUT_OF_RANGE` for `task >= total`.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `state` is NULL or valid for writing one
+/// `i32`; `bytes` is NULL or valid for writing one `u64`; `error` is NULL or valid for writing one
+/// `pdx_status`. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_task_status(
     engine: *mut pdx_engine,
@@ -429,7 +496,7 @@ pub unsafe extern "C" fn pdx_task_status(
         let error = opt_out_ptr(error, "error")?;
         let t = ENGINES.get(engine)?.engine.task_summary(batch, task)?;
         if let Some(p) = state {
-            *p = t.state;
+            *p = task_state(t.state);
         }
         if let Some(p) = bytes {
             *p = t.bytes;
@@ -445,6 +512,11 @@ pub unsafe extern "C" fn pdx_task_status(
 /// NUL-terminated, truncated if needed) and its full length (without the
 /// NUL) into `*out_len` (may be NULL). An empty string when the task has not
 /// failed. `buf` may be NULL when `buf_len` is 0 (to ask for the length).
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `buf` is NULL (with `buf_len` 0) or
+/// writable for `buf_len` bytes; `out_len` is NULL or valid for writing one `usize`. Handles are
+/// checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_task_error_message(
     engine: *mut pdx_engine,
@@ -467,6 +539,10 @@ pub unsafe extern "C" fn pdx_task_error_message(
 /// `PDX_TASK_FAILED`) in `*out_state` (may be NULL); `PDX_ERR_TIMEOUT` while
 /// tasks are still in flight. Every task reaches a terminal state within the
 /// engine's deadlines, so waiting again always ends.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `out_state` is NULL or valid for writing
+/// one `i32`. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_batch_wait(
     engine: *mut pdx_engine,
@@ -479,7 +555,7 @@ pub unsafe extern "C" fn pdx_batch_wait(
         let h = ENGINES.get(engine)?;
         let s = h.engine.batch_wait(batch, Duration::from_millis(u64::from(timeout_ms)))?;
         if let Some(p) = out_state {
-            *p = s.state;
+            *p = task_state(s.state);
         }
         Ok(())
     })
@@ -493,6 +569,10 @@ pub extern "C" fn pdx_batch_free(engine: *mut pdx_engine, batch: u64) -> pdx_sta
 }
 
 /// Ask `session` whether it is alive. `PDX_OK` when it answered.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_send_probe(engine: *mut pdx_engine, session: *const c_char) -> pdx_status {
     guard("pdx_send_probe", || {
@@ -503,6 +583,11 @@ pub unsafe extern "C" fn pdx_send_probe(engine: *mut pdx_engine, session: *const
 
 /// Send the notification (`name`, `msg`) to `session`, as Mooncake's notify.
 /// `PDX_ERR_NOTIFY_REJECTED` if the peer refused it.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string; `name` is NULL or a NUL-terminated string; `msg` is NULL or a NUL-terminated string.
+/// Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_send_notify(
     engine: *mut pdx_engine,
@@ -518,6 +603,10 @@ pub unsafe extern "C" fn pdx_send_notify(
 
 /// Take every notification received so far (oldest first) into a new list
 /// owned by the caller (`*out`; release with `pdx_notifications_free`).
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `out` is NULL or valid for writing one
+/// pointer. Handles are checked by pdx, never trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_notifications_drain(
     engine: *mut pdx_engine,
@@ -537,7 +626,7 @@ pub unsafe extern "C" fn pdx_notifications_drain(
                 (c(n), c(m))
             })
             .collect();
-        *out = NOTIFICATIONS.insert(list);
+        *out = NOTIFICATIONS.insert(list)?;
         Ok(())
     })
 }
@@ -550,6 +639,11 @@ pub extern "C" fn pdx_notifications_count(list: *const pdx_notifications) -> usi
 
 /// Entry `i` of the list: `*name` and `*msg` point to strings owned by the
 /// list, valid until `pdx_notifications_free`. Either out-param may be NULL.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `name` is NULL or valid for writing one
+/// pointer; `msg` is NULL or valid for writing one pointer. Handles are checked by pdx, never
+/// trusted.
 #[no_mangle]
 pub unsafe extern "C" fn pdx_notification_get(
     list: *const pdx_notifications,
@@ -591,9 +685,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn task_states_match_the_engine() {
-        assert_eq!(PDX_TASK_PENDING, crate::engine::STATE_PENDING);
-        assert_eq!(PDX_TASK_COMPLETED, crate::engine::STATE_COMPLETED);
-        assert_eq!(PDX_TASK_FAILED, crate::engine::STATE_FAILED);
+    fn task_states_are_distinct_abi_integers() {
+        let all = [TaskState::Pending, TaskState::Completed, TaskState::Failed].map(task_state);
+        assert_eq!(all, [PDX_TASK_PENDING, PDX_TASK_COMPLETED, PDX_TASK_FAILED]);
+        assert_eq!(all, [0, 1, 2], "the values are part of the ABI");
     }
 }

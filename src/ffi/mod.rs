@@ -8,6 +8,7 @@ pub(crate) mod boundary;
 pub mod args;
 pub mod backend;
 pub mod engine;
+pub mod ib_device;
 pub mod status;
 pub mod transport;
 pub mod version;

@@ -117,9 +117,8 @@ pub extern "C" fn pdx_status_str(status: pdx_status) -> *const c_char {
     TABLE
         .iter()
         .find(|(code, _, _)| *code == status)
-        .map(|(_, _, text)| text.as_ptr())
-        .unwrap_or(b"unknown status code\0".as_ptr())
-        .cast()
+        .map(|(_, _, text)| text.as_ptr().cast())
+        .unwrap_or(c"unknown status code".as_ptr())
 }
 
 #[cfg(test)]
@@ -145,8 +144,10 @@ mod tests {
 
     #[test]
     fn status_str_of_unknown_code_is_static_text() {
+        // SAFETY: pdx returns NUL-terminated strings that outlive this use.
         let s = unsafe { CStr::from_ptr(pdx_status_str(12345)) };
         assert_eq!(s.to_str().unwrap(), "unknown status code");
+        // SAFETY: pdx returns NUL-terminated strings that outlive this use.
         let s = unsafe { CStr::from_ptr(pdx_status_str(PDX_ERR_TIMEOUT)) };
         assert_eq!(s.to_str().unwrap(), "deadline exceeded");
     }

@@ -18,6 +18,7 @@ pub extern "C" fn pdx_version() -> *const c_char {
 mod tests {
     #[test]
     fn version_matches_cargo() {
+        // SAFETY: pdx returns NUL-terminated strings that outlive this use.
         let s = unsafe { std::ffi::CStr::from_ptr(super::pdx_version()) };
         assert_eq!(s.to_str().unwrap(), format!("pdx/{}", env!("CARGO_PKG_VERSION")));
     }

@@ -1,6 +1,6 @@
 //! [`MooncakeBackend`]: Mooncake's engine behind [`TransferBackend`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,18 +13,19 @@ use mooncake_sys::{
 use parking_lot::{Mutex, RwLock};
 
 use super::batches::{McBatch, Task};
-use super::convert::{check, task_state, STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
+use super::convert::{check, task_state};
 use super::topology;
-use crate::backend::TransferBackend;
+use crate::config::env::{self, vars, ProcessEnv};
 use crate::config::transport::TransportChoice;
-use crate::engine::{BatchSummary, Direction, Request, TaskSummary};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ids::IdTable;
+use crate::transfer::backend::unavailable;
+use crate::transfer::host::engine_host;
+use crate::transfer::regions::RegionMap;
+use crate::transfer::{state, BatchSummary, Direction, Request, TaskState, TaskSummary, TransferBackend};
 
-/// Sync-call deadline when `MC_TRANSFER_TIMEOUT` is unset (seconds), and its
-/// minimum, as in Mooncake's Python layer.
+/// Sync-call deadline when `MC_TRANSFER_TIMEOUT` is unset (seconds).
 const DEFAULT_SYNC_TIMEOUT_S: u64 = 30;
-const MIN_SYNC_TIMEOUT_S: u64 = 5;
 /// Longest sleep between two status polls.
 const MAX_POLL_SLEEP: Duration = Duration::from_millis(1);
 
@@ -33,6 +34,7 @@ struct EnginePtr(TransferEngineT);
 // SAFETY: the pointer is only passed back to Mooncake, whose engine may be
 // used from any thread.
 unsafe impl Send for EnginePtr {}
+// SAFETY: as for `Send`: Mooncake's engine is thread-safe.
 unsafe impl Sync for EnginePtr {}
 
 /// Mooncake's transfer engine, loaded at run time.
@@ -44,7 +46,7 @@ pub struct MooncakeBackend {
     session_id: String,
     rpc_port: u16,
     segments: Mutex<HashMap<String, SegmentId>>,
-    regions: Mutex<BTreeMap<u64, u64>>,
+    regions: Mutex<RegionMap<()>>,
     batches: IdTable<McBatch>,
     /// Mooncake batches a sync call gave up on while tasks were in flight;
     /// freed once Mooncake agrees (never forgotten, never freed twice).
@@ -52,35 +54,14 @@ pub struct MooncakeBackend {
     sync_timeout: Duration,
 }
 
-/// The host of an engine name: `h`, `h:port`, `h:port:npu_N` (Ascend),
-/// `[v6]:port` or a bare IPv6 literal.
-pub fn plain_host(hostname: &str) -> &str {
-    let h = hostname.trim();
-    if let Some(rest) = h.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
-    }
-    if crate::config::net::is_ipv6(h) {
-        return h;
-    }
-    h.split(':').next().unwrap_or(h)
-}
-
 fn cstring(s: &str, what: &str) -> Result<CString> {
     CString::new(s).map_err(|_| Error::invalid_argument(format!("{what} contains a NUL byte")))
 }
 
+/// The sync deadline: `MC_TRANSFER_TIMEOUT` seconds (at least 5, as in
+/// Mooncake's Python layer), default 30.
 fn sync_timeout_from_env() -> Duration {
-    let secs = match std::env::var("MC_TRANSFER_TIMEOUT") {
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(n) => n.max(MIN_SYNC_TIMEOUT_S),
-            Err(_) => {
-                log::warn!("MC_TRANSFER_TIMEOUT={v:?} is not a number of seconds; using {DEFAULT_SYNC_TIMEOUT_S}");
-                DEFAULT_SYNC_TIMEOUT_S
-            }
-        },
-        Err(_) => DEFAULT_SYNC_TIMEOUT_S,
-    };
-    Duration::from_secs(secs)
+    env::read(&ProcessEnv, &vars::MC_TRANSFER_TIMEOUT).unwrap_or(Duration::from_secs(DEFAULT_SYNC_TIMEOUT_S))
 }
 
 /// Sleeps that grow from a yield to [`MAX_POLL_SLEEP`].
@@ -97,19 +78,11 @@ impl Backoff {
     }
 }
 
-fn op_name(d: Direction) -> &'static str {
-    match d {
-        Direction::Write => "WRITE",
-        Direction::Read => "READ",
-    }
-}
-
 impl MooncakeBackend {
     /// Load the library (`PDX_MOONCAKE_LIB`, default `libtransfer_engine.so`)
     /// and start an engine for `choice`.
     pub fn start(choice: &TransportChoice) -> Result<MooncakeBackend> {
-        let api = super::load()
-            .map_err(|why| crate::backend::unavailable(&choice.protocol, &format!("{}; {why}", choice.reason)))?;
+        let api = super::load().map_err(|why| unavailable(&choice.protocol, &format!("{}; {why}", choice.reason)))?;
         Self::start_with(api, &choice.protocol, &choice.hostname, &choice.device)
     }
 
@@ -117,10 +90,7 @@ impl MooncakeBackend {
     /// auto-discovery off, exactly `protocol` installed, `device` (a comma
     /// list, `""` = let Mooncake discover) as the NIC priority matrix.
     pub fn start_with(api: Arc<Api>, protocol: &str, hostname: &str, device: &str) -> Result<MooncakeBackend> {
-        let host = plain_host(hostname).to_owned();
-        if host.is_empty() {
-            return Err(Error::invalid_argument("hostname is empty"));
-        }
+        let host = engine_host(hostname)?;
         let metadata = cstring(mooncake_sys::P2PHANDSHAKE, "metadata")?;
         let server_name = cstring(hostname.trim(), "hostname")?;
         let ip = cstring(&host, "hostname")?;
@@ -130,7 +100,7 @@ impl MooncakeBackend {
         let engine =
             unsafe { (api.create_transfer_engine)(metadata.as_ptr(), server_name.as_ptr(), ip.as_ptr(), 0, 0) };
         if engine.is_null() {
-            return Err(crate::backend::unavailable(
+            return Err(unavailable(
                 protocol,
                 &format!("createTransferEngine(P2PHANDSHAKE, {hostname:?}) failed in Mooncake library '{lib}' (its log says why)"),
             ));
@@ -165,7 +135,7 @@ impl MooncakeBackend {
         let transport = unsafe { (api.install_transport)(engine, proto.as_ptr(), args_ptr) };
         if transport.is_null() {
             let devs = if devices.is_empty() { "auto-discovered".to_owned() } else { devices.join(",") };
-            return Err(destroy(crate::backend::unavailable(
+            return Err(destroy(unavailable(
                 protocol,
                 &format!(
                     "Mooncake library '{lib}' cannot install the '{protocol}' transport (installTransport returned NULL; \
@@ -180,8 +150,8 @@ impl MooncakeBackend {
         if let Err(e) = check(rc, Convention::NegativeErr, "getLocalIpAndPort") {
             return Err(destroy(e));
         }
-        // SAFETY: the buffer is NUL-terminated (zeroed, and snprintf-style).
         buf[buf.len() - 1] = 0;
+        // SAFETY: the buffer is NUL-terminated (its last byte was just zeroed).
         let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
         let port = text.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).filter(|p| *p != 0);
         let Some(rpc_port) = port else {
@@ -197,8 +167,8 @@ impl MooncakeBackend {
             session_id,
             rpc_port,
             segments: Mutex::new(HashMap::new()),
-            regions: Mutex::new(BTreeMap::new()),
-            batches: IdTable::new("batch"),
+            regions: Mutex::new(RegionMap::default()),
+            batches: IdTable::new("batch id", 0),
             orphans: Mutex::new(Vec::new()),
             sync_timeout: sync_timeout_from_env(),
         })
@@ -308,7 +278,7 @@ impl MooncakeBackend {
                 if frc != 0 {
                     self.orphans.lock().push(mc);
                 }
-                return Err(e.context(format!("{} {} request(s) to {session}", op_name(direction), wire.len())));
+                return Err(e.context(format!("{} {} request(s) to {session}", direction.name(), wire.len())));
             }
             Ok(McBatch::new(session, direction, tasks, Some(mc)))
         })
@@ -325,7 +295,7 @@ impl MooncakeBackend {
             let mut states = b.states.lock();
             for (i, t) in b.tasks.iter().enumerate() {
                 let Some(idx) = t.mc_index else { continue };
-                if states[i].state != STATE_PENDING {
+                if states[i].state.is_terminal() {
                     continue;
                 }
                 let mut st = TransferStatus::default();
@@ -335,22 +305,22 @@ impl MooncakeBackend {
                 let where_ = || {
                     format!(
                         "task {i} ({} of {} bytes at remote {:#x} on {})",
-                        op_name(b.direction),
+                        b.direction.name(),
                         t.len,
                         t.remote,
                         b.session
                     )
                 };
                 if let Err(e) = check(rc, Convention::StatusCode, "getTransferStatus") {
-                    states[i].state = STATE_FAILED;
+                    states[i].state = TaskState::Failed;
                     states[i].error = Some(e.context(where_()));
                     continue;
                 }
                 let (state, failure) = task_state(st.status);
                 states[i].state = state;
                 match state {
-                    STATE_COMPLETED => states[i].bytes = t.len,
-                    STATE_PENDING => states[i].bytes = st.transferred_bytes.min(t.len),
+                    TaskState::Completed => states[i].bytes = t.len,
+                    TaskState::Pending => states[i].bytes = st.transferred_bytes.min(t.len),
                     _ => {}
                 }
                 if let Some((kind, text)) = failure {
@@ -433,42 +403,18 @@ impl TransferBackend for MooncakeBackend {
     }
 
     fn register_batch(&self, regions: &[(u64, u64)]) -> Result<()> {
-        self.register_batch_at(regions, crate::location::Requested::Detect)
+        self.register_batch_at(regions, crate::transfer::location::Requested::Detect)
     }
 
-    fn register_batch_at(&self, regions: &[(u64, u64)], location: crate::location::Requested) -> Result<()> {
+    fn register_batch_at(&self, regions: &[(u64, u64)], location: crate::transfer::location::Requested) -> Result<()> {
         if regions.is_empty() {
             return Ok(());
         }
         let mut known = self.regions.lock();
-        let mut sorted: Vec<(u64, u64)> = regions.to_vec();
-        sorted.sort_unstable();
-        for (i, &(addr, len)) in sorted.iter().enumerate() {
-            let end = addr.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
-                Error::new(
-                    ErrorKind::AddressOverlap,
-                    format!("region {addr:#x} with length {len} is empty or wraps around"),
-                )
-            })?;
-            if let Some(&(next, _)) = sorted.get(i + 1) {
-                if next < end {
-                    return Err(Error::new(
-                        ErrorKind::AddressOverlap,
-                        format!("regions at {addr:#x} and {next:#x} overlap"),
-                    ));
-                }
-            }
-            let before = known.range(..end).next_back();
-            if let Some((&a, &l)) = before.filter(|(&a, &l)| a + l > addr) {
-                return Err(Error::new(
-                    ErrorKind::AddressOverlap,
-                    format!("region {addr:#x}..{end:#x} overlaps registered region {a:#x}..{:#x}", a + l),
-                ));
-            }
-        }
+        known.check_new(regions)?;
         // Mooncake takes the location as given ("*" lets it detect).
         let loc = match location {
-            crate::location::Requested::Detect => cstring(mooncake_sys::WILDCARD_LOCATION, "location")?,
+            crate::transfer::location::Requested::Detect => cstring(mooncake_sys::WILDCARD_LOCATION, "location")?,
             at => cstring(&at.to_string(), "location")?,
         };
         self.with_engine(|eng| {
@@ -486,8 +432,7 @@ impl TransferBackend for MooncakeBackend {
             let call = if regions.len() == 1 { "registerLocalMemory" } else { "registerLocalMemoryBatch" };
             check(rc, Convention::NegativeErr, call)
         })?;
-        known.extend(regions.iter().copied());
-        Ok(())
+        known.insert_all(regions, |_, _| ())
     }
 
     fn unregister_batch(&self, addrs: &[u64]) -> Result<()> {
@@ -495,11 +440,7 @@ impl TransferBackend for MooncakeBackend {
             return Ok(());
         }
         let mut known = self.regions.lock();
-        for a in addrs {
-            if !known.contains_key(a) {
-                return Err(Error::new(ErrorKind::NotFound, format!("no registered region starts at {a:#x}")));
-            }
-        }
+        known.check_starts(addrs)?;
         self.with_engine(|eng| {
             let rc = if let [a] = addrs {
                 // SAFETY: live engine; `a` starts a region registered with it.
@@ -512,10 +453,7 @@ impl TransferBackend for MooncakeBackend {
             let call = if addrs.len() == 1 { "unregisterLocalMemory" } else { "unregisterLocalMemoryBatch" };
             check(rc, Convention::NegativeErr, call)
         })?;
-        for a in addrs {
-            known.remove(a);
-        }
-        Ok(())
+        known.remove_all(addrs).map(drop)
     }
 
     unsafe fn transfer_sync(&self, session: &str, direction: Direction, reqs: Vec<Request>) -> Result<()> {
@@ -546,9 +484,9 @@ impl TransferBackend for MooncakeBackend {
                 let s = b.summary();
                 Err(Error::timeout(format!(
                     "{} to {session} not finished after {:?} (MC_TRANSFER_TIMEOUT): {} of {} requests still in flight",
-                    op_name(direction),
+                    direction.name(),
                     self.sync_timeout,
-                    s.total - s.completed - s.failed,
+                    s.in_flight(),
                     s.total
                 )))
             }
@@ -596,16 +534,18 @@ impl TransferBackend for MooncakeBackend {
     }
 
     fn batch_free(&self, id: u64) -> Result<()> {
-        self.batches.remove_with(id, |b| {
-            if self.engine.read().is_none() {
-                return Ok(()); // stopped: Mooncake's side went with the engine
-            }
-            self.refresh(b)?;
-            if !b.is_done() {
-                return Err(Error::new(ErrorKind::Busy, format!("batch id {id:#x} still has tasks in flight")));
-            }
-            self.release(b)
-        })
+        self.batches
+            .remove_with(id, |b| {
+                if self.engine.read().is_none() {
+                    return Ok(()); // stopped: Mooncake's side went with the engine
+                }
+                self.refresh(b)?;
+                if !b.is_done() {
+                    return Err(state::still_in_flight(id));
+                }
+                self.release(b)
+            })
+            .map(drop)
     }
 
     fn probe(&self, session: &str) -> Result<()> {
@@ -695,19 +635,5 @@ impl TransferBackend for MooncakeBackend {
 impl Drop for MooncakeBackend {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn plain_host_strips_ports_and_npu_suffixes() {
-        assert_eq!(plain_host("10.0.0.1"), "10.0.0.1");
-        assert_eq!(plain_host("10.0.0.1:17000:npu_3"), "10.0.0.1");
-        assert_eq!(plain_host("node7:1234"), "node7");
-        assert_eq!(plain_host("[::1]:5"), "::1");
-        assert_eq!(plain_host("fe80::1"), "fe80::1");
     }
 }

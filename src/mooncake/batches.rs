@@ -8,9 +8,9 @@
 
 use parking_lot::{Mutex, RwLock};
 
-use super::convert::{STATE_COMPLETED, STATE_FAILED, STATE_PENDING};
-use crate::engine::{BatchSummary, Direction, TaskSummary};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
+use crate::transfer::state::{self, BatchSummary, TaskState, TaskSummary};
+use crate::transfer::Direction;
 
 /// One pdx task.
 #[derive(Debug)]
@@ -24,8 +24,8 @@ pub struct Task {
 
 /// What is known about one task (terminal states never change again).
 #[derive(Debug, Clone)]
-pub struct TaskState {
-    pub state: i32,
+pub struct Known {
+    pub state: TaskState,
     pub bytes: u64,
     pub error: Option<Error>,
 }
@@ -39,15 +39,15 @@ pub struct McBatch {
     /// The Mooncake batch id; `None` once freed (or when every request had
     /// length zero). Polls hold it shared, freeing holds it exclusively.
     pub mc_id: RwLock<Option<u64>>,
-    pub states: Mutex<Vec<TaskState>>,
+    pub states: Mutex<Vec<Known>>,
 }
 
 impl McBatch {
     pub fn new(session: &str, direction: Direction, tasks: Vec<Task>, mc_id: Option<u64>) -> McBatch {
         let states = tasks
             .iter()
-            .map(|t| TaskState {
-                state: if t.mc_index.is_none() { STATE_COMPLETED } else { STATE_PENDING },
+            .map(|t| Known {
+                state: if t.mc_index.is_none() { TaskState::Completed } else { TaskState::Pending },
                 bytes: 0,
                 error: None,
             })
@@ -57,47 +57,26 @@ impl McBatch {
 
     /// True when every task is terminal (from the cached states).
     pub fn is_done(&self) -> bool {
-        self.states.lock().iter().all(|s| s.state != STATE_PENDING)
+        self.states.lock().iter().all(|s| s.state.is_terminal())
     }
 
     pub fn summary(&self) -> BatchSummary {
         let states = self.states.lock();
-        let mut s = BatchSummary { state: STATE_PENDING, total: states.len(), completed: 0, failed: 0, bytes: 0 };
-        for t in states.iter() {
-            match t.state {
-                STATE_COMPLETED => s.completed += 1,
-                STATE_FAILED => s.failed += 1,
-                _ => {}
-            }
-            s.bytes += t.bytes;
-        }
-        if s.completed + s.failed == s.total {
-            s.state = if s.failed == 0 { STATE_COMPLETED } else { STATE_FAILED };
-        }
-        s
+        let done = states.iter().all(|s| s.state.is_terminal());
+        BatchSummary::tally(states.iter().map(|t| (t.state, t.bytes)), done)
     }
 
     pub fn task(&self, i: usize) -> Result<TaskSummary> {
         let states = self.states.lock();
-        let t = states.get(i).ok_or_else(|| {
-            Error::new(
-                ErrorKind::IndexOutOfRange,
-                format!("task index {i} out of range (batch has {} tasks)", states.len()),
-            )
-        })?;
+        let t = states.get(i).ok_or_else(|| state::no_such_task(i, states.len()))?;
         Ok(TaskSummary { state: t.state, bytes: t.bytes, error: t.error.clone() })
     }
 
-    /// The first failure with a count, as the native engine reports it.
+    /// The first failure with a count, as every backend reports it.
     pub fn outcome(&self) -> Result<()> {
         let states = self.states.lock();
-        let failed: Vec<&TaskState> = states.iter().filter(|t| t.state == STATE_FAILED).collect();
-        let Some(first) = failed.first() else { return Ok(()) };
-        let e = first.error.clone().unwrap_or_else(|| Error::new(ErrorKind::ConnectionLost, "failed"));
-        if states.len() == 1 {
-            return Err(e);
-        }
-        Err(e.context(format!("{} of {} requests failed; first", failed.len(), states.len())))
+        let failures = states.iter().filter(|t| t.state == TaskState::Failed).map(|t| t.error.clone());
+        state::outcome(states.len(), failures)
     }
 }
 

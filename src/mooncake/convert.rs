@@ -3,11 +3,7 @@
 use mooncake_sys::{Code, Convention, McError};
 
 use crate::error::{Error, ErrorKind};
-
-/// Task and batch states: the plain integers of the ABI.
-pub(crate) const STATE_PENDING: i32 = crate::ffi::engine::PDX_TASK_PENDING;
-pub(crate) const STATE_COMPLETED: i32 = crate::ffi::engine::PDX_TASK_COMPLETED;
-pub(crate) const STATE_FAILED: i32 = crate::ffi::engine::PDX_TASK_FAILED;
+use crate::transfer::TaskState;
 
 /// The pdx kind for a Mooncake error code.
 pub fn kind_of(code: Code) -> ErrorKind {
@@ -37,23 +33,27 @@ pub fn to_error(e: McError, call: &str) -> Error {
 
 /// A task state read from `getTransferStatus`: the pdx state, and the
 /// failure (kind and text) of a failed task.
-pub fn task_state(status: i32) -> (i32, Option<(ErrorKind, &'static str)>) {
+pub fn task_state(status: i32) -> (TaskState, Option<(ErrorKind, &'static str)>) {
     use mooncake_sys::*;
     match status {
-        STATUS_WAITING | STATUS_PENDING => (STATE_PENDING, None),
-        STATUS_COMPLETED => (STATE_COMPLETED, None),
-        STATUS_TIMEOUT => (STATE_FAILED, Some((ErrorKind::Timeout, "Mooncake reported the task TIMEOUT"))),
+        STATUS_WAITING | STATUS_PENDING => (TaskState::Pending, None),
+        STATUS_COMPLETED => (TaskState::Completed, None),
+        STATUS_TIMEOUT => (TaskState::Failed, Some((ErrorKind::Timeout, "Mooncake reported the task TIMEOUT"))),
         STATUS_FAILED => (
-            STATE_FAILED,
+            TaskState::Failed,
             Some((
                 ErrorKind::ConnectionLost,
                 "Mooncake reported the task FAILED (the peer refused the range, or the connection or device failed; \
                  Mooncake's log names the cause)",
             )),
         ),
-        STATUS_CANCELED => (STATE_FAILED, Some((ErrorKind::ConnectionLost, "Mooncake reported the task CANCELED"))),
-        STATUS_INVALID => (STATE_FAILED, Some((ErrorKind::InvalidArgument, "Mooncake reported the task INVALID"))),
-        _ => (STATE_FAILED, Some((ErrorKind::Protocol, "Mooncake reported a task status value it does not define"))),
+        STATUS_CANCELED => {
+            (TaskState::Failed, Some((ErrorKind::ConnectionLost, "Mooncake reported the task CANCELED")))
+        }
+        STATUS_INVALID => (TaskState::Failed, Some((ErrorKind::InvalidArgument, "Mooncake reported the task INVALID"))),
+        _ => {
+            (TaskState::Failed, Some((ErrorKind::Protocol, "Mooncake reported a task status value it does not define")))
+        }
     }
 }
 
@@ -84,14 +84,14 @@ mod tests {
     #[test]
     fn task_states_are_total() {
         use mooncake_sys::*;
-        assert_eq!(task_state(STATUS_WAITING).0, STATE_PENDING);
-        assert_eq!(task_state(STATUS_PENDING).0, STATE_PENDING);
-        assert_eq!(task_state(STATUS_COMPLETED), (STATE_COMPLETED, None));
+        assert_eq!(task_state(STATUS_WAITING).0, TaskState::Pending);
+        assert_eq!(task_state(STATUS_PENDING).0, TaskState::Pending);
+        assert_eq!(task_state(STATUS_COMPLETED), (TaskState::Completed, None));
         assert_eq!(task_state(STATUS_TIMEOUT).1.unwrap().0, ErrorKind::Timeout);
         assert_eq!(task_state(STATUS_FAILED).1.unwrap().0, ErrorKind::ConnectionLost);
         assert_eq!(task_state(STATUS_INVALID).1.unwrap().0, ErrorKind::InvalidArgument);
         for odd in [-1, 7, 1000] {
-            assert_eq!(task_state(odd).0, STATE_FAILED);
+            assert_eq!(task_state(odd).0, TaskState::Failed);
             assert_eq!(task_state(odd).1.unwrap().0, ErrorKind::Protocol);
         }
     }

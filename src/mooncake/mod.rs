@@ -13,36 +13,33 @@
 //!   errors and states.
 //! - [`topology`]: the device list as Mooncake's NIC priority matrix.
 
-pub mod backend;
+mod backend;
 mod batches;
-pub mod convert;
-pub mod topology;
+mod convert;
+mod topology;
 
 use std::sync::Arc;
 
 pub use backend::MooncakeBackend;
 
-/// The environment variable that makes `tcp` run on Mooncake's engine.
-pub const TCP_ENGINE_ENV: &str = "PDX_TCP_ENGINE";
+use crate::config::env::{self, vars, ProcessEnv};
 
-/// Load (once) the library `PDX_MOONCAKE_LIB` names; the error text names
-/// the library and what is missing.
+/// Load (once per path) the library `PDX_MOONCAKE_LIB` names (default
+/// `libtransfer_engine.so`, found on the dynamic linker's search path); the
+/// error text names the library and what is missing.
 pub fn load() -> std::result::Result<Arc<mooncake_sys::Api>, String> {
-    mooncake_sys::load_default().map_err(|e| e.to_string())
+    let path: String =
+        env::read(&ProcessEnv, &vars::PDX_MOONCAKE_LIB).unwrap_or_else(|| mooncake_sys::DEFAULT_LIB.to_owned());
+    mooncake_sys::load_cached(&path).map_err(|e| match e {
+        mooncake_sys::LoadError::Open { .. } => {
+            format!("{e} (set PDX_MOONCAKE_LIB to the path of a libtransfer_engine.so built with its C API)")
+        }
+        _ => e.to_string(),
+    })
 }
 
 /// Whether `tcp` should run on Mooncake's engine: `PDX_TCP_ENGINE` is
 /// `mooncake` (`native` or unset: the native engine).
 pub fn tcp_uses_mooncake() -> crate::Result<bool> {
-    match std::env::var(TCP_ENGINE_ENV) {
-        Err(_) => Ok(false),
-        Ok(v) => match v.trim() {
-            "" | "native" => Ok(false),
-            "mooncake" => Ok(true),
-            other => Err(crate::Error::new(
-                crate::ErrorKind::InvalidValue,
-                format!("{TCP_ENGINE_ENV}={other:?} is neither 'native' nor 'mooncake'"),
-            )),
-        },
-    }
+    Ok(env::read_choice(&ProcessEnv, &vars::PDX_TCP_ENGINE)? == Some("mooncake"))
 }

@@ -1,0 +1,60 @@
+//! What every transfer backend offers the C ABI: the native TCP engine and,
+//! for other protocols, Mooncake's own engine loaded at run time. Semantics
+//! and error kinds are the same for all backends, so the ABI maps statuses
+//! one way whatever runs underneath.
+
+use std::time::Duration;
+
+use super::location::Requested;
+use super::{BatchSummary, Direction, Request, TaskSummary};
+use crate::error::{Error, Result};
+
+/// A running transfer engine.
+pub trait TransferBackend: Send + Sync {
+    /// `host:rpc_port`, the name peers use for this engine.
+    fn session_id(&self) -> &str;
+    /// The handshake (RPC) port.
+    fn rpc_port(&self) -> u16;
+    /// The protocol really in use (`"tcp"`, `"rdma"`, ...).
+    fn protocol(&self) -> &str;
+    /// Register regions `(addr, len)`, all or none; overlaps and zero
+    /// lengths are `AddressOverlap`.
+    fn register_batch(&self, regions: &[(u64, u64)]) -> Result<()>;
+    /// As `register_batch`, at an explicit location (`"cpu:N"`, `"cuda:N"`)
+    /// or `"*"` to detect it.
+    fn register_batch_at(&self, regions: &[(u64, u64)], location: Requested) -> Result<()>;
+    /// Unregister regions by start address, all or none; unknown is `NotFound`.
+    fn unregister_batch(&self, addrs: &[u64]) -> Result<()>;
+    /// Move every request; `Ok` only when each is confirmed at the target.
+    ///
+    /// # Safety
+    /// Local ranges must be valid until this returns.
+    unsafe fn transfer_sync(&self, session: &str, direction: Direction, reqs: Vec<Request>) -> Result<()>;
+    /// Start a batch; the id is never 0.
+    ///
+    /// # Safety
+    /// Local ranges must stay valid until the batch is finished.
+    unsafe fn submit(
+        &self,
+        session: &str,
+        direction: Direction,
+        reqs: Vec<Request>,
+        notify: Option<(String, String)>,
+    ) -> Result<u64>;
+    fn batch_summary(&self, id: u64) -> Result<BatchSummary>;
+    fn task_summary(&self, id: u64, task: usize) -> Result<TaskSummary>;
+    /// Wait for the batch to finish; `Timeout` while tasks are in flight.
+    fn batch_wait(&self, id: u64, timeout: Duration) -> Result<BatchSummary>;
+    /// Free a finished batch; `Busy` while tasks are in flight.
+    fn batch_free(&self, id: u64) -> Result<()>;
+    fn probe(&self, session: &str) -> Result<()>;
+    fn notify(&self, session: &str, name: &str, msg: &str) -> Result<()>;
+    fn drain_notifications(&self) -> Vec<(String, String)>;
+    /// Stop: fail in-flight work, release resources. Idempotent.
+    fn stop(&self);
+}
+
+/// The error for a protocol no loaded backend can serve.
+pub fn unavailable(protocol: &str, why: &str) -> Error {
+    Error::new(crate::ErrorKind::BackendUnavailable, format!("protocol '{protocol}': {why}"))
+}

@@ -1,0 +1,22 @@
+//! The backend-neutral transfer layer: the vocabulary every transfer backend
+//! and the C ABI share, so that no backend imports another and the ABI maps
+//! one set of types whatever runs underneath.
+//!
+//! - [`request`]: what a transfer asks for ([`Request`], [`Direction`]).
+//! - [`state`]: task and batch states and their summaries, with the
+//!   messages every backend reports.
+//! - [`regions`]: registered-memory bookkeeping and the overlap check.
+//! - [`location`]: where a region lives (`cpu:N`, `cuda:N`, `*`).
+//! - [`host`]: engine hostnames and peer session names.
+//! - [`backend`]: the [`TransferBackend`] trait the ABI drives.
+
+pub mod backend;
+pub mod host;
+pub mod location;
+pub mod regions;
+pub mod request;
+pub mod state;
+
+pub use backend::TransferBackend;
+pub use request::{Direction, Request};
+pub use state::{BatchSummary, TaskState, TaskSummary};
