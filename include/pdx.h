@@ -91,6 +91,21 @@
 #define PDX_IB_CONFIG_PER_GPU 2
 
 /**
+ * Log level: the most verbose records (per-request detail).
+ */
+#define PDX_LOG_TRACE 5
+
+/**
+ * Log level: diagnostics (refused frames, closed connections).
+ */
+#define PDX_LOG_DEBUG 10
+
+/**
+ * Log level: errors (an internal panic caught at the ABI boundary).
+ */
+#define PDX_LOG_ERROR 40
+
+/**
  * Opaque set of PD server arguments. Made by `pdx_args_new`, released by
  * `pdx_args_free`.
  */
@@ -157,6 +172,21 @@ typedef struct {
    */
   uint64_t bytes;
 } pdx_batch_summary;
+
+/**
+ * A log callback. `level` is one of the `PDX_LOG_*` values. `module` is
+ * the module path of the pdx code that logged (e.g. `"pdx::engine::batch"`;
+ * the configuration rules log as `"pdx::config"`), the name `RUST_LOG`
+ * filters on. `message` is the text. Both are UTF-8 of the given length in
+ * bytes, NUL-terminated as well, and valid only during the call.
+ * `userdata` is the pointer given to `pdx_set_log_callback`.
+ */
+typedef void (*pdx_log_callback)(void *userdata,
+                                 int32_t level,
+                                 const char *module,
+                                 size_t module_len,
+                                 const char *message,
+                                 size_t message_len);
 
 /**
  * Success.
@@ -963,6 +993,36 @@ const char *pdx_ib_validation_message(const pdx_ib_validation *validation,
  * Release a validation result. NULL and stale pointers are ignored.
  */
 void pdx_ib_validation_free(pdx_ib_validation *validation);
+
+/**
+ * Send pdx's log records to `callback` instead of stderr, or back to
+ * stderr (`env_logger`, filtered by `RUST_LOG`) when `callback` is NULL.
+ *
+ * `max_level` is the most verbose level delivered: a record reaches the
+ * callback when its level is at least `max_level` (Python's logger rule).
+ * `PDX_LOG_INFO` passes info, warnings and errors; `PDX_LOG_TRACE` or less
+ * passes everything; above `PDX_LOG_ERROR`, nothing. While a callback is
+ * set, `RUST_LOG` does not apply and nothing goes to stderr.
+ *
+ * The callback runs on the thread that logged: the caller's thread or one
+ * of pdx's own (listeners, connections, workers), possibly on several at
+ * once. pdx holds none of its locks while it runs, so it may call any pdx
+ * function; records that pdx logs on that thread during such a call are
+ * dropped (a callback never recurses into itself). It must return normally
+ * (no C++ exception or longjmp across pdx).
+ *
+ * Replacing or removing takes effect at once. Unless called from inside the
+ * callback, this returns only after every call of the previous callback
+ * has returned, so the previous `userdata` may be released then.
+ *
+ * Fails with `PDX_ERR_RUNTIME` only in a process whose Rust code installed
+ * a different `log` logger before pdx (not possible through the C ABI).
+ *
+ * # Safety
+ * `callback` must be NULL or a function of this type that is safe to call
+ * from any thread with `userdata` until it is replaced or removed.
+ */
+pdx_status pdx_set_log_callback(pdx_log_callback callback, void *userdata, int32_t max_level);
 
 /**
  * A static, NUL-terminated description of `status`.

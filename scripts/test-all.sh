@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the lint gates (rustfmt, clippy with warnings as errors),
 # cargo (unit, integration, header freshness), the C tests under ctest with
-# AddressSanitizer, and the Python ctypes tests.
+# AddressSanitizer, install plus C/C++ consumer programs, and the Python
+# ctypes tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,9 @@ echo "== ctest (C tests, AddressSanitizer)"
 cmake -S . -B build -DPDX_ASAN=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build -j 2
 ctest --test-dir build --output-on-failure
+
+echo "== install: pkg-config, find_package and add_subdirectory consumers"
+scripts/test-install.sh build
 
 echo "== pytest"
 python3 -m pytest -q python

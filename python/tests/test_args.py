@@ -1,4 +1,4 @@
-"""pdx_args / pdx_normalize_args through ctypes (python/pdx.py)."""
+"""pdx_args / pdx_normalize_args through ctypes (python/pdx/)."""
 
 import ctypes
 

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("mooncake.engine", reason="the mooncake-transfer-engine-non-cuda wheel is not installed")
 
-import pdx  # noqa: E402  (python/pdx.py)
+import pdx  # noqa: E402  (python/pdx/)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "compare_mooncake.py"

@@ -57,6 +57,8 @@ _SCALARS = {
 
 def _allowed(ctype: str) -> set:
     """The ctypes declarations that match a C type."""
+    if ctype == "pdx_log_callback":  # a function-pointer typedef
+        return {pdx.LOG_CALLBACK}
     stars = ctype.count("*")
     base = " ".join(w for w in ctype.replace("*", " ").split() if w != "const")
     opaque = base == "void" or (base.startswith("pdx_") and base not in ("pdx_status", "pdx_batch_summary"))
@@ -175,7 +177,7 @@ def test_identity(pair):
 
 
 def test_context_manager_and_close():
-    with pdx.Engine() as e:
+    with pdx.Engine("127.0.0.1", "tcp") as e:
         assert e.protocol == "tcp"
         handle = e.handle.value
     assert not e.handle
@@ -225,7 +227,7 @@ def test_environment_selects_tcp(monkeypatch):
 # ----------------------------------------------------------- registration
 
 def test_registration_rules():
-    with pdx.Engine() as e:
+    with pdx.Engine("127.0.0.1", "tcp") as e:
         mem = (ctypes.c_char * 16384)()
         base = ctypes.addressof(mem)
         n = 4096
@@ -280,7 +282,7 @@ def test_registration_rules():
 
 
 def test_registration_raw_errors():
-    with pdx.Engine() as e:
+    with pdx.Engine("127.0.0.1", "tcp") as e:
         h = e.handle
         mem = (ctypes.c_char * 64)()
         addrs = (c_void_p * 2)(ctypes.addressof(mem), ctypes.addressof(mem) + 32)
@@ -662,7 +664,7 @@ def test_unreachable_or_malformed_sessions(pair, session):
 # ------------------------------------------------------------ bad handles
 
 def _freed_handle() -> int:
-    e = pdx.Engine()
+    e = pdx.Engine("127.0.0.1", "tcp")
     h = e.handle.value
     e.close()
     return h
@@ -776,7 +778,7 @@ def test_last_error_is_per_thread(pair):
 
 def test_notify_rejected_when_queue_full(monkeypatch):
     monkeypatch.setenv("PDX_MAX_QUEUED_NOTIFICATIONS", "2")
-    with pdx.Engine() as a, pdx.Engine() as b:
+    with pdx.Engine("127.0.0.1", "tcp") as a, pdx.Engine("127.0.0.1", "tcp") as b:
         a.notify(b.session_id, "n0", "m")
         a.notify(b.session_id, "n1", "m")
         with pytest.raises(pdx.PdxError) as err:

@@ -209,6 +209,9 @@ impl BatchRun {
         }
         *self.done.lock() = true;
         self.done_cv.notify_all();
+        if let Err(e) = self.outcome() {
+            log::warn!("{} to {} failed: {e}", self.direction.name(), self.session);
+        }
     }
 
     fn rejected(&self, i: usize) -> Error {
@@ -239,7 +242,8 @@ impl BatchRun {
         let mut lane: Option<Lane> = None;
         while let Some(w) = self.claim() {
             let idx: Vec<usize> = w.collect();
-            if let Some(e) = self.abort.lock().clone() {
+            let aborted = self.abort.lock().clone(); // not held while failing (finish logs)
+            if let Some(e) = aborted {
                 self.fail_all(inner, &idx, &e);
                 continue;
             }
@@ -283,7 +287,8 @@ impl BatchRun {
     /// batch fails with that error instead of waiting on it again.
     fn retry_each(&self, inner: &Inner, peer: &Peer, idx: &[usize], cause: Option<Error>) {
         for (k, &i) in idx.iter().enumerate() {
-            if let Some(e) = self.abort.lock().clone() {
+            let aborted = self.abort.lock().clone(); // not held while failing (finish logs)
+            if let Some(e) = aborted {
                 self.fail_all(inner, &idx[k..], &e);
                 return;
             }

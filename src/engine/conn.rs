@@ -4,10 +4,12 @@
 //! straight into the destination for large payloads, and timeouts mapped to
 //! `TimedOut`.
 
-use std::io;
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::AsRawFd;
 use std::time::Duration;
+
+use socket2::SockRef;
 
 /// Receive buffer size; payloads at least half this size bypass it.
 const RECV_BUF: usize = 256 * 1024;
@@ -26,11 +28,12 @@ pub struct Conn {
     spin: Duration,
 }
 
-fn last_os_error() -> io::Error {
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EAGAIN) => io::Error::new(io::ErrorKind::TimedOut, "no progress before the deadline"),
-        _ => e,
+/// A socket timeout (`EAGAIN`) as `TimedOut`: the syscall's deadline passed.
+fn timed_out(e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        io::Error::new(io::ErrorKind::TimedOut, "no progress before the deadline")
+    } else {
+        e
     }
 }
 
@@ -66,18 +69,17 @@ impl Conn {
     /// # Safety
     /// `ptr..ptr+len` must be readable for the duration of the call.
     pub unsafe fn send_raw(&self, ptr: *const u8, len: usize) -> io::Result<()> {
+        let sock = SockRef::from(&self.stream);
         let mut done = 0usize;
         while done < len {
             let chunk = (len - done).min(MAX_IO_CHUNK);
-            let n = libc::send(self.stream.as_raw_fd(), ptr.add(done).cast(), chunk, libc::MSG_NOSIGNAL);
-            if n < 0 {
-                let e = last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
+            // SAFETY: inside the caller's readable range.
+            let piece = unsafe { std::slice::from_raw_parts(ptr.add(done), chunk) };
+            match sock.send_with_flags(piece, libc::MSG_NOSIGNAL) {
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(timed_out(e)),
             }
-            done += n as usize;
         }
         Ok(())
     }
@@ -88,72 +90,45 @@ impl Conn {
         unsafe { self.send_raw(data.as_ptr(), data.len()) }
     }
 
-    /// Send several raw pieces with as few syscalls as possible.
+    /// Send several raw pieces with as few syscalls as possible (gathered
+    /// `sendmsg`, up to 512 pieces a call).
     ///
     /// # Safety
     /// Every `(ptr, len)` must be readable for the duration of the call.
     pub unsafe fn send_vectored(&self, pieces: &[(*const u8, usize)]) -> io::Result<()> {
         const MAX_IOV: usize = 512;
-        let mut iov: Vec<libc::iovec> = Vec::with_capacity(pieces.len().min(MAX_IOV));
-        let mut idx = 0usize; // next piece
-        let mut offset = 0usize; // bytes of pieces[idx] already sent
-        while idx < pieces.len() {
-            iov.clear();
-            let mut j = idx;
-            let mut first_offset = offset;
-            while j < pieces.len() && iov.len() < MAX_IOV {
-                let (p, l) = pieces[j];
-                if l > first_offset {
-                    iov.push(libc::iovec { iov_base: p.add(first_offset) as *mut _, iov_len: l - first_offset });
+        let sock = SockRef::from(&self.stream);
+        for group in pieces.chunks(MAX_IOV) {
+            let mut slices: Vec<IoSlice<'_>> = group
+                .iter()
+                .filter(|(_, l)| *l > 0)
+                // SAFETY: the caller guarantees each piece is readable.
+                .map(|&(p, l)| IoSlice::new(unsafe { std::slice::from_raw_parts(p, l) }))
+                .collect();
+            let mut rest = &mut slices[..];
+            while !rest.is_empty() {
+                match sock.send_vectored_with_flags(rest, libc::MSG_NOSIGNAL) {
+                    Ok(n) => IoSlice::advance_slices(&mut rest, n),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(timed_out(e)),
                 }
-                first_offset = 0;
-                j += 1;
-            }
-            if iov.is_empty() {
-                break;
-            }
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = iov.as_mut_ptr();
-            msg.msg_iovlen = iov.len() as _;
-            let n = libc::sendmsg(self.stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL);
-            if n < 0 {
-                let e = last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            // Advance over what was sent.
-            let mut sent = n as usize;
-            while idx < pieces.len() && sent > 0 {
-                let rest = pieces[idx].1 - offset;
-                if sent >= rest {
-                    sent -= rest;
-                    idx += 1;
-                    offset = 0;
-                } else {
-                    offset += sent;
-                    sent = 0;
-                }
-            }
-            while idx < pieces.len() && pieces[idx].1 == offset {
-                idx += 1;
-                offset = 0;
             }
         }
         Ok(())
     }
 
     /// One `recv` into `ptr..ptr+len`; `Ok(0)` is end of stream.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be writable for the duration of the call.
     unsafe fn recv_once(&self, ptr: *mut u8, len: usize, flags: i32) -> io::Result<usize> {
+        // SAFETY: writable per the caller; recv only writes into it.
+        let buf = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<MaybeUninit<u8>>(), len.min(MAX_IO_CHUNK)) };
         loop {
-            let n = libc::recv(self.stream.as_raw_fd(), ptr.cast(), len.min(MAX_IO_CHUNK), flags);
-            if n >= 0 {
-                return Ok(n as usize);
-            }
-            let e = last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
+            match SockRef::from(&self.stream).recv_with_flags(buf, flags) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(timed_out(e)),
             }
         }
     }

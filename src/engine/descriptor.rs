@@ -1,7 +1,7 @@
 //! The TCP segment descriptor: what an engine tells peers about itself in
 //! reply to a Metadata request, and how we read a peer's.
 
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
@@ -26,23 +26,60 @@ pub struct PeerDescriptor {
     pub buffers: Vec<AdvertisedBuffer>,
 }
 
+/// Our descriptor as it goes on the wire: fields in Mooncake's (sorted) order.
+#[derive(Serialize)]
+struct OwnDescriptor<'a> {
+    buffers: Vec<OwnBuffer<'a>>,
+    name: &'a str,
+    protocol: &'static str,
+    rdma_server_name: &'static str,
+    tcp_data_host: &'a str,
+    tcp_data_port: u16,
+    tcp_proto_version: u32,
+}
+
+#[derive(Serialize)]
+struct OwnBuffer<'a> {
+    addr: u64,
+    length: u64,
+    name: &'a str,
+}
+
+/// A peer's descriptor as read: every field optional here, checked below
+/// with Mooncake's rules; unknown fields are ignored.
+#[derive(Deserialize)]
+struct PeerFields {
+    protocol: Option<String>,
+    tcp_data_port: Option<u64>,
+    tcp_proto_version: Option<u64>,
+    tcp_data_host: Option<String>,
+    name: Option<String>,
+    buffers: Option<Vec<PeerBuffer>>,
+}
+
+#[derive(Deserialize)]
+struct PeerBuffer {
+    name: Option<String>,
+    addr: Option<u64>,
+    length: Option<u64>,
+}
+
 /// Build our own descriptor JSON (one line, no trailing newline).
 ///
 /// `buffers` may be cut short by the caller to keep the frame under the
 /// handshake limit; the list is optional for peers.
 pub fn encode_descriptor(name: &str, data_host: &str, data_port: u16, buffers: &[AdvertisedBuffer]) -> String {
-    let buffers: Vec<Value> =
-        buffers.iter().map(|b| json!({"addr": b.addr, "length": b.length, "name": name})).collect();
-    json!({
-        "buffers": buffers,
-        "name": name,
-        "protocol": "tcp",
-        "rdma_server_name": "",
-        "tcp_data_host": data_host,
-        "tcp_data_port": data_port,
-        "tcp_proto_version": 2,
-    })
-    .to_string()
+    let own = OwnDescriptor {
+        buffers: buffers.iter().map(|b| OwnBuffer { addr: b.addr, length: b.length, name }).collect(),
+        name,
+        protocol: "tcp",
+        rdma_server_name: "",
+        tcp_data_host: data_host,
+        tcp_data_port: data_port,
+        tcp_proto_version: 2,
+    };
+    // Serializing plain strings and integers cannot fail.
+    serde_json::to_string(&own).unwrap_or_default()
 }
 
 fn corrupted(why: &str) -> Error {
@@ -52,9 +89,8 @@ fn corrupted(why: &str) -> Error {
 /// Parse a peer's descriptor. `session_host` is the host of the session name
 /// we dialled, used when the descriptor names no data host.
 pub fn parse_descriptor(text: &[u8], session_name: &str, session_host: &str) -> Result<PeerDescriptor> {
-    let value: Value = serde_json::from_slice(text).map_err(|e| corrupted(&format!("not JSON ({e})")))?;
-    let obj: &Map<String, Value> = value.as_object().ok_or_else(|| corrupted("not a JSON object"))?;
-    match obj.get("protocol").and_then(Value::as_str) {
+    let d: PeerFields = serde_json::from_slice(text).map_err(|e| corrupted(&e.to_string()))?;
+    match d.protocol.as_deref() {
         Some("tcp") => {}
         Some(other) => {
             return Err(Error::new(
@@ -64,37 +100,31 @@ pub fn parse_descriptor(text: &[u8], session_name: &str, session_host: &str) -> 
         }
         None => return Err(corrupted("no \"protocol\" field")),
     }
-    let data_port = obj
-        .get("tcp_data_port")
-        .and_then(Value::as_u64)
-        .filter(|p| (1..=u64::from(u16::MAX)).contains(p))
-        .ok_or_else(|| corrupted("\"tcp_data_port\" missing or not a port number"))? as u16;
-    let proto_version = match obj.get("tcp_proto_version") {
-        None | Some(Value::Null) => 0,
-        Some(v) => v.as_u64().ok_or_else(|| corrupted("\"tcp_proto_version\" is not an unsigned integer"))?,
-    };
-    let data_host = match obj.get("tcp_data_host").and_then(Value::as_str) {
-        Some(h) if !h.is_empty() => h.to_owned(),
-        _ => session_host.to_owned(),
-    };
-    let notify_name = match obj.get("name").and_then(Value::as_str) {
-        Some(n) if !n.is_empty() => n.to_owned(),
-        _ => session_name.to_owned(),
-    };
-    let mut buffers = Vec::new();
-    if let Some(list) = obj.get("buffers") {
-        let list = list.as_array().ok_or_else(|| corrupted("\"buffers\" is not an array"))?;
-        for entry in list {
-            let name_ok = entry.get("name").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
-            let addr = entry.get("addr").and_then(Value::as_u64).filter(|&a| a != 0);
-            let length = entry.get("length").and_then(Value::as_u64).filter(|&l| l != 0);
-            match (name_ok, addr, length) {
-                (true, Some(addr), Some(length)) => buffers.push(AdvertisedBuffer { addr, length }),
-                _ => return Err(corrupted("a \"buffers\" entry lacks a name, a non-zero addr or a non-zero length")),
+    let data_port = d
+        .tcp_data_port
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|&p| p > 0)
+        .ok_or_else(|| corrupted("\"tcp_data_port\" missing or not a port number"))?;
+    let non_empty =
+        |v: Option<String>, fallback: &str| v.filter(|s| !s.is_empty()).unwrap_or_else(|| fallback.to_owned());
+    let buffers = d
+        .buffers
+        .unwrap_or_default()
+        .into_iter()
+        .map(|b| {
+            match (b.name.is_some_and(|n| !n.is_empty()), b.addr.filter(|&a| a != 0), b.length.filter(|&l| l != 0)) {
+                (true, Some(addr), Some(length)) => Ok(AdvertisedBuffer { addr, length }),
+                _ => Err(corrupted("a \"buffers\" entry lacks a name, a non-zero addr or a non-zero length")),
             }
-        }
-    }
-    Ok(PeerDescriptor { data_host, data_port, proto_version, notify_name, buffers })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(PeerDescriptor {
+        data_host: non_empty(d.tcp_data_host, session_host),
+        data_port,
+        proto_version: d.tcp_proto_version.unwrap_or(0),
+        notify_name: non_empty(d.name, session_name),
+        buffers,
+    })
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ impl Notifications {
     pub fn push(&self, name: &str, msg: &str) -> bool {
         let mut q = self.queue.lock();
         if q.len() >= self.limit {
+            drop(q); // a log callback may drain the queue
             log::warn!("notification queue full ({} entries); rejecting a notification", self.limit);
             return false;
         }

@@ -40,7 +40,9 @@ pub fn connect(settings: &Settings, host: &str, port: u16) -> Result<TcpStream> 
             Err(e) => last = format!("{addr}: {e}"),
         }
     }
-    Err(Error::new(ErrorKind::PeerUnreachable, format!("cannot connect to {host}:{port} ({last})")))
+    let e = Error::new(ErrorKind::PeerUnreachable, format!("cannot connect to {host}:{port} ({last})"));
+    log::debug!("{e}");
+    Err(e)
 }
 
 /// One handshake exchange: send `json` as a `kind` frame, return the reply

@@ -5,7 +5,6 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,10 +40,7 @@ pub fn bind_in_range(ip: IpAddr, min: u16, max: u16) -> Result<TcpListener> {
 
 /// Wake a thread blocked in `accept` on `listener` (Linux returns EINVAL).
 pub fn wake_listener(listener: &TcpListener) {
-    // SAFETY: shutting down a valid socket fd we own.
-    unsafe {
-        libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR);
-    }
+    let _ = socket2::SockRef::from(listener).shutdown(Shutdown::Both);
 }
 
 /// Counts concurrent connections of one kind and refuses past a limit.

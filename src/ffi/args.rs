@@ -255,6 +255,8 @@ pub unsafe extern "C" fn pdx_args_parse_argv(
 pub extern "C" fn pdx_normalize_args(args: *mut pdx_args) -> pdx_status {
     guard("pdx_normalize_args", || {
         let handle = ARGS.get(args)?;
+        // normalize logs its messages; a log callback may read `args`.
+        let _logs = crate::logging::defer_callbacks();
         let mut state = handle.lock();
         let mut work = state.args.clone();
         let messages = config::normalize(&mut work, &ProcessEnv)?;

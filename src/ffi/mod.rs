@@ -9,6 +9,7 @@ pub mod args;
 pub mod backend;
 pub mod engine;
 pub mod ib_device;
+pub mod log;
 pub mod status;
 pub mod transport;
 pub mod version;

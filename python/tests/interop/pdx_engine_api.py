@@ -1,6 +1,6 @@
 """The slice of pdx's engine C ABI that the interop tests use, through ctypes.
 
-It uses pdx.py's declarations but not its Engine wrapper: it opens its own
+It uses the pdx package's declarations but not its Engine wrapper: it opens its own
 ctypes handle on the same libpdx.so, and the tests call exactly the C
 functions of the ABI. Methods return the raw
 `pdx_status` (0 ok, negative error) so tests can check exact codes; the last
@@ -18,7 +18,7 @@ _PYTHON_DIR = Path(__file__).resolve().parents[2]
 if str(_PYTHON_DIR) not in sys.path:
     sys.path.insert(0, str(_PYTHON_DIR))
 
-import pdx  # noqa: E402  (python/pdx.py: finds and loads libpdx.so)
+import pdx  # noqa: E402  (python/pdx/: finds and loads libpdx.so)
 
 PDX_OK = 0
 PDX_ERR_TIMEOUT = -18
@@ -26,7 +26,7 @@ PDX_ERR_REMOTE_REJECTED = -16
 OPCODE_READ = 0
 OPCODE_WRITE = 1
 
-# The engine functions the interop tests call, with pdx.py's declarations
+# The engine functions the interop tests call, with the pdx package's declarations
 # (one source of truth for argtypes/restype).
 _USED = {
     "pdx_engine_init", "pdx_engine_free", "pdx_engine_session_id", "pdx_engine_rpc_port", "pdx_engine_protocol",

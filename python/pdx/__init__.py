@@ -1,77 +1,198 @@
-"""ctypes binding for libpdx.
+"""ctypes binding for libpdx, pdx's C ABI (``include/pdx.h``).
 
-Every exported C function is declared here with its argtypes and restype, so
-a wrong call fails in Python instead of corrupting memory. Errors become
-`PdxError` with the status code, its name and pdx's last error message.
+Every exported C function is declared in ``_SIGNATURES`` with its argtypes
+and restype, so a wrong call fails in Python instead of corrupting memory.
+Errors become :class:`PdxError` with the status code, its name and pdx's last
+error message. :mod:`pdx.mooncake` offers Mooncake's ``TransferEngine`` API on
+top of the same library.
 
-The library is found through `PDX_LIB` (a path to libpdx.so), else
-`target/release/libpdx.so`, else `target/debug/libpdx.so` next to this folder.
+The library is looked up, in order (see :func:`find_library`):
+
+1. ``PDX_LIB``: a path to ``libpdx.so``, or a directory holding it. When set,
+   it is the only place tried (a wrong explicit path is an error, never
+   silently replaced by another build);
+2. the package directory (the copy a wheel bundles);
+3. ``target/release`` then ``target/debug`` of the source checkout this
+   package sits in (``python/pdx`` of a checkout);
+4. the system loader (``LD_LIBRARY_PATH``, ``ldconfig``) by the name
+   ``libpdx.so``.
+
+If none loads, :class:`OSError` names every place tried and why it failed.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable, Iterator, Sequence
 from ctypes import POINTER, c_char_p, c_int32, c_size_t, c_uint16, c_uint64, c_void_p
 from pathlib import Path
+from typing import Any, Union
+
+__all__ = [
+    "Args",
+    "BatchSummary",
+    "Engine",
+    "PdxError",
+    "TransportChoice",
+    "add_transfer_backend_choice",
+    "backend_available",
+    "backend_unavailable_reason",
+    "check",
+    "find_library",
+    "get_ib_devices_for_gpu",
+    "last_error",
+    "lib",
+    "library_path",
+    "parse_ib_device_config",
+    "resolve_transport",
+    "session_id",
+    "status_str",
+    "validate_ib_devices",
+    "version",
+]
 
 pdx_status = c_int32
 
-STATUS_NAMES = {
-    0: "PDX_OK",
-    -1: "PDX_ERR_NULL_ARGUMENT",
-    -2: "PDX_ERR_INVALID_UTF8",
-    -3: "PDX_ERR_INVALID_ARGUMENT",
-    -4: "PDX_ERR_PANIC",
-    -5: "PDX_ERR_UNKNOWN_KEY",
-    -6: "PDX_ERR_INVALID_VALUE",
-    -7: "PDX_ERR_VALUE_ERROR",
-    -8: "PDX_ERR_ASSERTION",
-    -9: "PDX_ERR_RUNTIME",
-    -10: "PDX_ERR_UNKNOWN_PROTOCOL",
-    -11: "PDX_ERR_BACKEND_UNAVAILABLE",
-    -12: "PDX_ERR_INDEX_OUT_OF_RANGE",
-    -13: "PDX_ERR_IO",
-    -14: "PDX_ERR_INVALID_HANDLE",
-    -15: "PDX_ERR_ADDRESS_NOT_REGISTERED",
-    -16: "PDX_ERR_REMOTE_REJECTED",
-    -17: "PDX_ERR_ADDRESS_OVERLAP",
-    -18: "PDX_ERR_TIMEOUT",
-    -19: "PDX_ERR_PEER_UNREACHABLE",
-    -20: "PDX_ERR_CONNECTION_LOST",
-    -21: "PDX_ERR_PROTOCOL",
-    -22: "PDX_ERR_BUSY",
-    -23: "PDX_ERR_NOT_FOUND",
-    -24: "PDX_ERR_SHUTDOWN",
-    -25: "PDX_ERR_NOTIFY_REJECTED",
+# Status codes (pdx_status in include/pdx.h; never reused, new ones appended).
+PDX_OK = 0
+PDX_ERR_NULL_ARGUMENT = -1
+PDX_ERR_INVALID_UTF8 = -2
+PDX_ERR_INVALID_ARGUMENT = -3
+PDX_ERR_PANIC = -4
+PDX_ERR_UNKNOWN_KEY = -5
+PDX_ERR_INVALID_VALUE = -6
+PDX_ERR_VALUE_ERROR = -7
+PDX_ERR_ASSERTION = -8
+PDX_ERR_RUNTIME = -9
+PDX_ERR_UNKNOWN_PROTOCOL = -10
+PDX_ERR_BACKEND_UNAVAILABLE = -11
+PDX_ERR_INDEX_OUT_OF_RANGE = -12
+PDX_ERR_IO = -13
+PDX_ERR_INVALID_HANDLE = -14
+PDX_ERR_ADDRESS_NOT_REGISTERED = -15
+PDX_ERR_REMOTE_REJECTED = -16
+PDX_ERR_ADDRESS_OVERLAP = -17
+PDX_ERR_TIMEOUT = -18
+PDX_ERR_PEER_UNREACHABLE = -19
+PDX_ERR_CONNECTION_LOST = -20
+PDX_ERR_PROTOCOL = -21
+PDX_ERR_BUSY = -22
+PDX_ERR_NOT_FOUND = -23
+PDX_ERR_SHUTDOWN = -24
+PDX_ERR_NOTIFY_REJECTED = -25
+PDX_ERR_DEVICE_UNAVAILABLE = -26
+PDX_ERR_DEVICE = -27
+
+STATUS_NAMES: dict[int, str] = {
+    PDX_OK: "PDX_OK",
+    PDX_ERR_NULL_ARGUMENT: "PDX_ERR_NULL_ARGUMENT",
+    PDX_ERR_INVALID_UTF8: "PDX_ERR_INVALID_UTF8",
+    PDX_ERR_INVALID_ARGUMENT: "PDX_ERR_INVALID_ARGUMENT",
+    PDX_ERR_PANIC: "PDX_ERR_PANIC",
+    PDX_ERR_UNKNOWN_KEY: "PDX_ERR_UNKNOWN_KEY",
+    PDX_ERR_INVALID_VALUE: "PDX_ERR_INVALID_VALUE",
+    PDX_ERR_VALUE_ERROR: "PDX_ERR_VALUE_ERROR",
+    PDX_ERR_ASSERTION: "PDX_ERR_ASSERTION",
+    PDX_ERR_RUNTIME: "PDX_ERR_RUNTIME",
+    PDX_ERR_UNKNOWN_PROTOCOL: "PDX_ERR_UNKNOWN_PROTOCOL",
+    PDX_ERR_BACKEND_UNAVAILABLE: "PDX_ERR_BACKEND_UNAVAILABLE",
+    PDX_ERR_INDEX_OUT_OF_RANGE: "PDX_ERR_INDEX_OUT_OF_RANGE",
+    PDX_ERR_IO: "PDX_ERR_IO",
+    PDX_ERR_INVALID_HANDLE: "PDX_ERR_INVALID_HANDLE",
+    PDX_ERR_ADDRESS_NOT_REGISTERED: "PDX_ERR_ADDRESS_NOT_REGISTERED",
+    PDX_ERR_REMOTE_REJECTED: "PDX_ERR_REMOTE_REJECTED",
+    PDX_ERR_ADDRESS_OVERLAP: "PDX_ERR_ADDRESS_OVERLAP",
+    PDX_ERR_TIMEOUT: "PDX_ERR_TIMEOUT",
+    PDX_ERR_PEER_UNREACHABLE: "PDX_ERR_PEER_UNREACHABLE",
+    PDX_ERR_CONNECTION_LOST: "PDX_ERR_CONNECTION_LOST",
+    PDX_ERR_PROTOCOL: "PDX_ERR_PROTOCOL",
+    PDX_ERR_BUSY: "PDX_ERR_BUSY",
+    PDX_ERR_NOT_FOUND: "PDX_ERR_NOT_FOUND",
+    PDX_ERR_SHUTDOWN: "PDX_ERR_SHUTDOWN",
+    PDX_ERR_NOTIFY_REJECTED: "PDX_ERR_NOTIFY_REJECTED",
+    PDX_ERR_DEVICE_UNAVAILABLE: "PDX_ERR_DEVICE_UNAVAILABLE",
+    PDX_ERR_DEVICE: "PDX_ERR_DEVICE",
 }
-globals().update({name: code for code, name in STATUS_NAMES.items()})
 
 
 class PdxError(Exception):
-    """A pdx call returned a negative status."""
+    """A pdx call returned a negative status.
+
+    ``status`` is the code (``PDX_ERR_*``), ``name`` its constant's name and
+    ``message`` pdx's last error message for the failing call.
+    """
 
     def __init__(self, status: int, message: str):
+        """An error for `status` with pdx's `message`."""
         self.status = status
         self.name = STATUS_NAMES.get(status, f"status {status}")
         self.message = message
         super().__init__(f"{self.name}: {message}")
 
 
-def _find_library() -> str:
+LIBRARY_NAME = "libpdx.so"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _package_candidates() -> list[Path]:
+    """The library files a wheel may have bundled next to this file.
+
+    setuptools-rust names the copy after the extension (``libpdx.abi3.so``);
+    a plain ``libpdx.so`` dropped in by hand is accepted too."""
+    found = [_PACKAGE_DIR / LIBRARY_NAME]
+    found += sorted(p for p in _PACKAGE_DIR.glob("libpdx.*.so") if p not in found)
+    return found
+
+
+def _candidates() -> Iterator[tuple[str, Callable[[], ctypes.CDLL]]]:
+    """(description, loader) for every place tried, in order."""
+
+    def from_file(path: Path) -> Callable[[], ctypes.CDLL]:
+        def load() -> ctypes.CDLL:
+            if not path.is_file():
+                raise OSError("no such file")
+            return ctypes.CDLL(str(path))
+
+        return load
+
     explicit = os.environ.get("PDX_LIB")
     if explicit:
-        return explicit
-    root = Path(__file__).resolve().parent.parent
-    for profile in ("release", "debug"):
-        candidate = root / "target" / profile / "libpdx.so"
-        if candidate.exists():
-            return str(candidate)
-    raise OSError("libpdx.so not found: build it with `cargo build --release` or set PDX_LIB")
+        path = Path(explicit)
+        if path.is_dir():
+            path = path / LIBRARY_NAME
+        yield f"PDX_LIB={explicit} ({path})", from_file(path)
+        return
+    for path in _package_candidates():
+        yield f"package directory ({path})", from_file(path)
+    root = _PACKAGE_DIR.parent.parent  # <checkout>/python/pdx -> <checkout>
+    if (root / "Cargo.toml").is_file():
+        for profile in ("release", "debug"):
+            path = root / "target" / profile / LIBRARY_NAME
+            yield f"checkout build ({path})", from_file(path)
+    yield f"system loader ({LIBRARY_NAME} via LD_LIBRARY_PATH / ldconfig)", lambda: ctypes.CDLL(LIBRARY_NAME)
+
+
+def find_library() -> tuple[ctypes.CDLL, str]:
+    """Load libpdx: (the library, a description of where it came from).
+
+    Raises OSError naming every place tried (see the module docstring)."""
+    tried = []
+    for where, load in _candidates():
+        try:
+            return load(), where
+        except OSError as exc:
+            tried.append(f"  {where}: {exc}")
+    raise OSError(
+        "libpdx.so not found; tried, in order:\n"
+        + "\n".join(tried)
+        + "\nbuild it with `cargo build --release`, install the wheel (`pip install .`), or set PDX_LIB"
+    )
 
 
 # (name, restype, argtypes) for every exported function.
-_SIGNATURES = [
+_Signature = tuple[str, Any, list[Any]]
+_SIGNATURES: list[_Signature] = [
     ("pdx_version", c_char_p, []),
     ("pdx_status_str", c_char_p, [pdx_status]),
     ("pdx_last_error_message", c_char_p, []),
@@ -81,44 +202,81 @@ _SIGNATURES = [
 ]
 
 
-def _load() -> ctypes.CDLL:
-    lib = ctypes.CDLL(_find_library())
-    for name, restype, argtypes in _SIGNATURES:
+def _declare(lib: ctypes.CDLL, signatures: list[_Signature]) -> None:
+    for name, restype, argtypes in signatures:
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
-    return lib
 
 
-lib = _load()
+lib, _library_where = find_library()
+_declare(lib, _SIGNATURES)
+
+
+def library_path() -> str:
+    """Where the loaded libpdx came from (the description find_library gave)."""
+    return _library_where
 
 
 def last_error() -> str:
-    return lib.pdx_last_error_message().decode()
+    """pdx's last error message on this thread ("" before any failure)."""
+    raw: bytes = lib.pdx_last_error_message()
+    return raw.decode(errors="replace")
 
 
 def check(status: int) -> None:
-    """Raise PdxError for a negative status."""
+    """Raise PdxError for a non-zero status (with the last error message)."""
     if status != 0:
         raise PdxError(status, last_error())
 
 
 def version() -> str:
-    return lib.pdx_version().decode()
+    """The library's version string ("pdx/X.Y.Z")."""
+    raw: bytes = lib.pdx_version()
+    return raw.decode()
 
 
 def status_str(status: int) -> str:
-    return lib.pdx_status_str(status).decode()
+    """pdx's short description of a status code."""
+    raw: bytes = lib.pdx_status_str(status)
+    return raw.decode()
 
 
 def _enc(text: str | None) -> bytes | None:
     return None if text is None else text.encode()
 
 
+def _dec(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode()
+
+
+def _text(raw: bytes | None) -> str:
+    """A string pdx documents as never NULL for a valid handle."""
+    if raw is None:
+        check(PDX_ERR_NULL_ARGUMENT)
+    assert raw is not None
+    return raw.decode()
+
+
+def _environ_snapshot() -> dict[bytes, bytes]:
+    """The C library's environment (what getenv sees), which can differ from
+    os.environ after native code called setenv."""
+    libc = ctypes.CDLL(None)
+    env = POINTER(c_char_p).in_dll(libc, "environ")
+    out: dict[bytes, bytes] = {}
+    i = 0
+    while env[i] is not None:
+        entry: bytes = env[i]
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            out[name] = value
+        i += 1
+    return out
+
+
 # --- configuration ---
 # Arguments, normalization, transport resolution and IB devices
-# (src/ffi/args.rs, src/ffi/transport.rs). Declared here, in one block, and
-# appended to _SIGNATURES so the signature table stays complete.
+# (src/ffi/args.rs, src/ffi/transport.rs).
 
 PDX_LOG_INFO = 20
 PDX_LOG_WARNING = 30
@@ -126,7 +284,7 @@ PDX_IB_CONFIG_NONE = 0
 PDX_IB_CONFIG_ALL_GPUS = 1
 PDX_IB_CONFIG_PER_GPU = 2
 
-_CONFIG_SIGNATURES = [
+_CONFIG_SIGNATURES: list[_Signature] = [
     ("pdx_args_new", pdx_status, [POINTER(c_void_p)]),
     ("pdx_args_free", None, [c_void_p]),
     ("pdx_args_set", pdx_status, [c_void_p, c_char_p, c_char_p]),
@@ -157,14 +315,7 @@ _CONFIG_SIGNATURES = [
     ("pdx_ib_validation_free", None, [c_void_p]),
 ]
 _SIGNATURES += _CONFIG_SIGNATURES
-for _name, _restype, _argtypes in _CONFIG_SIGNATURES:
-    _fn = getattr(lib, _name)
-    _fn.restype = _restype
-    _fn.argtypes = _argtypes
-
-
-def _dec(raw: bytes | None) -> str | None:
-    return None if raw is None else raw.decode()
+_declare(lib, _CONFIG_SIGNATURES)
 
 
 class Args:
@@ -177,6 +328,7 @@ class Args:
     """
 
     def __init__(self, argv: list[str] | None = None, **fields: object):
+        """Create the arguments, set `fields` (key=value), then parse `argv`."""
         handle = c_void_p()
         check(lib.pdx_args_new(ctypes.byref(handle)))
         self._h = handle
@@ -186,6 +338,7 @@ class Args:
             self.parse_argv(argv)
 
     def close(self) -> None:
+        """Free the arguments (idempotent)."""
         if self._h:
             lib.pdx_args_free(self._h)
             self._h = c_void_p()
@@ -196,19 +349,21 @@ class Args:
         except Exception:
             pass
 
-    def __enter__(self) -> "Args":
+    def __enter__(self) -> Args:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def set(self, key: str, value: object) -> None:
+        """Set `key` to `value` (bools as true/false, None as Python's None)."""
         if isinstance(value, bool):
             value = "true" if value else "false"
         text = None if value is None else str(value)
         check(lib.pdx_args_set(self._h, key.encode(), _enc(text)))
 
     def get(self, key: str) -> str | None:
+        """The value of `key` as text (None for Python's None)."""
         out = c_char_p()
         check(lib.pdx_args_get(self._h, key.encode(), ctypes.byref(out)))
         return _dec(out.value)
@@ -220,32 +375,45 @@ class Args:
         self.set(key, value)
 
     def parse_argv(self, argv: list[str]) -> None:
+        """Parse SGLang command-line flags (without the program name)."""
         arr = (c_char_p * max(len(argv), 1))(*[a.encode() for a in argv])
         check(lib.pdx_args_parse_argv(self._h, len(argv), arr))
 
     def normalize(self) -> list[tuple[int, str]]:
+        """Apply SGLang's PD rules; returns the messages (level, text).
+
+        Environment variables the rules set in the C environment (MC_FORCE_TCP
+        for `mooncake_tcp`) are mirrored into os.environ, so Python code that
+        reads them afterwards sees what native code sees."""
+        before = _environ_snapshot()
         check(lib.pdx_normalize_args(self._h))
+        for name, value in _environ_snapshot().items():
+            if before.get(name) != value:
+                os.environ[os.fsdecode(name)] = os.fsdecode(value)
         return self.messages()
 
     def messages(self) -> list[tuple[int, str]]:
+        """The (level, text) messages of the last successful normalization."""
         out = []
         for i in range(lib.pdx_args_message_count(self._h)):
             level = c_int32()
-            text = lib.pdx_args_message(self._h, i, ctypes.byref(level))
+            text: bytes | None = lib.pdx_args_message(self._h, i, ctypes.byref(level))
             if text is None:
                 check(PDX_ERR_INDEX_OUT_OF_RANGE)
-            out.append((level.value, text.decode()))
+            out.append((level.value, _text(text)))
         return out
 
 
 def add_transfer_backend_choice(name: str) -> None:
+    """Allow `name` as --disaggregation-transfer-backend (process-wide)."""
     check(lib.pdx_add_transfer_backend_choice(name.encode()))
 
 
 class TransportChoice:
     """The result of `resolve_transport` (plain Python values)."""
 
-    def __init__(self, protocol: str, hostname: str, device: str, reason: str, warnings: list[str]):
+    def __init__(self, protocol: str, hostname: str, device: str | None, reason: str, warnings: list[str]):
+        """Hold the resolved protocol, hostname, device, reason and warnings."""
         self.protocol = protocol
         self.hostname = hostname
         self.device = device
@@ -253,22 +421,28 @@ class TransportChoice:
         self.warnings = warnings
 
     def __repr__(self) -> str:
-        return (f"TransportChoice(protocol={self.protocol!r}, hostname={self.hostname!r}, "
-                f"device={self.device!r}, reason={self.reason!r}, warnings={self.warnings!r})")
+        return (
+            f"TransportChoice(protocol={self.protocol!r}, hostname={self.hostname!r}, "
+            f"device={self.device!r}, reason={self.reason!r}, warnings={self.warnings!r})"
+        )
 
 
-def resolve_transport(hostname: str, protocol: str | None = None, device: str | None = None,
-                      gpu_id: int = -1) -> TransportChoice:
+def resolve_transport(
+    hostname: str, protocol: str | None = None, device: str | None = None, gpu_id: int = -1
+) -> TransportChoice:
+    """pdx's single transport resolver (MOONCAKE_PROTOCOL, MC_FORCE_TCP, Ascend)."""
     handle = c_void_p()
     check(lib.pdx_resolve_transport(_enc(hostname), _enc(protocol), _enc(device), gpu_id, ctypes.byref(handle)))
     try:
         return TransportChoice(
-            _dec(lib.pdx_transport_choice_protocol(handle)),
-            _dec(lib.pdx_transport_choice_hostname(handle)),
+            _text(lib.pdx_transport_choice_protocol(handle)),
+            _text(lib.pdx_transport_choice_hostname(handle)),
             _dec(lib.pdx_transport_choice_device(handle)),
-            _dec(lib.pdx_transport_choice_reason(handle)),
-            [_dec(lib.pdx_transport_choice_warning(handle, i))
-             for i in range(lib.pdx_transport_choice_warning_count(handle))],
+            _text(lib.pdx_transport_choice_reason(handle)),
+            [
+                _text(lib.pdx_transport_choice_warning(handle, i))
+                for i in range(lib.pdx_transport_choice_warning_count(handle))
+            ],
         )
     finally:
         lib.pdx_transport_choice_free(handle)
@@ -289,17 +463,18 @@ def parse_ib_device_config(text: str | None) -> None | str | dict[int, str]:
             return _dec(out.value)
         count = c_size_t()
         check(lib.pdx_ib_device_config_gpu_count(handle, ctypes.byref(count)))
-        mapping = {}
+        mapping: dict[int, str] = {}
         for i in range(count.value):
             gpu, dev = ctypes.c_int64(), c_char_p()
             check(lib.pdx_ib_device_config_gpu_at(handle, i, ctypes.byref(gpu), ctypes.byref(dev)))
-            mapping[gpu.value] = _dec(dev.value)
+            mapping[gpu.value] = _text(dev.value)
         return mapping
     finally:
         lib.pdx_ib_device_config_free(handle)
 
 
 def get_ib_devices_for_gpu(text: str | None, gpu_id: int) -> str | None:
+    """SGLang's get_ib_devices_for_gpu on a parsed --disaggregation-ib-device."""
     handle = c_void_p()
     check(lib.pdx_parse_ib_device_config(_enc(text), ctypes.byref(handle)))
     try:
@@ -321,15 +496,14 @@ def validate_ib_devices(devices: str | None, sysfs_root: str | None = None) -> t
         for i in range(lib.pdx_ib_validation_message_count(handle)):
             level = c_int32()
             text = lib.pdx_ib_validation_message(handle, i, ctypes.byref(level))
-            messages.append((level.value, text.decode()))
+            messages.append((level.value, _text(text)))
         return _dec(out.value), messages
     finally:
         lib.pdx_ib_validation_free(handle)
 
 
 # --- engine ---
-# The transfer engine (src/ffi/engine.rs). Declared here, in one block, and
-# appended to _SIGNATURES so the signature table stays complete.
+# The transfer engine (src/ffi/engine.rs).
 
 PDX_OPCODE_READ = 0
 PDX_OPCODE_WRITE = 1
@@ -354,13 +528,14 @@ class BatchSummary(ctypes.Structure):
                 f"failed={self.failed}, bytes={self.bytes})")
 
 
-_ENGINE_SIGNATURES = [
+_ENGINE_SIGNATURES: list[_Signature] = [
     ("pdx_engine_init", pdx_status, [c_char_p, c_char_p, c_char_p, POINTER(c_void_p)]),
     ("pdx_engine_free", None, [c_void_p]),
     ("pdx_engine_session_id", c_char_p, [c_void_p]),
     ("pdx_engine_rpc_port", c_uint16, [c_void_p]),
     ("pdx_engine_protocol", c_char_p, [c_void_p]),
     ("pdx_register_memory", pdx_status, [c_void_p, c_void_p, c_size_t]),
+    ("pdx_register_memory_at", pdx_status, [c_void_p, c_void_p, c_size_t, c_char_p]),
     ("pdx_unregister_memory", pdx_status, [c_void_p, c_void_p]),
     ("pdx_batch_register_memory", pdx_status, [c_void_p, POINTER(c_void_p), POINTER(c_size_t), c_size_t]),
     ("pdx_batch_unregister_memory", pdx_status, [c_void_p, POINTER(c_void_p), c_size_t]),
@@ -388,10 +563,13 @@ _ENGINE_SIGNATURES = [
     ("pdx_notifications_free", None, [c_void_p]),
 ]
 _SIGNATURES += _ENGINE_SIGNATURES
-for _name, _restype, _argtypes in _ENGINE_SIGNATURES:
-    _fn = getattr(lib, _name)
-    _fn.restype = _restype
-    _fn.argtypes = _argtypes
+_declare(lib, _ENGINE_SIGNATURES)
+
+
+#: A memory argument: an int address (with a length) or a buffer object.
+Memory = Union[int, bytes, bytearray, memoryview, Any]
+#: A batch entry: (local memory, remote address) or (local memory, remote address, length).
+Entry = Union[tuple[Memory, int], tuple[Memory, int, int]]
 
 
 def _memory(obj: object, length: int | None = None, writable: bool = False) -> tuple[int, int, object]:
@@ -405,21 +583,22 @@ def _memory(obj: object, length: int | None = None, writable: bool = False) -> t
         if length is None:
             raise TypeError("a length is required with an integer address")
         return obj, length, None
+    keep: object
     if isinstance(obj, bytes):
         if writable:
             raise TypeError("bytes are read-only; use a bytearray or another writable buffer")
         addr = ctypes.cast(ctypes.c_char_p(obj), c_void_p).value or 0
         size, keep = len(obj), obj
     else:
-        view = memoryview(obj)
+        view = memoryview(obj)  # type: ignore[arg-type]  # TypeError for objects without the buffer protocol
         if not view.c_contiguous:
             raise ValueError("buffer is not C-contiguous")
         if view.readonly:
             raise TypeError("buffer is read-only; pass bytes or a writable buffer")
         view = view.cast("B")
         size = view.nbytes
-        keep = (ctypes.c_char * size).from_buffer(view)
-        addr = ctypes.addressof(keep)
+        array = (ctypes.c_char * size).from_buffer(view)
+        addr, keep = ctypes.addressof(array), array
     if length is None:
         length = size
     elif length > size:
@@ -427,7 +606,7 @@ def _memory(obj: object, length: int | None = None, writable: bool = False) -> t
     return addr, length, keep
 
 
-def _entries(entries, writable: bool):
+def _entries(entries: Sequence[Entry], writable: bool) -> tuple[Any, Any, Any, int, list[object]]:
     """C arrays (locals, remotes, lens, n) and keep-alives for a batch of
     (local, remote_addr) or (local, remote_addr, length) entries."""
     n = len(entries)
@@ -457,7 +636,10 @@ class Engine:
     kept referenced until they are unregistered / the batch is freed.
     """
 
-    def __init__(self, hostname: str = "127.0.0.1", protocol: str | None = "tcp", device: str | None = None):
+    def __init__(self, hostname: str = "127.0.0.1", protocol: str | None = None, device: str | None = None):
+        """Start an engine. `protocol=None` follows pdx's resolver like every
+        other pdx engine: MOONCAKE_PROTOCOL (default "rdma"), "tcp" when
+        MC_FORCE_TCP is set. Pass "tcp" for the native TCP engine."""
         handle = c_void_p()
         check(lib.pdx_engine_init(_enc(hostname), _enc(protocol), _enc(device), ctypes.byref(handle)))
         self._h = handle
@@ -466,9 +648,11 @@ class Engine:
 
     @property
     def handle(self) -> c_void_p:
+        """The raw `pdx_engine *` (for calls through `lib`)."""
         return self._h
 
     def close(self) -> None:
+        """Stop the engine (in-flight transfers fail); idempotent."""
         if self._h:
             lib.pdx_engine_free(self._h)
             self._h = c_void_p()
@@ -481,7 +665,7 @@ class Engine:
         except Exception:
             pass
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -490,39 +674,55 @@ class Engine:
     def _string(self, raw: bytes | None) -> str:
         if raw is None:
             check(PDX_ERR_INVALID_HANDLE if self._h else PDX_ERR_NULL_ARGUMENT)
+        assert raw is not None
         return raw.decode()
 
     @property
     def session_id(self) -> str:
+        """This engine's session name, "host:port", as peers address it."""
         return self._string(lib.pdx_engine_session_id(self._h))
 
     @property
     def rpc_port(self) -> int:
-        port = lib.pdx_engine_rpc_port(self._h)
+        """The handshake (RPC) port."""
+        port = int(lib.pdx_engine_rpc_port(self._h))
         if port == 0:
             check(PDX_ERR_INVALID_HANDLE if self._h else PDX_ERR_NULL_ARGUMENT)
         return port
 
     @property
     def protocol(self) -> str:
+        """The protocol the engine runs ("tcp", "rdma", ...)."""
         return self._string(lib.pdx_engine_protocol(self._h))
 
     # Registration.
-    def register(self, memory: object, length: int | None = None) -> int:
+    def register(self, memory: Memory, length: int | None = None) -> int:
         """Register a buffer (or `length` bytes at an int address); returns its address."""
         addr, length, keep = _memory(memory, length, writable=not isinstance(memory, int))
         check(lib.pdx_register_memory(self._h, addr, length))
         self._registered[addr] = keep
         return addr
 
-    def unregister(self, memory: object) -> None:
+    def register_at(self, memory: Memory, length: int | None = None, location: str = "*") -> int:
+        """Register a buffer, or `length` bytes at an int address (a device
+        pointer for "cuda:N"), at `location`: "cpu:N", "cuda:N" or "*" (ask
+        the CUDA driver, see docs/gpu.md); returns the address."""
+        addr, length, keep = _memory(memory, length, writable=not isinstance(memory, int))
+        check(lib.pdx_register_memory_at(self._h, addr, length, location.encode()))
+        self._registered[addr] = keep
+        return addr
+
+    def unregister(self, memory: Memory) -> None:
+        """Withdraw a registration (by the buffer or its int address)."""
         addr = memory if isinstance(memory, int) else _memory(memory, writable=True)[0]
         check(lib.pdx_unregister_memory(self._h, addr))
         self._registered.pop(addr, None)
 
-    def batch_register(self, regions: list) -> list[int]:
+    def batch_register(self, regions: Sequence[Memory | tuple[int, int]]) -> list[int]:
         """Register buffers or (address, length) pairs, all or none."""
-        found = [_memory(*r, writable=False) if isinstance(r, tuple) else _memory(r, writable=True) for r in regions]
+        found = [
+            _memory(r[0], r[1], writable=False) if isinstance(r, tuple) else _memory(r, writable=True) for r in regions
+        ]
         n = len(found)
         addrs = (c_void_p * max(n, 1))(*[f[0] for f in found])
         lens = (c_size_t * max(n, 1))(*[f[1] for f in found])
@@ -531,7 +731,8 @@ class Engine:
             self._registered[addr] = keep
         return [f[0] for f in found]
 
-    def batch_unregister(self, regions: list) -> None:
+    def batch_unregister(self, regions: Sequence[Memory]) -> None:
+        """Withdraw several registrations (buffers or int addresses), all or none."""
         addrs = [r if isinstance(r, int) else _memory(r, writable=True)[0] for r in regions]
         arr = (c_void_p * max(len(addrs), 1))(*addrs)
         check(lib.pdx_batch_unregister_memory(self._h, arr, len(addrs)))
@@ -539,38 +740,47 @@ class Engine:
             self._registered.pop(addr, None)
 
     # Synchronous transfers.
-    def write(self, session: str, src: object, remote_addr: int, length: int | None = None) -> None:
+    def write(self, session: str, src: Memory, remote_addr: int, length: int | None = None) -> None:
+        """Write local `src` to `remote_addr` on `session`; returns once confirmed."""
         addr, length, _keep = _memory(src, length)
         check(lib.pdx_transfer_sync_write(self._h, _enc(session), addr, remote_addr, length))
 
-    def read(self, session: str, dst: object, remote_addr: int, length: int | None = None) -> None:
+    def read(self, session: str, dst: Memory, remote_addr: int, length: int | None = None) -> None:
+        """Read from `remote_addr` on `session` into local `dst`."""
         addr, length, _keep = _memory(dst, length, writable=True)
         check(lib.pdx_transfer_sync_read(self._h, _enc(session), addr, remote_addr, length))
 
-    def batch_write(self, session: str, entries: list) -> None:
-        """entries: (src, remote_addr[, length]) tuples."""
+    def batch_write(self, session: str, entries: Sequence[Entry]) -> None:
+        """Write a batch of (src, remote_addr[, length]) entries; all confirmed on return."""
         locals_, remotes, lens, n, _keep = _entries(entries, writable=False)
         check(lib.pdx_batch_transfer_sync_write(self._h, _enc(session), locals_, remotes, lens, n))
 
-    def batch_read(self, session: str, entries: list) -> None:
-        """entries: (dst, remote_addr[, length]) tuples."""
+    def batch_read(self, session: str, entries: Sequence[Entry]) -> None:
+        """Read a batch of (dst, remote_addr[, length]) entries."""
         locals_, remotes, lens, n, _keep = _entries(entries, writable=True)
         check(lib.pdx_batch_transfer_sync_read(self._h, _enc(session), locals_, remotes, lens, n))
 
     # Asynchronous batches.
-    def submit(self, session: str, opcode: int | str, entries: list,
-               notify: tuple[str, str] | None = None) -> int:
-        """Start a batch ("read"/"write" or PDX_OPCODE_*); returns its id."""
+    def submit(
+        self, session: str, opcode: int | str, entries: Sequence[Entry], notify: tuple[str, str] | None = None
+    ) -> int:
+        """Start a batch ("read"/"write" or PDX_OPCODE_*); returns its id.
+
+        With `notify` = (name, msg), the peer is notified once every entry completed."""
         op = _opcode(opcode)
         locals_, remotes, lens, n, keep = _entries(entries, writable=op == PDX_OPCODE_READ)
         name, msg = notify if notify is not None else (None, None)
         out = c_uint64()
-        check(lib.pdx_batch_submit(self._h, _enc(session), op, locals_, remotes, lens, n,
-                                   _enc(name), _enc(msg), ctypes.byref(out)))
+        check(
+            lib.pdx_batch_submit(
+                self._h, _enc(session), op, locals_, remotes, lens, n, _enc(name), _enc(msg), ctypes.byref(out)
+            )
+        )
         self._batches[out.value] = keep
         return out.value
 
     def status(self, batch: int) -> BatchSummary:
+        """The batch's summary (state, counts, bytes confirmed)."""
         out = BatchSummary()
         check(lib.pdx_batch_status(self._h, batch, ctypes.byref(out)))
         return out
@@ -596,17 +806,21 @@ class Engine:
         return state.value
 
     def free(self, batch: int) -> None:
+        """Release a finished batch (PDX_ERR_BUSY while tasks are in flight)."""
         check(lib.pdx_batch_free(self._h, batch))
         self._batches.pop(batch, None)
 
     # Control messages.
     def probe(self, session: str) -> None:
+        """Check that `session` answers (PdxError if not)."""
         check(lib.pdx_send_probe(self._h, _enc(session)))
 
     def notify(self, session: str, name: str, msg: str) -> None:
+        """Send the notification (name, msg) to `session`."""
         check(lib.pdx_send_notify(self._h, _enc(session), _enc(name), _enc(msg)))
 
     def drain_notifications(self) -> list[tuple[str, str]]:
+        """Take the (name, msg) notifications received so far, oldest first."""
         out = c_void_p()
         check(lib.pdx_notifications_drain(self._h, ctypes.byref(out)))
         try:
@@ -614,7 +828,7 @@ class Engine:
             for i in range(lib.pdx_notifications_count(out)):
                 name, msg = c_char_p(), c_char_p()
                 check(lib.pdx_notification_get(out, i, ctypes.byref(name), ctypes.byref(msg)))
-                pairs.append((name.value.decode(), msg.value.decode()))
+                pairs.append((_text(name.value), _text(msg.value)))
             return pairs
         finally:
             lib.pdx_notifications_free(out)
@@ -625,7 +839,7 @@ class Engine:
 
 def backend_available(name: str) -> bool:
     """Whether backend `name` ("tcp", "mooncake") can run in this process."""
-    return lib.pdx_backend_available(_enc(name)) == 1
+    return bool(lib.pdx_backend_available(_enc(name)) == 1)
 
 
 def backend_unavailable_reason(name: str) -> str:
@@ -648,35 +862,22 @@ def session_id(host: str, port: int) -> str:
     return buf.value.decode()
 
 
-# ------------------------------------------------ device (CUDA) memory
-# Appended as one block so it merges cleanly with the package split.
+# --- logging ---
+# The declaration of pdx_set_log_callback (src/ffi/log.rs), so the signature
+# table stays complete; levels are on logging's scale.
 
-STATUS_NAMES.update({-26: "PDX_ERR_DEVICE_UNAVAILABLE", -27: "PDX_ERR_DEVICE"})
-globals().update({name: code for code, name in STATUS_NAMES.items()})
-
-_DEVICE_SIGNATURES = [
-    ("pdx_register_memory_at", pdx_status, [c_void_p, c_void_p, c_size_t, c_char_p]),
+PDX_LOG_TRACE = 5
+PDX_LOG_DEBUG = 10
+PDX_LOG_ERROR = 40
+# void (*)(void *userdata, int32_t level, const char *module, size_t module_len,
+#          const char *message, size_t message_len); LOG_CALLBACK() is NULL.
+LOG_CALLBACK = ctypes.CFUNCTYPE(None, c_void_p, c_int32, POINTER(ctypes.c_char), c_size_t,
+                                POINTER(ctypes.c_char), c_size_t)
+_LOG_SIGNATURES = [
+    ("pdx_set_log_callback", pdx_status, [LOG_CALLBACK, c_void_p, c_int32]),
 ]
-_SIGNATURES += _DEVICE_SIGNATURES
-for _name, _restype, _argtypes in _DEVICE_SIGNATURES:
+_SIGNATURES += _LOG_SIGNATURES
+for _name, _restype, _argtypes in _LOG_SIGNATURES:
     _fn = getattr(lib, _name)
     _fn.restype = _restype
     _fn.argtypes = _argtypes
-
-
-def _register_at(self, memory: object, length: int | None = None, location: str = "*") -> int:
-    """Register a buffer, or `length` bytes at an int address (a device
-    pointer for `"cuda:N"`), at `location`: "cpu:N", "cuda:N" or "*" (ask the
-    CUDA driver). Returns the address."""
-    if isinstance(memory, int):
-        addr, length, keep = memory, length, None
-        if length is None:
-            raise ValueError("length is required with an address")
-    else:
-        addr, length, keep = _memory(memory, length, writable=True)
-    check(lib.pdx_register_memory_at(self._h, addr, length, location.encode()))
-    self._registered[addr] = keep
-    return addr
-
-
-Engine.register_at = _register_at

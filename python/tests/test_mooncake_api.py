@@ -1,0 +1,134 @@
+"""pdx.mooncake beyond the shared scenario (python/tests/dropin): what only pdx
+can be asked (the calls it cannot honour, stale ids that would crash the
+wheel, protocols that need Mooncake's library, logging of failures)."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import pytest
+
+import pdx
+import pdx.mooncake as mc
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch) -> mc.TransferEngine:
+    monkeypatch.delenv("MC_FORCE_TCP", raising=False)
+    e = mc.TransferEngine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    return e
+
+
+@pytest.mark.parametrize(
+    "name,args",
+    [
+        ("get_engine", ()),
+        ("get_engine_ptr", ()),
+        ("get_local_topology", ()),
+        ("get_first_buffer_address", ("127.0.0.1:1",)),
+    ],
+)
+def test_calls_pdx_cannot_honour_raise(engine: mc.TransferEngine, name: str, args: tuple[object, ...]) -> None:
+    with pytest.raises(NotImplementedError) as err:
+        getattr(engine, name)(*args)
+    assert name in str(err.value) and "pdx" in str(err.value)
+
+
+def test_get_engine_says_why(engine: mc.TransferEngine) -> None:
+    with pytest.raises(NotImplementedError, match="no C\\+\\+ mooncake::TransferEngine object"):
+        engine.get_engine()
+
+
+def test_stale_and_made_up_batch_ids_fail_cleanly(engine: mc.TransferEngine) -> None:
+    peer = mc.TransferEngine()
+    assert peer.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    src, dst = ctypes.create_string_buffer(b"abc", 16), ctypes.create_string_buffer(16)
+    assert peer.register_memory(ctypes.addressof(dst), 16) == 0
+    session = f"127.0.0.1:{peer.get_rpc_port()}"
+    batch = engine.batch_transfer_async_write(session, [ctypes.addressof(src)], [ctypes.addressof(dst)], [3])
+    assert batch != 0
+    assert engine.get_batch_transfer_status([batch]) == 0 and dst.value == b"abc"
+    assert engine.get_batch_transfer_status([batch]) == -1  # freed: the wheel would dereference it
+    assert engine.transfer_check_status(batch) == -1
+    assert engine.get_batch_transfer_status([12345]) == -1
+    submitted = engine.transfer_submit_write(session, ctypes.addressof(src), ctypes.addressof(dst) + 8, 3)
+    while (state := engine.transfer_check_status(submitted)) == 0:
+        pass
+    assert state == 1 and dst.raw[8:11] == b"abc"
+    assert engine.transfer_check_status(submitted) == -1
+
+
+def test_protocols_other_than_tcp_need_mooncakes_library(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    monkeypatch.delenv("MC_FORCE_TCP", raising=False)
+    monkeypatch.setenv("PDX_MOONCAKE_LIB", "/nonexistent/libtransfer_engine.so")
+    with caplog.at_level(logging.ERROR, logger="pdx.mooncake"):
+        assert mc.TransferEngine().initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == -1
+    assert "PDX_ERR_BACKEND_UNAVAILABLE" in caplog.text and "rdma" in caplog.text
+    # MC_FORCE_TCP (any value) forces tcp, through pdx's resolver.
+    monkeypatch.setenv("MC_FORCE_TCP", "0")
+    forced = mc.TransferEngine()
+    assert forced.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0") == 0
+    assert forced._engine is not None and forced._engine.protocol == "tcp"
+
+
+def test_other_metadata_servers_are_refused_with_a_reason(caplog) -> None:
+    with caplog.at_level(logging.ERROR, logger="pdx.mooncake"):
+        assert mc.TransferEngine().initialize("127.0.0.1", "etcd://10.0.0.1:2379", "tcp", "") == -1
+        assert mc.TransferEngine().initialize_ext("127.0.0.1", "10.0.0.1:2379", "tcp", "", "etcd") == -1
+    assert caplog.text.count("pdx serves only the P2PHANDSHAKE metadata mode") == 2
+    assert "etcd://10.0.0.1:2379" in caplog.text and "(type 'etcd')" in caplog.text
+
+
+def test_failures_are_logged(engine: mc.TransferEngine, caplog) -> None:
+    buf = ctypes.create_string_buffer(64)
+    with caplog.at_level(logging.ERROR, logger="pdx.mooncake"):
+        assert engine.transfer_sync_write("127.0.0.1:1", ctypes.addressof(buf), 0x1000, 8) == -1
+        assert engine.unregister_memory(ctypes.addressof(buf)) == -3
+    assert "transfer_sync_write to 127.0.0.1:1" in caplog.text and "unregister_memory" in caplog.text
+
+
+def test_uninitialized_engine_raises_instead_of_crashing() -> None:
+    e = mc.TransferEngine()
+    with pytest.raises(RuntimeError, match="initialize"):
+        e.register_memory(4096, 16)
+    with pytest.raises(RuntimeError, match="initialize"):
+        e.get_rpc_port()
+    assert e.send_probe("127.0.0.1:1") == -1
+
+
+def test_module_names(engine: mc.TransferEngine) -> None:
+    assert mc.Read is mc.TransferOpcode.Read and mc.Write == 1 and str(mc.Write) == "TransferOpcode.Write"
+    assert mc.TransferEngine.TransferOpcode is mc.TransferOpcode
+    assert not mc.SUPPORT_CUDA
+    with pytest.raises(AttributeError, match="pdx serves the TransferEngine API only"):
+        mc.RpcInterface  # noqa: B018
+    assert mc.TransferNotify("a", "b") == mc.TransferNotify(name="a", msg="b")
+
+
+def test_reinitialize_replaces_the_engine(engine: mc.TransferEngine) -> None:
+    first = engine.get_rpc_port()
+    assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert engine.get_rpc_port() != first
+    assert engine.send_probe(f"127.0.0.1:{first}") == mc.ERR_SOCKET  # the old one is closed
+
+
+def test_managed_buffers(engine: mc.TransferEngine) -> None:
+    addr = engine.allocate_managed_buffer(1 << 20)
+    assert addr != 0
+    assert engine.register_memory(addr, 16) == mc.ERR_ADDRESS_OVERLAPPED  # it is registered
+    assert engine.write_bytes_to_buffer(addr, b"xyz", 3) == 0 and engine.read_bytes_from_buffer(addr, 3) == b"xyz"
+    assert engine.free_managed_buffer(addr, 1 << 20) == 0
+    assert engine.free_managed_buffer(addr, 1 << 20) == -1
+    assert engine.allocate_managed_buffer(0) == 0
+
+
+def test_pdx_status_names_are_used(engine: mc.TransferEngine, caplog) -> None:
+    with caplog.at_level(logging.ERROR, logger="pdx.mooncake"):
+        engine.register_memory(4096, 0)
+        mem = ctypes.create_string_buffer(32)
+        assert engine.register_memory(ctypes.addressof(mem), 32) == 0
+        assert engine.register_memory(ctypes.addressof(mem), 32) == -7
+    assert "PDX_ERR_ADDRESS_OVERLAP" in caplog.text
+    assert pdx.PDX_ERR_ADDRESS_OVERLAP == -17

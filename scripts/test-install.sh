@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Installs pdx from a CMake build directory (default build/, the one
+# scripts/test-all.sh configures) into fresh temporary prefixes and builds the
+# consumer programs of c_tests/consumers/ against them the ways users do:
+#   - C through `pkg-config --cflags --libs pdx` (shared), and through
+#     `pkg-config --static` against a static-only prefix;
+#   - C++17 through find_package(pdx) (pdx::pdx and pdx::pdx_static);
+#   - C++17 through add_subdirectory(pdx) from a parent project.
+# Each program does a loopback write and read through two tcp engines and
+# runs without LD_LIBRARY_PATH. readelf checks the SONAME, what each program
+# records as NEEDED, and its run path. Reuses the cargo build (no rebuild).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+build=${1:-build}
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S . -B "$build" >/dev/null
+fi
+cmake --build "$build" --target pdx_cargo >/dev/null
+
+soname=$(readelf -d "$build/pdx-lib/libpdx.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+unset LD_LIBRARY_PATH
+fail() { echo "test-install: FAIL: $*" >&2; exit 1; }
+needed() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
+runpath() { readelf -d "$1" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p; s/.*(RPATH).*\[\(.*\)\]/\1/p'; }
+cc=${CC:-cc}
+cflags=(-std=c11 -Wall -Wextra -Wpedantic -Werror)
+
+echo "== install to a fresh prefix"
+prefix=$tmp/prefix
+cmake --install "$build" --prefix "$prefix" >/dev/null
+pc=$(find "$prefix" -name pdx.pc)
+[ -n "$pc" ] || fail "no pdx.pc installed"
+export PKG_CONFIG_PATH=$(dirname "$pc")
+libdir=$(pkg-config --variable=libdir pdx)
+[ -f "$libdir/libpdx.a" ] || fail "no libpdx.a in $libdir"
+[ -f "$(pkg-config --variable=includedir pdx)/pdx.h" ] || fail "no pdx.h in the include directory"
+real=$(readlink -f "$libdir/libpdx.so")
+got=$(readelf -d "$real" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+[ "$got" = "$soname" ] && [ -n "$got" ] || fail "installed $(basename "$real") has SONAME '$got', not '$soname'"
+[ "$(readlink "$libdir/libpdx.so")" = "$soname" ] || fail "libpdx.so does not link to $soname"
+echo "ok: $(basename "$real") SONAME $got, $(stat -c %s "$real") bytes; pkg-config: $(pkg-config --cflags --libs pdx)"
+
+echo "== C, pkg-config, shared"
+exe=$tmp/c_shared
+# A non-standard prefix needs an rpath (or ldconfig / LD_LIBRARY_PATH).
+"$cc" "${cflags[@]}" c_tests/consumers/loopback.c -o "$exe" $(pkg-config --cflags --libs pdx) -Wl,-rpath,"$libdir"
+needed "$exe" | grep -qx "$soname" || fail "c_shared does not record NEEDED $soname: $(needed "$exe" | tr '\n' ' ')"
+[ "$(runpath "$exe")" = "$libdir" ] || fail "c_shared run path is '$(runpath "$exe")'"
+"$exe"
+
+echo "== C, pkg-config --static, static-only prefix"
+sprefix=$tmp/static-prefix
+cmake --install "$build" --prefix "$sprefix" --component Static >/dev/null
+cmake --install "$build" --prefix "$sprefix" --component Development >/dev/null
+ls "$sprefix"/lib*/libpdx.so* >/dev/null 2>&1 && fail "the static-only prefix has a libpdx.so"
+exe=$tmp/c_static
+"$cc" "${cflags[@]}" c_tests/consumers/loopback.c -o "$exe" \
+  $(PKG_CONFIG_PATH=$(dirname "$(find "$sprefix" -name pdx.pc)") pkg-config --static --cflags --libs pdx)
+needed "$exe" | grep -q libpdx && fail "c_static still needs libpdx.so"
+"$exe"
+
+echo "== C++17, find_package(pdx)"
+cmake -S c_tests/consumers/find_package -B "$tmp/fp" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$tmp/fp" -j 2 >/dev/null
+needed "$tmp/fp/consumer_shared" | grep -qx "$soname" || fail "consumer_shared does not need $soname"
+needed "$tmp/fp/consumer_static" | grep -q libpdx && fail "consumer_static still needs libpdx.so"
+[ "$(runpath "$tmp/fp/consumer_shared")" = "$libdir" ] || fail "consumer_shared run path is '$(runpath "$tmp/fp/consumer_shared")'"
+"$tmp/fp/consumer_shared" "c++ find_package, shared"
+"$tmp/fp/consumer_static" "c++ find_package, static"
+
+echo "== C++17, add_subdirectory(pdx)"
+cmake -S c_tests/consumers/subdirectory -B "$tmp/sub" -DPDX_SOURCE_DIR="$root" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$tmp/sub" -j 2 >/dev/null
+[ ! -e "$tmp/sub/pdx/test_basics" ] || fail "pdx's own tests were built inside a parent project"
+needed "$tmp/sub/consumer_subdir" | grep -qx "$soname" || fail "consumer_subdir does not need $soname"
+"$tmp/sub/consumer_subdir" "c++ add_subdirectory"
+
+echo "test-install: all consumers passed ($soname)"
