@@ -248,6 +248,25 @@ def test_mooncake_initiator_into_and_out_of_a_pdx_device_region(cuda, mooncake, 
         cuda.free(dptr)
 
 
+def test_pdx_initiator_from_and_into_device_memory_against_a_mooncake_target(cuda, mooncake):
+    """The other direction: pdx stages its own device memory towards a Mooncake target."""
+    peer, proto = mooncake
+    size = 8 * MiB + 3
+    with pdx.Engine("127.0.0.1", "tcp") as initiator:
+        dptr = cuda.alloc(0, 2 * size)
+        initiator.register_at(dptr, 2 * size, "*")
+        want = random.Random(size).randbytes(size)
+        cuda.put(0, dptr, want)
+        buf = peer.alloc(size)
+        initiator.write(peer.session, dptr, buf.addr, size)
+        assert peer.sha256(buf, 0, size) == hashlib.sha256(want).hexdigest()
+        peer.fill(buf, 0, size, seed=77)
+        initiator.read(peer.session, dptr + size, buf.addr, size)
+        assert hashlib.sha256(cuda.get(0, dptr + size, size)).hexdigest() == peer.sha256(buf, 0, size)
+        initiator.unregister(dptr)
+        cuda.free(dptr)
+
+
 def test_real_gpu_round_trip(monkeypatch):
     """The same round trip through the real driver (cuMemAlloc_v2); SKIP without a GPU."""
     path = os.environ.get("PDX_TEST_CUDA_REAL_LIB", "libcuda.so.1")
