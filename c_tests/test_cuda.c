@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -141,6 +142,49 @@ static double now_s(void) {
 static void get_stats(struct cuda_double_stats *s) {
   memset(s, 0, sizeof *s);
   if (cu.stats) cu.stats(s);
+}
+
+/* ------------------------------------------- the stand-in itself */
+
+/* The mistakes staging must avoid are visible: the CPU cannot touch device
+ * memory, and an asynchronous copy lands only at its stream's synchronize. */
+static void test_stand_in(void) {
+  if (real) return;
+  CUdeviceptr d = dev_alloc(0, 4096);
+  unsigned char a[4096], b[4096], got[4096];
+  memset(a, 'a', sizeof a);
+  memset(b, 'b', sizeof b);
+  dev_write(0, d, a, sizeof a);
+  /* A copy queued and not synchronized has not happened yet. */
+  CUresult (*create)(CUstream *, unsigned) = NULL;
+  CUresult (*destroy)(CUstream) = NULL;
+  void *lib = dlopen(CUDA_DOUBLE_LIB, RTLD_NOW | RTLD_LOCAL);
+  void *p = lib ? dlsym(lib, "cuStreamCreate") : NULL;
+  memcpy(&create, &p, sizeof create);
+  p = lib ? dlsym(lib, "cuStreamDestroy_v2") : NULL;
+  memcpy(&destroy, &p, sizeof destroy);
+  CUstream s = NULL;
+  CHECK(create && destroy && create(&s, 1) == 0);
+  CHECK(cu.h2d(d, b, sizeof b, s) == 0);
+  own_pageable++;
+  dev_read(0, got, d, sizeof got);
+  CHECK(memcmp(got, a, sizeof a) == 0);
+  CHECK(cu.sync(s) == 0);
+  dev_read(0, got, d, sizeof got);
+  CHECK(memcmp(got, b, sizeof b) == 0);
+  CHECK(destroy(s) == 0);
+  /* A CPU read of device memory faults (in a child process). */
+  fflush(NULL);
+  pid_t child = fork();
+  if (child == 0) {
+    volatile unsigned char *bad = (volatile unsigned char *)(uintptr_t)d;
+    _exit(bad[0] == 0x42 ? 0 : 0); /* never reached: the read faults */
+  }
+  int status = 0;
+  CHECK(child > 0 && waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0));
+  CHECK(cu.free(d) == 0);
+  if (lib) dlclose(lib);
 }
 
 /* ------------------------------------------------ registration refusals */
@@ -577,6 +621,7 @@ int main(int argc, char **argv) {
   setenv("PDX_CUDA_LIB", path, 1);
   struct cuda_double_stats start;
   get_stats(&start);
+  test_stand_in();
   pdx_engine *a = start_engine(), *b = start_engine();
   test_refusals(a);
   test_round_trips(a, b);
