@@ -31,6 +31,16 @@
 
 
 /**
+ * Default cap on pinned staging memory per engine.
+ */
+#define DEFAULT_STAGING_BYTES (64 << 20)
+
+/**
+ * The smallest cap accepted (smaller values are raised to it).
+ */
+#define MIN_STAGING_BYTES (64 << 10)
+
+/**
  * Message level INFO (Python's `logging.INFO`).
  */
 #define PDX_LOG_INFO 20
@@ -430,6 +440,17 @@ typedef struct {
  */
 #define PDX_ERR_NOTIFY_REJECTED -25
 
+/**
+ * Device memory was asked for, but no usable CUDA driver (`PDX_CUDA_LIB`)
+ * or no such device is there.
+ */
+#define PDX_ERR_DEVICE_UNAVAILABLE -26
+
+/**
+ * A CUDA driver call failed (the message names the driver's error).
+ */
+#define PDX_ERR_DEVICE -27
+
 
 
 #ifdef __cplusplus
@@ -711,6 +732,26 @@ const char *pdx_engine_protocol(const pdx_engine *engine);
  * `PDX_ERR_ADDRESS_OVERLAP`; NULL `addr` with `PDX_ERR_NULL_ARGUMENT`.
  */
 pdx_status pdx_register_memory(pdx_engine *engine, void *addr, size_t len);
+
+/**
+ * Register `[addr, addr+len)` at `location`, in Mooncake's syntax:
+ * `"cpu:N"` (host memory), `"cuda:N"` (device memory of CUDA device N) or
+ * `"*"` (detect; NULL means `"*"`, and so does `pdx_register_memory`).
+ * Detection asks the CUDA driver (`PDX_CUDA_LIB`, default
+ * `libcuda.so.1`) when one loads; otherwise the memory is host memory.
+ * Device memory is staged through pinned host buffers and never touched
+ * by the CPU. A `"cuda:N"` region with no loadable driver or no device N
+ * fails with `PDX_ERR_DEVICE_UNAVAILABLE`, one the driver does not report
+ * as device memory of N with `PDX_ERR_INVALID_ARGUMENT`, a failing driver
+ * call with `PDX_ERR_DEVICE`; each message names the region and the cause.
+ * Other errors as `pdx_register_memory`. The Mooncake backend passes the
+ * location to `registerLocalMemory` unchanged.
+ *
+ * # Safety
+ * `location` is NULL or a NUL-terminated string; the memory stays valid
+ * until it is unregistered.
+ */
+pdx_status pdx_register_memory_at(pdx_engine *engine, void *addr, size_t len, const char *location);
 
 /**
  * Withdraw the region that starts at `addr`. Returns once no inbound

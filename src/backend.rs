@@ -45,8 +45,33 @@ pub fn capabilities() -> Value {
         ],
         "memory": [
             {"kind": "cpu", "available": true},
+            cuda_capability(),
         ],
     })
+}
+
+/// Device memory: usable when the CUDA driver (`PDX_CUDA_LIB`) loads and
+/// reports at least one device; staged through pinned host memory.
+fn cuda_capability() -> Value {
+    let library = crate::engine::cuda::driver_path();
+    let probe = crate::engine::cuda::driver().and_then(|api| {
+        let (mut count, mut version) = (0, 0);
+        // SAFETY: the driver is initialized by the loader; both out-params
+        // are live locals.
+        let counted = unsafe { (api.device_get_count)(&mut count) };
+        api.check(counted, "cuDeviceGetCount").map_err(crate::engine::cuda::device_error)?;
+        // SAFETY: as above.
+        let versioned = unsafe { (api.driver_get_version)(&mut version) };
+        api.check(versioned, "cuDriverGetVersion").map_err(crate::engine::cuda::device_error)?;
+        Ok((count, version))
+    });
+    match probe {
+        Ok((devices, version)) if devices > 0 => json!({"kind": "cuda", "available": true, "staged": true,
+            "devices": devices, "driver_version": version, "library": library}),
+        Ok(_) => json!({"kind": "cuda", "available": false, "library": library,
+            "reason": "the CUDA driver loads but reports no device"}),
+        Err(e) => json!({"kind": "cuda", "available": false, "library": library, "reason": e.message()}),
+    }
 }
 
 #[cfg(test)]
@@ -62,5 +87,8 @@ mod tests {
         // Either it loads (and names the library) or it says why not.
         assert!(mc["available"] == true && mc["library"].is_string() || mc["reason"].is_string(), "{mc}");
         assert_eq!(c["memory"][0]["kind"], "cpu");
+        let cuda = &c["memory"][1];
+        assert_eq!(cuda["kind"], "cuda");
+        assert!(cuda["available"] == true || cuda["reason"].is_string(), "{cuda}");
     }
 }

@@ -84,6 +84,8 @@ PDX_ERR_BUSY = -22
 PDX_ERR_NOT_FOUND = -23
 PDX_ERR_SHUTDOWN = -24
 PDX_ERR_NOTIFY_REJECTED = -25
+PDX_ERR_DEVICE_UNAVAILABLE = -26
+PDX_ERR_DEVICE = -27
 
 STATUS_NAMES: dict[int, str] = {
     PDX_OK: "PDX_OK",
@@ -112,6 +114,8 @@ STATUS_NAMES: dict[int, str] = {
     PDX_ERR_NOT_FOUND: "PDX_ERR_NOT_FOUND",
     PDX_ERR_SHUTDOWN: "PDX_ERR_SHUTDOWN",
     PDX_ERR_NOTIFY_REJECTED: "PDX_ERR_NOTIFY_REJECTED",
+    PDX_ERR_DEVICE_UNAVAILABLE: "PDX_ERR_DEVICE_UNAVAILABLE",
+    PDX_ERR_DEVICE: "PDX_ERR_DEVICE",
 }
 
 
@@ -552,6 +556,7 @@ _ENGINE_SIGNATURES: list[_Signature] = [
     ("pdx_engine_rpc_port", c_uint16, [c_void_p]),
     ("pdx_engine_protocol", c_char_p, [c_void_p]),
     ("pdx_register_memory", pdx_status, [c_void_p, c_void_p, c_size_t]),
+    ("pdx_register_memory_at", pdx_status, [c_void_p, c_void_p, c_size_t, c_char_p]),
     ("pdx_unregister_memory", pdx_status, [c_void_p, c_void_p]),
     ("pdx_batch_register_memory", pdx_status, [c_void_p, POINTER(c_void_p), POINTER(c_size_t), c_size_t]),
     ("pdx_batch_unregister_memory", pdx_status, [c_void_p, POINTER(c_void_p), c_size_t]),
@@ -717,6 +722,15 @@ class Engine:
         """Register a buffer (or `length` bytes at an int address); returns its address."""
         addr, length, keep = _memory(memory, length, writable=not isinstance(memory, int))
         check(lib.pdx_register_memory(self._h, addr, length))
+        self._registered[addr] = keep
+        return addr
+
+    def register_at(self, memory: Memory, length: int | None = None, location: str = "*") -> int:
+        """Register a buffer, or `length` bytes at an int address (a device
+        pointer for "cuda:N"), at `location`: "cpu:N", "cuda:N" or "*" (ask
+        the CUDA driver, see docs/gpu.md); returns the address."""
+        addr, length, keep = _memory(memory, length, writable=not isinstance(memory, int))
+        check(lib.pdx_register_memory_at(self._h, addr, length, location.encode()))
         self._registered[addr] = keep
         return addr
 

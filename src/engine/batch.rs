@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::peers::{Lane, Peer};
-use super::transfer::{run_window, WINDOW_BYTES, WINDOW_REQUESTS};
+use super::staging::run_window_any;
+use super::transfer::{WINDOW_BYTES, WINDOW_REQUESTS};
 use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::state::{self, BatchSummary, TaskState, TaskSummary};
@@ -64,7 +65,7 @@ impl BatchRun {
     /// A batch of `reqs`. Zero-length requests complete at once (nothing
     /// crosses the wire for them, as in Mooncake).
     pub fn new(
-        settings: &super::settings::Settings,
+        inner: &Inner,
         session: &str,
         direction: Direction,
         reqs: Vec<Request>,
@@ -76,8 +77,10 @@ impl BatchRun {
         for (i, r) in reqs.iter().enumerate() {
             let mut count = 0;
             let mut off = 0;
+            // Device memory travels in pieces of one staging buffer.
+            let piece = super::staging::piece_limit(inner, r, PIECE_BYTES);
             while off < r.len {
-                let len = (r.len - off).min(PIECE_BYTES);
+                let len = (r.len - off).min(piece);
                 pieces.push(Request { local: r.local + off, remote: r.remote + off as u64, len });
                 piece_task.push(i);
                 off += len;
@@ -101,7 +104,7 @@ impl BatchRun {
             remaining: AtomicUsize::new(pending),
             abort: Mutex::new(None),
             peer: OnceLock::new(),
-            force_v1: settings.force_v1,
+            force_v1: inner.settings.force_v1,
             notify,
             notify_error: Mutex::new(None),
             done: Mutex::new(false),
@@ -269,7 +272,7 @@ impl BatchRun {
             let reqs: Vec<Request> = idx.iter().map(|&i| self.pieces[i]).collect();
             // SAFETY: the submitter guarantees local memory stays valid until
             // every task of the batch is terminal.
-            let out = unsafe { run_window(&mut l.conn, &self.session, self.direction, v2, &reqs) };
+            let out = unsafe { run_window_any(inner, &mut l.conn, &self.session, self.direction, v2, &reqs) };
             for &i in &idx[..out.confirmed] {
                 self.complete(inner, i, Ok(()));
             }
@@ -316,7 +319,8 @@ impl BatchRun {
             };
             let v2 = l.proto_version >= 2 && !self.force_v1;
             // SAFETY: as in `lane_job`.
-            let out = unsafe { run_window(&mut l.conn, &self.session, self.direction, v2, &[self.pieces[i]]) };
+            let out =
+                unsafe { run_window_any(inner, &mut l.conn, &self.session, self.direction, v2, &[self.pieces[i]]) };
             match out.broken {
                 None => {
                     peer.release(l, true);
@@ -325,6 +329,12 @@ impl BatchRun {
                 Some(_) if out.rejected => {
                     peer.release(l, false);
                     self.complete(inner, i, Err(self.rejected(i)));
+                }
+                Some(e) if e.kind() == ErrorKind::Device => {
+                    // A local driver call failed for this request alone: the
+                    // connection is clean and the others carry on.
+                    peer.release(l, true);
+                    self.complete(inner, i, Err(e));
                 }
                 Some(e) if !v2 && e.kind() == ErrorKind::ConnectionLost => {
                     // A v1 target refuses a bad address by closing silently.

@@ -226,6 +226,15 @@ fn serve_data(inner: &Inner, stream: TcpStream) {
             break;
         };
         let revoked = || region.is_revoked() || inner.registry.stopping();
+        if let Some(dev) = region.device.clone() {
+            // Device memory: staged, never touched by the CPU.
+            let served = super::staging::serve_device(inner, &mut conn, &dev, &header, &mut pending_acks, &revoked);
+            drop(region);
+            if !served {
+                break;
+            }
+            continue;
+        }
         let size = header.size as usize;
         let ptr = header.addr as *mut u8;
         let served = match header.direction {

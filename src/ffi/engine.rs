@@ -197,6 +197,40 @@ pub extern "C" fn pdx_register_memory(engine: *mut pdx_engine, addr: *mut c_void
     })
 }
 
+/// Register `[addr, addr+len)` at `location`, in Mooncake's syntax:
+/// `"cpu:N"` (host memory), `"cuda:N"` (device memory of CUDA device N) or
+/// `"*"` (detect; NULL means `"*"`, and so does `pdx_register_memory`).
+/// Detection asks the CUDA driver (`PDX_CUDA_LIB`, default
+/// `libcuda.so.1`) when one loads; otherwise the memory is host memory.
+/// Device memory is staged through pinned host buffers and never touched
+/// by the CPU. A `"cuda:N"` region with no loadable driver or no device N
+/// fails with `PDX_ERR_DEVICE_UNAVAILABLE`, one the driver does not report
+/// as device memory of N with `PDX_ERR_INVALID_ARGUMENT`, a failing driver
+/// call with `PDX_ERR_DEVICE`; each message names the region and the cause.
+/// Other errors as `pdx_register_memory`. The Mooncake backend passes the
+/// location to `registerLocalMemory` unchanged.
+///
+/// # Safety
+/// `location` is NULL or a NUL-terminated string; the memory stays valid
+/// until it is unregistered.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_register_memory_at(
+    engine: *mut pdx_engine,
+    addr: *mut c_void,
+    len: usize,
+    location: *const c_char,
+) -> pdx_status {
+    guard("pdx_register_memory_at", || {
+        let h = ENGINES.get(engine)?;
+        let r = region(addr, len, None)?;
+        let location = match opt_c_str(location, "location")? {
+            Some(text) => crate::transfer::location::Requested::parse(text)?,
+            None => crate::transfer::location::Requested::Detect,
+        };
+        h.engine.register_batch_at(&[r], location)
+    })
+}
+
 /// Withdraw the region that starts at `addr`. Returns once no inbound
 /// request touches it any more (an inbound transfer into it is cut off).
 /// `PDX_ERR_NOT_FOUND` if no region starts there.

@@ -420,12 +420,20 @@ impl TransferBackend for MooncakeBackend {
     }
 
     fn register_batch(&self, regions: &[(u64, u64)]) -> Result<()> {
+        self.register_batch_at(regions, crate::transfer::location::Requested::Detect)
+    }
+
+    fn register_batch_at(&self, regions: &[(u64, u64)], location: crate::transfer::location::Requested) -> Result<()> {
         if regions.is_empty() {
             return Ok(());
         }
         let mut known = self.regions.lock();
         known.check_new(regions)?;
-        let loc = cstring(mooncake_sys::WILDCARD_LOCATION, "location")?;
+        // Mooncake takes the location as given ("*" lets it detect).
+        let loc = match location {
+            crate::transfer::location::Requested::Detect => cstring(mooncake_sys::WILDCARD_LOCATION, "location")?,
+            at => cstring(&at.to_string(), "location")?,
+        };
         self.with_engine(|eng| {
             let rc = if let [(addr, len)] = regions {
                 // SAFETY: live engine; the caller keeps the memory valid.
