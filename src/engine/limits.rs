@@ -11,7 +11,7 @@ use super::settings::Settings;
 use crate::error::{Error, Result};
 use crate::transfer::Request;
 
-pub use crate::transfer::backend::DEFAULT_MAX_BATCH_ENTRIES;
+pub(crate) use crate::transfer::backend::DEFAULT_MAX_BATCH_ENTRIES;
 
 /// A batch may be cut into at most this many pieces per allowed entry.
 const PIECES_PER_ENTRY: usize = 4;

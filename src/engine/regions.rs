@@ -12,20 +12,27 @@
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
+use super::cuda::{Classified, Device};
 use super::descriptor::AdvertisedBuffer;
 use crate::error::{Error, ErrorKind, Result};
+use crate::transfer::location::Location;
 use crate::transfer::regions::RegionMap;
 
 /// One registered region.
 #[derive(Debug)]
 pub struct Region {
     pub start: u64,
+    pub len: u64,
+    /// Where the bytes live; device memory is only ever staged.
+    pub location: Location,
+    /// The device (primary context retained) for device memory.
+    pub device: Option<Arc<Device>>,
     revoked: AtomicBool,
     /// Connections of the requests inside this region now, by hold id.
     holders: Mutex<HashMap<u64, RawFd>>,
@@ -87,19 +94,55 @@ impl Drop for Hold {
 #[derive(Default)]
 pub struct Regions {
     map: RwLock<RegionMap<Arc<Region>>>,
+    /// How many registered regions are device memory (0: no lookups needed
+    /// to stage).
+    devices: AtomicUsize,
 }
 
 impl Regions {
-    /// Register several regions, all or none.
+    /// Register several host regions, all or none.
+    #[cfg(test)]
     pub fn register_all(&self, regions: &[(u64, u64)]) -> Result<()> {
-        self.map.write().insert_all(regions, |start, _| {
+        self.register_all_at(
+            regions.iter().map(|&(a, l)| (a, l, Classified { location: Location::default(), device: None })).collect(),
+        )
+    }
+
+    /// Register several regions with their classified locations, all or none.
+    pub fn register_all_at(&self, regions: Vec<(u64, u64, Classified)>) -> Result<()> {
+        let ranges: Vec<(u64, u64)> = regions.iter().map(|&(a, l, _)| (a, l)).collect();
+        let devices = regions.iter().filter(|r| r.2.device.is_some()).count();
+        let mut classified = regions.into_iter().map(|(_, _, c)| c);
+        let mut map = self.map.write();
+        map.insert_all(&ranges, |start, len| {
+            let c = classified.next().unwrap_or(Classified { location: Location::default(), device: None });
             Arc::new(Region {
                 start,
+                len,
+                location: c.location,
+                device: c.device,
                 revoked: AtomicBool::new(false),
                 holders: Mutex::new(HashMap::new()),
                 next_hold: AtomicU64::new(0),
             })
-        })
+        })?;
+        self.devices.fetch_add(devices, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// True if any registered region is device memory.
+    pub fn has_device_regions(&self) -> bool {
+        self.devices.load(Ordering::Acquire) > 0
+    }
+
+    /// A device region overlapping `[addr, addr+len)`, if any (to refuse a
+    /// local range that is partly device memory).
+    pub fn device_overlapping(&self, addr: u64, len: u64) -> Option<Arc<Region>> {
+        let end = addr.checked_add(len.max(1))?;
+        let map = self.map.read();
+        let found =
+            map.iter().find(|(s, l, r)| *s < end && s + l > addr && r.device.is_some()).map(|(_, _, r)| r.clone());
+        found
     }
 
     /// Unregister several regions by start address, all or none, as a fence
@@ -139,7 +182,9 @@ impl Regions {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        self.map.write().remove_all(addrs).map(drop)
+        let removed = self.map.write().remove_all(addrs)?;
+        self.devices.fetch_sub(removed.iter().filter(|r| r.device.is_some()).count(), Ordering::AcqRel);
+        Ok(())
     }
 
     /// The region that wholly contains `[addr, addr+size)`, or `None`

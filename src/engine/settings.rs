@@ -55,6 +55,9 @@ pub struct Settings {
     pub max_request_bytes: u64,
     /// Bytes of received notifications (names and messages) kept until drained.
     pub notify_queue_bytes: usize,
+    /// Cap on pinned host memory for staging device memory
+    /// (`PDX_CUDA_STAGING_BYTES`).
+    pub staging_bytes: usize,
 }
 
 impl Settings {
@@ -108,6 +111,7 @@ impl Settings {
             max_batch_entries: read(env, &PDX_MAX_BATCH_ENTRIES).unwrap_or(super::limits::DEFAULT_MAX_BATCH_ENTRIES),
             max_request_bytes: read(env, &PDX_MAX_REQUEST_BYTES).unwrap_or(1 << 40),
             notify_queue_bytes: read(env, &PDX_NOTIFY_QUEUE_BYTES).unwrap_or(8 << 20),
+            staging_bytes: read(env, &PDX_CUDA_STAGING_BYTES).unwrap_or(super::staging::DEFAULT_STAGING_BYTES),
         }
     }
 }

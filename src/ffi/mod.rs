@@ -10,6 +10,7 @@ pub mod backend;
 pub mod engine;
 pub mod ib_device;
 pub mod log;
+pub mod stats;
 pub mod status;
 pub mod transport;
 pub mod version;
