@@ -285,6 +285,8 @@ vars! {
         "Longest single request (bytes); also never longer than the largest region the peer advertised.";
     PDX_NOTIFY_QUEUE_BYTES: Ty::Int { min: 4096, max: 1 << 34 }, "8388608",
         "Bytes of received notifications kept until drained; a notification over it is refused.";
+    PDX_MAX_CONNECTIONS_PER_ADDRESS: Ty::Int { min: 1, max: 65536 }, "256",
+        "Inbound connections kept per peer address; past it that address's least recently used idle one is closed.";
 }
 
 /// The names SGLang's rules use (the declarations' names).

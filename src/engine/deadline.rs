@@ -9,6 +9,8 @@
 //! Blocking socket calls wait in short slices and consult the clock between
 //! them, so the failure comes within one slice of the deadline.
 
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -79,6 +81,53 @@ impl Stall {
     /// True once `limit` passed without progress.
     pub fn expired(&self, limit: Duration) -> bool {
         Instant::now() >= self.deadline(limit)
+    }
+}
+
+/// A stream whose every read and write shares one deadline: each call's
+/// socket timeout is what is left, so a peer trickling bytes cannot stretch
+/// an exchange past it.
+pub struct BoundedStream<'a> {
+    stream: &'a mut TcpStream,
+    deadline: Instant,
+}
+
+impl<'a> BoundedStream<'a> {
+    pub fn new(stream: &'a mut TcpStream, deadline: Instant) -> Self {
+        BoundedStream { stream, deadline }
+    }
+
+    /// The stream itself.
+    pub fn inner(&mut self) -> &mut TcpStream {
+        self.stream
+    }
+
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"));
+        }
+        Ok(left)
+    }
+}
+
+impl Read for BoundedStream<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for BoundedStream<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_write_timeout(Some(left))?;
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 

@@ -381,3 +381,46 @@ fn unregister_then_reuse_leaks_nothing_over_50_runs() {
     assert_eq!(leaked, 0);
     assert!(worst < Duration::from_secs(2), "unregister returns promptly: {worst:?}");
 }
+
+// ------------------------------------------------------ slow strangers
+
+#[test]
+fn trickling_handshake_connections_do_not_stop_a_new_peer() {
+    let victim = engine_with(settings());
+    let port = victim.rpc_port();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tricklers = Vec::new();
+    for _ in 0..64 {
+        let stop = stop.clone();
+        tricklers.push(std::thread::spawn(move || {
+            let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return };
+            // A frame length prefix, then one byte a second.
+            for b in (100u64).to_le_bytes().iter().chain([b'{'; 100].iter()) {
+                if stop.load(Ordering::Acquire) || s.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1000));
+            }
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(500)); // all 64 are open and trickling
+    let target = vec![0u8; 4096];
+    victim.register(addr(&target), 4096).unwrap();
+    let newcomer = engine_with(settings());
+    let t0 = Instant::now();
+    newcomer.probe(victim.session_id()).unwrap();
+    let src = vec![3u8; 4096];
+    // SAFETY: `src` and `target` outlive the call.
+    unsafe { newcomer.transfer_sync(victim.session_id(), Direction::Write, vec![req(&src, addr(&target), 4096)]) }
+        .unwrap();
+    newcomer.notify(victim.session_id(), "kv", "done").unwrap();
+    let took = t0.elapsed();
+    println!("probe, handshake + write, notify past 64 trickling handshake connections: {took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(target == src);
+    assert_eq!(victim.drain_notifications(), vec![("kv".to_owned(), "done".to_owned())]);
+    stop.store(true, Ordering::Release);
+    for t in tricklers {
+        t.join().unwrap();
+    }
+}

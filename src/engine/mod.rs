@@ -8,6 +8,7 @@
 //! for v1 peers a fence read after the writes.
 
 pub(crate) mod batch;
+mod budget;
 mod conn;
 pub mod cuda;
 mod deadline;
@@ -79,6 +80,8 @@ pub(crate) struct Inner {
     pub notifications: Notifications,
     pub peers: Peers,
     pub workers: Arc<Workers>,
+    /// Caps on inbound connections and handshake bytes (see [`budget`]).
+    pub budget: Arc<budget::Budget>,
     pub batches: IdTable<BatchRun>,
     pub stats: Stats,
     /// Pinned buffers and streams for device memory (allocated on first use).
@@ -104,6 +107,17 @@ fn bind_ip(hostname: &str, settings: &Settings) -> Result<IpAddr> {
         .map(|a| a.ip())
         .next()
         .ok_or_else(|| Error::invalid_argument(format!("hostname {hostname:?} resolves to no address")))
+}
+
+/// The connection budget for `settings` and this process's descriptor
+/// limit: a quarter of `RLIMIT_NOFILE` for inbound connections, a quarter
+/// of that (at most `PDX_MAX_HANDSHAKE_CONNECTIONS`) for handshakes.
+fn budget_for(settings: &Settings) -> budget::Budget {
+    let total = budget::total_for(budget::fd_limit());
+    let handshakes = settings.max_handshake_connections.min((total / 4).max(4));
+    let data = settings.max_data_connections.min(total);
+    let bytes = settings.handshake_max_len.saturating_mul(4);
+    budget::Budget::new(total, handshakes, data, settings.max_connections_per_address, bytes)
 }
 
 impl Engine {
@@ -136,6 +150,7 @@ impl Engine {
             regions: Regions::default(),
             peers: Peers::default(),
             workers: workers.clone(),
+            budget: Arc::new(budget_for(&settings)),
             batches: IdTable::new("batch id", 0),
             stats: Stats::default(),
             staging: staging::Staging::new(settings.staging_bytes, settings.lane_wait_timeout),
@@ -156,7 +171,12 @@ impl Engine {
                 .spawn(name.to_owned(), move || server::accept_loop(inner2, listener, plane))
                 .map_err(|e| Error::io(format!("cannot start listener thread: {e}")))?;
         }
-        log::info!("pdx tcp engine {} up (data port {data_port})", inner.identity.session_id);
+        let (total, handshakes, data, per_ip) = inner.budget.caps();
+        log::info!(
+            "pdx tcp engine {} up (data port {data_port}; inbound connections: {total} in all, {handshakes} handshake, \
+             {data} data, {per_ip} per address)",
+            inner.identity.session_id
+        );
         Ok(engine)
     }
 

@@ -12,7 +12,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::Value;
 
 use super::conn::Conn;
-use super::deadline::{Progress, Stall};
+use super::deadline::{BoundedStream, Progress, Stall};
 use super::descriptor::{parse_descriptor, PeerDescriptor};
 use super::registry::OwnedSocketGuard;
 use super::settings::Settings;
@@ -44,44 +44,6 @@ pub fn connect(settings: &Settings, host: &str, port: u16) -> Result<TcpStream> 
     let e = Error::new(ErrorKind::PeerUnreachable, format!("cannot connect to {host}:{port} ({last})"));
     log::debug!("{e}");
     Err(e)
-}
-
-/// A stream whose every read and write shares one deadline: each call's
-/// socket timeout is what is left, so a peer trickling bytes cannot stretch
-/// the exchange past it.
-struct Bounded<'a> {
-    stream: &'a mut TcpStream,
-    deadline: Instant,
-}
-
-impl Bounded<'_> {
-    fn left(&self) -> std::io::Result<std::time::Duration> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "deadline passed"));
-        }
-        Ok(left)
-    }
-}
-
-impl Read for Bounded<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let left = self.left()?;
-        self.stream.set_read_timeout(Some(left))?;
-        self.stream.read(buf)
-    }
-}
-
-impl Write for Bounded<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let left = self.left()?;
-        self.stream.set_write_timeout(Some(left))?;
-        self.stream.write(buf)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// One handshake exchange: send `json` as a `kind` frame, return the reply
@@ -116,7 +78,7 @@ pub fn exchange_by(
         Error::new(ErrorKind::PeerUnreachable, format!("{where_}: {e}"))
     };
     stream.set_nodelay(true).map_err(io_err)?;
-    let mut bounded = Bounded { stream: &mut stream, deadline };
+    let mut bounded = BoundedStream::new(&mut stream, deadline);
     bounded.write_all(&wire::encode_frame(kind, json)).map_err(io_err)?;
     let mut prefix = [0u8; 8];
     bounded.read_exact(&mut prefix).map_err(io_err)?;
@@ -165,10 +127,11 @@ struct LaneState {
 
 /// A data connection to a peer, tracked for shutdown.
 pub struct Lane {
+    /// Declared first: dropped (unlisted) before `conn` closes the socket.
+    _tracked: OwnedSocketGuard,
     pub conn: Conn,
     /// Protocol version of the descriptor the lane was opened under.
     pub proto_version: u64,
-    _tracked: OwnedSocketGuard,
 }
 
 impl Peer {

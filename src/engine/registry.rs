@@ -1,9 +1,12 @@
 //! Threads and sockets an engine owns, so that stopping it can wake every
 //! blocked thread (by shutting its socket down) and join every thread: no
-//! thread outlives `Engine::stop`.
+//! thread outlives `Engine::stop`. Sockets are listed by descriptor, not by
+//! a duplicate (one fd per connection); a guard must drop before its
+//! socket closes, so a listed descriptor is always open.
 
 use std::collections::HashMap;
-use std::net::{Shutdown, TcpStream};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -15,7 +18,7 @@ use parking_lot::Mutex;
 pub struct Registry {
     stopping: AtomicBool,
     next_id: AtomicU64,
-    sockets: Mutex<HashMap<u64, TcpStream>>,
+    sockets: Mutex<HashMap<u64, RawFd>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -51,14 +54,15 @@ impl Registry {
 
     /// Track a socket until the guard drops. Returns `None` when stopping (the
     /// caller must not start work).
+    /// The guard must drop before `stream` closes (declare it after the
+    /// stream, or store it in a field declared before the stream's).
     pub fn track(&self, stream: &TcpStream) -> Option<SocketGuard<'_>> {
-        let clone = stream.try_clone().ok()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut sockets = self.sockets.lock();
         if self.stopping() {
             return None;
         }
-        sockets.insert(id, clone);
+        sockets.insert(id, stream.as_raw_fd());
         Some(SocketGuard { registry: self, id })
     }
 
@@ -92,8 +96,11 @@ impl Registry {
     pub fn begin_stop(&self) {
         let sockets = self.sockets.lock();
         self.stopping.store(true, Ordering::Release);
-        for s in sockets.values() {
-            let _ = s.shutdown(Shutdown::Both);
+        for &fd in sockets.values() {
+            // SAFETY: a listed descriptor is open (its guard drops, under
+            // this lock, before the socket closes); shutdown only changes
+            // the socket's state, its owner still closes it.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
         }
     }
 

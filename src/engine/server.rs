@@ -5,13 +5,15 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use super::conn::{Conn, MAX_IO_CHUNK};
+use super::deadline::BoundedStream;
 use super::descriptor::encode_descriptor;
 use super::wire::{self, FrameType, RequestHeader, HEADER_LEN};
 use super::Inner;
@@ -44,25 +46,6 @@ pub fn wake_listener(listener: &TcpListener) {
     let _ = socket2::SockRef::from(listener).shutdown(Shutdown::Both);
 }
 
-/// Counts concurrent connections of one kind and refuses past a limit.
-struct Slot<'a>(&'a AtomicUsize);
-
-impl<'a> Slot<'a> {
-    fn take(counter: &'a AtomicUsize, limit: usize) -> Option<Slot<'a>> {
-        if counter.fetch_add(1, Ordering::AcqRel) >= limit {
-            counter.fetch_sub(1, Ordering::AcqRel);
-            return None;
-        }
-        Some(Slot(counter))
-    }
-}
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// Counts an inbound connection as open while it lives.
 struct OpenConnection<'a>(&'a Stats);
 
@@ -81,47 +64,91 @@ impl Drop for OpenConnection<'_> {
 }
 
 /// Which listener an accept loop serves.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Plane {
     Handshake,
     Data,
 }
 
-/// Accept connections until the engine stops; one thread per connection.
+/// Logs accept failures at most once a second and backs off between them
+/// (10 ms doubling to 1 s; reset by the next success).
+#[derive(Default)]
+struct AcceptBackoff {
+    delay_ms: u64,
+    last_log: Option<Instant>,
+    suppressed: u64,
+}
+
+impl AcceptBackoff {
+    fn failed(&mut self, e: &io::Error) {
+        if self.last_log.is_none_or_elapsed(Duration::from_secs(1)) {
+            log::warn!("accept failed: {e} ({} more failures not logged)", self.suppressed);
+            self.last_log = Some(Instant::now());
+            self.suppressed = 0;
+        } else {
+            self.suppressed += 1;
+        }
+        self.delay_ms = (self.delay_ms * 2).clamp(10, 1000);
+        std::thread::sleep(Duration::from_millis(self.delay_ms));
+    }
+
+    fn succeeded(&mut self) {
+        self.delay_ms = 0;
+    }
+}
+
+trait Elapsed {
+    fn is_none_or_elapsed(&self, d: Duration) -> bool;
+}
+
+impl Elapsed for Option<Instant> {
+    fn is_none_or_elapsed(&self, d: Duration) -> bool {
+        self.map_or(true, |t| t.elapsed() >= d)
+    }
+}
+
+/// Accept connections until the engine stops; one thread per admitted
+/// connection (see [`super::budget`] for the caps and eviction).
 pub fn accept_loop(inner: Arc<Inner>, listener: TcpListener, plane: Plane) {
-    let active = Arc::new(AtomicUsize::new(0));
+    let mut backoff = AcceptBackoff::default();
+    let name = match plane {
+        Plane::Handshake => "pdx-handshake",
+        Plane::Data => "pdx-data",
+    };
     loop {
         let accepted = listener.accept();
         if inner.registry.stopping() {
             return;
         }
-        let stream = match accepted {
-            Ok((s, _)) => s,
+        let (stream, from) = match accepted {
+            Ok(pair) => pair,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 // Out of descriptors and the like: back off instead of spinning.
-                log::warn!("accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(10));
+                backoff.failed(&e);
                 continue;
             }
         };
-        let (limit, name) = match plane {
-            Plane::Handshake => (inner.settings.max_handshake_connections, "pdx-handshake"),
-            Plane::Data => (inner.settings.max_data_connections, "pdx-data"),
-        };
-        if active.load(Ordering::Acquire) >= limit {
-            log::warn!("refusing a connection: {limit} {name} connections already open");
-            continue;
-        }
+        backoff.succeeded();
         let inner2 = inner.clone();
-        let active2 = active.clone();
         let spawned = inner.registry.spawn(name.to_owned(), move || {
-            let Some(_slot) = Slot::take(&active2, limit) else { return };
-            let Some(_tracked) = inner2.registry.track(&stream) else { return };
+            let ip = from.ip();
             let _open = OpenConnection::new(&inner2.stats);
             match plane {
-                Plane::Handshake => serve_handshake(&inner2, stream),
-                Plane::Data => serve_data(&inner2, stream),
+                Plane::Handshake => {
+                    let mut stream = stream;
+                    // Declared after the stream: dropped (unlisted) before it closes.
+                    let Some(_ticket) = inner2.budget.admit(plane, ip, stream.as_raw_fd()) else { return };
+                    let Some(_tracked) = inner2.registry.track(&stream) else { return };
+                    serve_handshake(&inner2, &mut stream);
+                }
+                Plane::Data => {
+                    let t = inner2.settings.progress_timeout;
+                    let Ok(mut conn) = Conn::new(stream, t, t) else { return };
+                    let Some(ticket) = inner2.budget.admit(plane, ip, conn.raw_fd()) else { return };
+                    let Some(_tracked) = inner2.registry.track(conn.stream()) else { return };
+                    serve_data(&inner2, &mut conn, &ticket);
+                }
             }
         });
         if let Err(e) = spawned {
@@ -150,10 +177,10 @@ pub fn own_descriptor(inner: &Inner) -> String {
     }
 }
 
-fn serve_handshake(inner: &Inner, mut stream: TcpStream) {
-    let _ = stream.set_read_timeout(Some(HANDSHAKE_SERVE_TIMEOUT));
-    let _ = stream.set_write_timeout(Some(HANDSHAKE_SERVE_TIMEOUT));
+fn serve_handshake(inner: &Inner, stream: &mut TcpStream) {
     let _ = stream.set_nodelay(true);
+    // One deadline for the whole exchange: trickled bytes do not extend it.
+    let mut stream = BoundedStream::new(stream, Instant::now() + HANDSHAKE_SERVE_TIMEOUT);
     let mut prefix = [0u8; 8];
     if stream.read_exact(&mut prefix).is_err() {
         return;
@@ -162,10 +189,21 @@ fn serve_handshake(inner: &Inner, mut stream: TcpStream) {
         log::debug!("handshake: refused frame length {}", u64::from_le_bytes(prefix));
         return;
     };
-    // Read incrementally: the allocation grows only with bytes really sent.
+    // Read incrementally, each chunk charged to the engine-wide budget of
+    // handshake bytes in flight: memory grows only with bytes really sent.
+    let charged = Charged { budget: &inner.budget, bytes: std::cell::Cell::new(0) };
     let mut body = Vec::with_capacity(length.min(64 * 1024));
-    if (&mut stream).take(length as u64).read_to_end(&mut body).is_err() || body.len() != length {
-        return;
+    while body.len() < length {
+        let chunk = (length - body.len()).min(64 * 1024);
+        if !charged.charge(chunk) {
+            log::debug!("handshake: the budget of handshake bytes in flight is spent; closing");
+            return;
+        }
+        let start = body.len();
+        body.resize(start + chunk, 0);
+        if stream.read_exact(&mut body[start..]).is_err() {
+            return;
+        }
     }
     let (kind, json_text) = wire::split_frame_body(&body);
     let Ok(request) = serde_json::from_slice::<Value>(json_text) else {
@@ -189,16 +227,46 @@ fn serve_handshake(inner: &Inner, mut stream: TcpStream) {
     if stream.write_all(&wire::encode_frame(kind, &reply)).is_err() {
         return;
     }
+    drop(charged);
     Stats::bump(&inner.stats.handshakes);
-    // Half-close, then let the client close first (bounded by the timeout).
-    let _ = stream.shutdown(Shutdown::Write);
+    // Half-close, then let the client close first (bounded by the deadline).
+    let _ = stream.inner().shutdown(Shutdown::Write);
     let mut sink = [0u8; 64];
     while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
 }
 
-fn serve_data(inner: &Inner, stream: TcpStream) {
-    let t = inner.settings.progress_timeout;
-    let Ok(mut conn) = Conn::new(stream, t, t) else { return };
+/// Handshake bytes charged to the budget, refunded when dropped.
+struct Charged<'a> {
+    budget: &'a super::budget::Budget,
+    bytes: std::cell::Cell<usize>,
+}
+
+impl Charged<'_> {
+    fn charge(&self, n: usize) -> bool {
+        let ok = self.budget.charge_handshake(n);
+        if ok {
+            self.bytes.set(self.bytes.get() + n);
+        }
+        ok
+    }
+}
+
+impl Drop for Charged<'_> {
+    fn drop(&mut self) {
+        self.budget.refund_handshake(self.bytes.get());
+    }
+}
+
+/// Marks a data connection idle again when its request is done.
+struct IdleAgain<'a>(&'a super::budget::Ticket);
+
+impl Drop for IdleAgain<'_> {
+    fn drop(&mut self) {
+        self.0.set_busy(false);
+    }
+}
+
+fn serve_data(inner: &Inner, conn: &mut Conn, ticket: &super::budget::Ticket) {
     conn.set_spin(inner.settings.spin);
     let mut pending_acks: Vec<u8> = Vec::with_capacity(256);
     let stopping = || inner.registry.stopping();
@@ -211,6 +279,9 @@ fn serve_data(inner: &Inner, stream: TcpStream) {
                 break;
             }
         };
+        // In flight: never evicted until served.
+        ticket.set_busy(true);
+        let _idle_again = IdleAgain(ticket);
         // Held (and the connection listed with it) while the memory is
         // touched, so unregistering can shut this connection and wait.
         let hold = inner.regions.lookup(header.addr, header.size).and_then(|r| r.hold(conn.raw_fd()));
@@ -232,7 +303,7 @@ fn serve_data(inner: &Inner, stream: TcpStream) {
         let revoked = || region.is_revoked() || inner.registry.stopping();
         if let Some(dev) = region.device.clone() {
             // Device memory: staged, never touched by the CPU.
-            let served = super::staging::serve_device(inner, &mut conn, &dev, &header, &mut pending_acks, &revoked);
+            let served = super::staging::serve_device(inner, conn, &dev, &header, &mut pending_acks, &revoked);
             drop(hold);
             if !served {
                 break;

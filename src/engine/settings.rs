@@ -55,6 +55,8 @@ pub struct Settings {
     pub max_request_bytes: u64,
     /// Bytes of received notifications (names and messages) kept until drained.
     pub notify_queue_bytes: usize,
+    /// Inbound connections kept per peer address.
+    pub max_connections_per_address: usize,
     /// Cap on pinned host memory for staging device memory
     /// (`PDX_CUDA_STAGING_BYTES`).
     pub staging_bytes: usize,
@@ -111,6 +113,7 @@ impl Settings {
             max_batch_entries: read(env, &PDX_MAX_BATCH_ENTRIES).unwrap_or(super::limits::DEFAULT_MAX_BATCH_ENTRIES),
             max_request_bytes: read(env, &PDX_MAX_REQUEST_BYTES).unwrap_or(1 << 40),
             notify_queue_bytes: read(env, &PDX_NOTIFY_QUEUE_BYTES).unwrap_or(8 << 20),
+            max_connections_per_address: read(env, &PDX_MAX_CONNECTIONS_PER_ADDRESS).unwrap_or(256),
             staging_bytes: read(env, &PDX_CUDA_STAGING_BYTES).unwrap_or(super::staging::DEFAULT_STAGING_BYTES),
         }
     }
