@@ -276,6 +276,8 @@ vars! {
     PDX_TCP_ENGINE: Ty::Choice(&["native", "mooncake"]), "native", "Which engine serves `tcp`.";
     PDX_MOONCAKE_LIB: Ty::Text, "libtransfer_engine.so", "Mooncake's Transfer Engine library (C API) to load.";
     RUST_LOG: Ty::Text, "warn", "Log filter (`env_logger` syntax).";
+    MOONCAKE_DEVICE: Ty::Text, "\"\"",
+        "The device of an engine under the remote-instance rule (`device_source=remote_instance`) started without a device; read only then.";
 }
 
 /// The names SGLang's rules use (the declarations' names).
@@ -286,6 +288,7 @@ pub mod names {
     pub(crate) const ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE: &str = vars::ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE.name;
     pub(crate) const ASCEND_NPU_PHY_ID: &str = vars::ASCEND_NPU_PHY_ID.name;
     pub(crate) const SGLANG_DISAGG_STAGING_BUFFER: &str = vars::SGLANG_DISAGG_STAGING_BUFFER.name;
+    pub(crate) const MOONCAKE_DEVICE: &str = vars::MOONCAKE_DEVICE.name;
 }
 
 /// A value pdx reads for itself (not under SGLang's rules): unset or empty

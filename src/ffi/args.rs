@@ -146,7 +146,10 @@ pub unsafe extern "C" fn pdx_args_set(args: *mut pdx_args, key: *const c_char, v
     })
 }
 
-/// Read one argument as text (same keys as `pdx_args_set`).
+/// Read one argument as text (same keys as `pdx_args_set`, plus the
+/// read-only `"shared_engine_ib_device"`: SGLang's shared-engine device
+/// choice `disaggregation_ib_device or mooncake_ib_device`, ready to pass to
+/// `pdx_engine_init_with`).
 ///
 /// On success `*out` is NULL for `None`, else a NUL-terminated string owned
 /// by `args`, valid until the next successful mutation of `args`
@@ -172,8 +175,7 @@ pub unsafe extern "C" fn pdx_args_get(
         let key = unsafe { c_str(key, "key")? };
         let mut state = handle.lock();
         let value = state.args.get(key)?;
-        let Some(spec) = config::args::lookup(key) else { unreachable!("get succeeded, so the key is known") };
-        let name = spec.name;
+        let Some(name) = config::args::read_name(key) else { unreachable!("get succeeded, so the key is known") };
         let ptr = match state.got.get(name) {
             Some(cached) => cached.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
             None => {
