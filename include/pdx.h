@@ -36,6 +36,16 @@
 #define MAX_GPU_ID (int64_t)INT32_MAX
 
 /**
+ * Default cap on pinned staging memory per engine.
+ */
+#define DEFAULT_STAGING_BYTES (64 << 20)
+
+/**
+ * The smallest cap accepted (smaller values are raised to it).
+ */
+#define MIN_STAGING_BYTES (64 << 10)
+
+/**
  * Message level INFO (Python's `logging.INFO`).
  */
 #define PDX_LOG_INFO 20
@@ -99,6 +109,13 @@
  * Log level: errors (an internal panic caught at the ABI boundary).
  */
 #define PDX_LOG_ERROR 40
+
+/**
+ * What went wrong, coarse enough to act on from C.
+ *
+ * Variants are never removed or renumbered: each maps to a fixed C status.
+ */
+typedef struct ErrorKind ErrorKind;
 
 /**
  * Opaque set of PD server arguments. Made by `pdx_args_new`, released by
@@ -188,6 +205,121 @@ typedef void (*pdx_log_callback)(void *userdata,
                                  size_t module_len,
                                  const char *message,
                                  size_t message_len);
+
+/**
+ * Counters of one engine since `pdx_engine_init`, filled by
+ * `pdx_engine_stats`. Fields are only ever added at the end: set `size` to
+ * `sizeof(pdx_stats)` before the call; pdx fills the fields that fit
+ * and sets `size` to the bytes it filled (smaller when the library is
+ * older than the header the caller was built with).
+ *
+ * "Written"/"read" are this engine's own tasks as initiator (a sync call of
+ * n entries is n tasks); "served" are requests of peers this engine served
+ * as target (native engine only; a Mooncake-backed engine reports 0 there).
+ */
+typedef struct {
+  /**
+   * In: the struct size the caller knows. Out: the bytes filled.
+   */
+  size_t size;
+  /**
+   * Payload bytes of completed write tasks.
+   */
+  uint64_t bytes_written;
+  /**
+   * Payload bytes of completed read tasks.
+   */
+  uint64_t bytes_read;
+  /**
+   * Completed write tasks.
+   */
+  uint64_t tasks_written;
+  /**
+   * Completed read tasks.
+   */
+  uint64_t tasks_read;
+  /**
+   * Failed tasks (all kinds; the next fields split them).
+   */
+  uint64_t tasks_failed;
+  /**
+   * Failed with `PDX_ERR_TIMEOUT`.
+   */
+  uint64_t failed_timeout;
+  /**
+   * Failed with `PDX_ERR_CONNECTION_LOST`.
+   */
+  uint64_t failed_connection_lost;
+  /**
+   * Failed with `PDX_ERR_PEER_UNREACHABLE`.
+   */
+  uint64_t failed_peer_unreachable;
+  /**
+   * Failed with `PDX_ERR_REMOTE_REJECTED`.
+   */
+  uint64_t failed_remote_rejected;
+  /**
+   * Failed with `PDX_ERR_SHUTDOWN`.
+   */
+  uint64_t failed_shutdown;
+  /**
+   * Failed with `PDX_ERR_PROTOCOL`.
+   */
+  uint64_t failed_protocol;
+  /**
+   * Failed with any other status.
+   */
+  uint64_t failed_other;
+  /**
+   * Payload bytes peers wrote into this engine's memory.
+   */
+  uint64_t served_bytes_written;
+  /**
+   * Payload bytes peers read from this engine's memory.
+   */
+  uint64_t served_bytes_read;
+  /**
+   * Write requests of peers served.
+   */
+  uint64_t served_writes;
+  /**
+   * Read requests of peers served.
+   */
+  uint64_t served_reads;
+  /**
+   * Requests of peers refused (range not inside one registered region).
+   */
+  uint64_t requests_refused;
+  /**
+   * Handshake requests answered (metadata, probe, notify, ...).
+   */
+  uint64_t handshakes;
+  /**
+   * Inbound connections accepted.
+   */
+  uint64_t inbound_connections;
+  /**
+   * Inbound connections open now.
+   */
+  uint64_t inbound_connections_open;
+  /**
+   * Peers this engine knows (descriptor fetched, or segment open) now.
+   */
+  uint64_t peers_connected;
+  /**
+   * Bytes of received notifications waiting to be drained now.
+   */
+  uint64_t notification_bytes_queued;
+  /**
+   * Median latency of completed tasks, from submission, in microseconds
+   * (log-scale buckets, within 19%).
+   */
+  uint64_t latency_p50_us;
+  /**
+   * 99th percentile of the same.
+   */
+  uint64_t latency_p99_us;
+} pdx_stats;
 
 /**
  * Success.
@@ -318,6 +450,19 @@ typedef void (*pdx_log_callback)(void *userdata,
  * The peer rejected a notification.
  */
 #define PDX_ERR_NOTIFY_REJECTED -25
+
+/**
+ * Device memory was asked for, but no usable CUDA driver (`PDX_CUDA_LIB`)
+ * or no such device is there.
+ */
+#define PDX_ERR_DEVICE_UNAVAILABLE -26
+
+/**
+ * A CUDA driver call failed (the message names the driver's error).
+ */
+#define PDX_ERR_DEVICE -27
+
+
 
 #ifdef __cplusplus
 extern "C" {
@@ -522,6 +667,25 @@ pdx_status pdx_backend_unavailable_reason(const char *name,
                                           size_t *out_len);
 
 /**
+ * What this build and this machine can serve, as one JSON object:
+ * `{"version", "backends": [{"name", "available", "reason"?, "library"?,
+ * "protocols"}], "memory": [{"kind", "available", "reason"?}]}` (the
+ * native `tcp` engine, Mooncake's engine and whether its library loads;
+ * host memory and whether device memory can be staged). Fields are only
+ * ever added. Copied into `buf` (`buf_len` bytes, NUL-terminated,
+ * truncated if needed); the full length without the NUL goes to
+ * `*out_len` (may be NULL); `buf` may be NULL with `buf_len` 0 to ask for
+ * the length. Probes run on every call.
+ *
+ * Errors: `PDX_ERR_NULL_ARGUMENT` (`buf` NULL with `buf_len` > 0).
+ *
+ * # Safety
+ * `buf` is NULL (with `buf_len` 0) or writable for `buf_len` bytes;
+ * `out_len` is NULL or valid for writing one `usize`.
+ */
+pdx_status pdx_capabilities(char *buf, size_t buf_len, size_t *out_len);
+
+/**
  * Start a transfer engine on `hostname`: `pdx_engine_init_with` without
  * options (`gpu_id` 0, the shared-engine device rule, every setting from
  * the environment).
@@ -628,6 +792,26 @@ const char *pdx_engine_protocol(const pdx_engine *engine);
  * `PDX_ERR_ADDRESS_OVERLAP`; NULL `addr` with `PDX_ERR_NULL_ARGUMENT`.
  */
 pdx_status pdx_register_memory(pdx_engine *engine, void *addr, size_t len);
+
+/**
+ * Register `[addr, addr+len)` at `location`, in Mooncake's syntax:
+ * `"cpu:N"` (host memory), `"cuda:N"` (device memory of CUDA device N) or
+ * `"*"` (detect; NULL means `"*"`, and so does `pdx_register_memory`).
+ * Detection asks the CUDA driver (`PDX_CUDA_LIB`, default
+ * `libcuda.so.1`) when one loads; otherwise the memory is host memory.
+ * Device memory is staged through pinned host buffers and never touched
+ * by the CPU. A `"cuda:N"` region with no loadable driver or no device N
+ * fails with `PDX_ERR_DEVICE_UNAVAILABLE`, one the driver does not report
+ * as device memory of N with `PDX_ERR_INVALID_ARGUMENT`, a failing driver
+ * call with `PDX_ERR_DEVICE`; each message names the region and the cause.
+ * Other errors as `pdx_register_memory`. The Mooncake backend passes the
+ * location to `registerLocalMemory` unchanged.
+ *
+ * # Safety
+ * `location` is NULL or a NUL-terminated string; the memory stays valid
+ * until it is unregistered.
+ */
+pdx_status pdx_register_memory_at(pdx_engine *engine, void *addr, size_t len, const char *location);
 
 /**
  * Withdraw the region that starts at `addr`. Returns once no inbound
@@ -1104,6 +1288,18 @@ void pdx_ib_validation_free(pdx_ib_validation *validation);
  * from any thread with `userdata` until it is replaced or removed.
  */
 pdx_status pdx_set_log_callback(pdx_log_callback callback, void *userdata, int32_t max_level);
+
+/**
+ * Fill `*out` with the engine's counters (see `pdx_stats`). The
+ * caller sets `out->size` first; a size smaller than the `size` field
+ * itself is `PDX_ERR_INVALID_ARGUMENT`. Reading the counters takes no lock
+ * the transfers use: call it as often as you like.
+ *
+ * # Safety
+ * `out` is NULL or points to `out->size` writable bytes (at least the
+ * `size` field) for the duration of the call.
+ */
+pdx_status pdx_engine_stats(pdx_engine *engine, pdx_stats *out);
 
 /**
  * A static, NUL-terminated description of `status`.

@@ -3,9 +3,11 @@
 //! The one module that knows both backends; the ABI calls only [`start_with`]
 //! (and [`choose`], to show the choice without starting).
 
+use serde_json::{json, Value};
+
 use crate::config::engine_options::{EngineOptions, OptionsEnv};
 use crate::config::env::{Env, ProcessEnv};
-use crate::config::transport::{resolve_transport_for, TransportChoice};
+use crate::config::transport::{resolve_transport_for, TransportChoice, KNOWN_PROTOCOLS};
 use crate::error::Result;
 use crate::transfer::TransferBackend;
 
@@ -54,6 +56,57 @@ pub fn start_with(
     }
     let backend = crate::mooncake::MooncakeBackend::start_in(&choice, &env)?;
     Ok((Box::new(backend), choice))
+}
+
+/// What this build on this machine can serve, as JSON: every backend (the
+/// native `tcp` engine; Mooncake's, with whether its library loads and why
+/// not) with the protocols it may carry, and every kind of memory a region
+/// may live in, with whether it is usable here and why not. Probes are read
+/// afresh on every call (a library installed later is found).
+pub fn capabilities() -> Value {
+    let mooncake = crate::mooncake::load();
+    let mooncake_protocols: Vec<&str> = KNOWN_PROTOCOLS.to_vec();
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "backends": [
+            {"name": "tcp", "engine": "native", "available": true, "protocols": ["tcp"]},
+            {
+                "name": "mooncake",
+                "available": mooncake.is_ok(),
+                "library": mooncake.as_ref().map(|api| api.path().to_owned()).ok(),
+                "reason": mooncake.as_ref().err(),
+                "protocols": mooncake_protocols,
+            },
+        ],
+        "memory": [
+            {"kind": "cpu", "available": true},
+            cuda_capability(),
+        ],
+    })
+}
+
+/// Device memory: usable when the CUDA driver (`PDX_CUDA_LIB`) loads and
+/// reports at least one device; staged through pinned host memory.
+fn cuda_capability() -> Value {
+    let library = crate::engine::cuda::driver_path();
+    let probe = crate::engine::cuda::driver().and_then(|api| {
+        let (mut count, mut version) = (0, 0);
+        // SAFETY: the driver is initialized by the loader; both out-params
+        // are live locals.
+        let counted = unsafe { (api.device_get_count)(&mut count) };
+        api.check(counted, "cuDeviceGetCount").map_err(crate::engine::cuda::device_error)?;
+        // SAFETY: as above.
+        let versioned = unsafe { (api.driver_get_version)(&mut version) };
+        api.check(versioned, "cuDriverGetVersion").map_err(crate::engine::cuda::device_error)?;
+        Ok((count, version))
+    });
+    match probe {
+        Ok((devices, version)) if devices > 0 => json!({"kind": "cuda", "available": true, "staged": true,
+            "devices": devices, "driver_version": version, "library": library}),
+        Ok(_) => json!({"kind": "cuda", "available": false, "library": library,
+            "reason": "the CUDA driver loads but reports no device"}),
+        Err(e) => json!({"kind": "cuda", "available": false, "library": library, "reason": e.message()}),
+    }
 }
 
 #[cfg(test)]
@@ -109,5 +162,21 @@ mod tests {
         }
         let e = choose(&MapEnv::new(), "10.0.0.5", None, Some(&map), &options(&[("gpu_id", "8")])).unwrap_err();
         assert_eq!(e.message(), "No IB devices configured for GPU 8. Available GPUs: [0, 1, 2, 3, 4, 5, 6, 7]");
+    }
+
+    #[test]
+    fn capabilities_name_every_backend_and_memory_kind() {
+        let c = capabilities();
+        assert_eq!(c["version"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(c["backends"][0]["name"], "tcp");
+        assert_eq!(c["backends"][0]["available"], true);
+        let mc = &c["backends"][1];
+        assert_eq!(mc["name"], "mooncake");
+        // Either it loads (and names the library) or it says why not.
+        assert!(mc["available"] == true && mc["library"].is_string() || mc["reason"].is_string(), "{mc}");
+        assert_eq!(c["memory"][0]["kind"], "cpu");
+        let cuda = &c["memory"][1];
+        assert_eq!(cuda["kind"], "cuda");
+        assert!(cuda["available"] == true || cuda["reason"].is_string(), "{cuda}");
     }
 }

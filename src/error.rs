@@ -62,6 +62,12 @@ pub enum ErrorKind {
     Shutdown,
     /// The peer rejected a notification.
     NotifyRejected,
+    /// Device memory was asked for but no usable CUDA driver or device is
+    /// there (`PDX_CUDA_LIB`, device ordinal).
+    DeviceUnavailable,
+    /// A CUDA driver call failed; the message has the driver's error name
+    /// and text.
+    Device,
 }
 
 /// A core error: a kind plus the exact message.

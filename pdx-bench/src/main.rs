@@ -7,6 +7,7 @@
 
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
+mod device;
 mod kv;
 mod memory;
 mod pattern;
@@ -67,6 +68,10 @@ struct TargetOpts {
     /// Transport protocol (tcp runs the native engine; others Mooncake's).
     #[arg(long, default_value = "tcp")]
     protocol: String,
+    /// Where the served buffer lives: cpu:N, or cuda:N (device memory from
+    /// the driver in PDX_CUDA_LIB).
+    #[arg(long, default_value = "cpu:0")]
+    location: String,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
@@ -142,6 +147,17 @@ struct InitiatorOpts {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Where the initiator's buffer lives: cpu:N, or cuda:N (device memory
+    /// from the driver in PDX_CUDA_LIB, staged by pdx).
+    #[arg(long, default_value = "cpu:0")]
+    location: String,
+    /// Loopback mode: where the target's buffer lives (cpu:N or cuda:N).
+    #[arg(long, default_value = "cpu:0")]
+    remote_location: String,
+    /// With device memory on either side, first run the same sweep with
+    /// host memory on both and print the two side by side.
+    #[arg(long)]
+    compare_host: bool,
 }
 
 fn main() {
@@ -180,10 +196,21 @@ fn target(opts: TargetOpts) -> Result<(), String> {
     let engine = start_engine(&opts.host, &opts.protocol)?;
     let mut buf = Buffer::new(opts.buffer).map_err(|e| format!("cannot map {} bytes: {e}", opts.buffer))?;
     pattern::fill(buf.as_mut_slice(), opts.seed);
-    engine.register_batch(&[(buf.addr(), buf.len() as u64)]).map_err(|e| e.to_string())?;
+    // Device memory: the pattern is uploaded, and checksums read it back.
+    let dev = match device::ordinal(&opts.location)? {
+        Some(n) => {
+            let d = device::DeviceBuffer::new(n, buf.len())?;
+            d.upload(0, buf.as_slice())?;
+            Some(d)
+        }
+        None => None,
+    };
+    let served = dev.as_ref().map_or(buf.addr(), |d| d.addr());
+    let at = pdx::transfer::location::Requested::parse(&opts.location).map_err(|e| e.to_string())?;
+    engine.register_batch_at(&[(served, buf.len() as u64)], at).map_err(|e| e.to_string())?;
     println!(
         "{}",
-        serde_json::json!({"session": engine.session_id(), "addr": buf.addr(), "len": buf.len(), "seed": opts.seed})
+        serde_json::json!({"session": engine.session_id(), "addr": served, "len": buf.len(), "seed": opts.seed})
     );
     // Serve control requests until told to quit, stdin closes (the loopback
     // parent holds it), or the parent goes away.
@@ -216,10 +243,11 @@ fn target(opts: TargetOpts) -> Result<(), String> {
                             [o, l] => (o.parse::<usize>().unwrap_or(usize::MAX), l.parse::<usize>().unwrap_or(0)),
                             _ => (usize::MAX, 0),
                         };
-                        let sum = off
-                            .checked_add(len)
-                            .filter(|&end| end <= buf.len())
-                            .map(|end| pattern::checksum(&buf.as_slice()[off..end]));
+                        let in_range = off.checked_add(len).filter(|&end| end <= buf.len());
+                        if let (Some(_), Some(d)) = (in_range, &dev) {
+                            d.download(off, &mut buf.as_mut_slice()[off..off + len])?;
+                        }
+                        let sum = in_range.map(|end| pattern::checksum(&buf.as_slice()[off..end]));
                         sums.push(sum.map_or("bad-range".to_owned(), |s| format!("{s:016x}")));
                     }
                     if let Err(e) = engine.notify(reply, CONTROL, &format!("checksums {}", sums.join(" "))) {
@@ -248,6 +276,7 @@ fn spawn_target(opts: &InitiatorOpts) -> Result<TargetProcess, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
         .args(["target", "--host", &opts.host, "--buffer", &opts.buffer.to_string(), "--protocol", &opts.protocol])
+        .args(["--location", &opts.remote_location])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -276,6 +305,23 @@ fn spawn_target(opts: &InitiatorOpts) -> Result<TargetProcess, String> {
 }
 
 fn loopback(opts: InitiatorOpts) -> Result<(), String> {
+    let staged = device::ordinal(&opts.location)?.is_some() || device::ordinal(&opts.remote_location)?.is_some();
+    if !(opts.compare_host && staged) {
+        return loopback_once(&opts).map(|_| ());
+    }
+    let host = InitiatorOpts { location: "cpu:0".into(), remote_location: "cpu:0".into(), ..opts.clone() };
+    let host_rows = loopback_once(&host)?;
+    let staged_rows = loopback_once(&opts)?;
+    report::print_comparison(
+        &format!("staged ({} -> {}) against host memory", opts.location, opts.remote_location),
+        &host_rows,
+        &staged_rows,
+    );
+    Ok(())
+}
+
+fn loopback_once(opts: &InitiatorOpts) -> Result<Vec<report::Row>, String> {
+    let opts = opts.clone();
     let mut t = spawn_target(&opts)?;
     let result = initiator(&opts, &t.session, t.addr, t.len);
     // Closing its stdin tells the target to quit; kill it if it lingers.
@@ -289,7 +335,7 @@ fn loopback(opts: InitiatorOpts) -> Result<(), String> {
     }
     let _ = t.child.kill();
     let _ = t.child.wait();
-    result.map(|_| ())
+    result
 }
 
 fn initiator(
@@ -305,7 +351,15 @@ fn initiator(
         let (measured, moved) = run::block_sweep(&ctx)?;
         rows.extend(measured);
         report::print_table(
-            &format!("pdx {:?} over {} ({} -> {})", opts.op, engine.protocol(), engine.session_id(), session),
+            &format!(
+                "pdx {:?} over {} ({} -> {}), local {} remote {}",
+                opts.op,
+                engine.protocol(),
+                engine.session_id(),
+                session,
+                opts.location,
+                opts.remote_location
+            ),
             &rows,
         );
         run::verify(&ctx, &moved)?;
@@ -314,10 +368,16 @@ fn initiator(
     if matches!(opts.workload, Workload::Kv | Workload::All) {
         kv_rows = kv::run(&ctx)?;
     }
+    let stats = engine.stats();
+    report::print_stats(&stats, run::stats_cost());
     let json = serde_json::json!({
         "op": format!("{:?}", opts.op).to_lowercase(), "protocol": opts.protocol, "threads": opts.threads,
         "blocks": rows.iter().map(report::Row::to_json).collect::<Vec<_>>(),
         "kv": kv_rows,
+        "stats": {"tasks_written": stats.tasks_written, "tasks_read": stats.tasks_read,
+                  "bytes_written": stats.bytes_written, "bytes_read": stats.bytes_read,
+                  "tasks_failed": stats.tasks_failed,
+                  "latency_p50_us": stats.latency_p50_us, "latency_p99_us": stats.latency_p99_us},
     });
     if let Some(path) = &opts.json {
         std::fs::write(path, serde_json::to_string_pretty(&json).unwrap_or_default())

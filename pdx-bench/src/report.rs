@@ -107,6 +107,23 @@ pub fn print_table(title: &str, rows: &[Row]) {
     }
 }
 
+/// Host and staged sweeps side by side, block by block.
+pub fn print_comparison(title: &str, host: &[Row], staged: &[Row]) {
+    println!("\n{title}");
+    println!("{:>10} {:>6} {:>12} {:>12} {:>8}", "block", "batch", "host GB/s", "staged GB/s", "ratio");
+    for s in staged {
+        let Some(h) = host.iter().find(|h| h.block == s.block && h.batch == s.batch) else { continue };
+        println!(
+            "{:>10} {:>6} {:>12.3} {:>12.3} {:>7.0}%",
+            human_bytes(s.block),
+            s.batch,
+            h.gbps(),
+            s.gbps(),
+            100.0 * s.gbps() / h.gbps().max(1e-9)
+        );
+    }
+}
+
 /// An SVG line chart of GB/s against block size (log2 x axis).
 pub fn svg_plot(title: &str, rows: &[Row]) -> String {
     let (w, h, left, bottom, top, right) = (720.0, 420.0, 70.0, 60.0, 40.0, 45.0);
@@ -171,6 +188,21 @@ pub fn svg_plot(title: &str, rows: &[Row]) -> String {
 
 fn xml_escape(t: &str) -> String {
     t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// The initiator engine's counters after the run, and what keeping them costs.
+pub fn print_stats(s: &pdx::transfer::stats::StatsSnapshot, cost: Duration) {
+    println!(
+        "\nengine stats: {} write and {} read tasks ({} / {} bytes), {} failed; task latency p50 {} us, p99 {} us",
+        s.tasks_written,
+        s.tasks_read,
+        s.bytes_written,
+        s.bytes_read,
+        s.tasks_failed,
+        s.latency_p50_us,
+        s.latency_p99_us
+    );
+    println!("counting one completed task costs {:.1} ns (measured here, single thread)", cost.as_secs_f64() * 1e9);
 }
 
 #[cfg(test)]

@@ -102,7 +102,19 @@ pub fn block_sweep(ctx: &Context<'_>) -> Result<(Vec<Row>, Moved), String> {
     if opts.op == Op::Write {
         pattern::fill(local.as_mut_slice(), SOURCE_SEED);
     }
-    let local_addr = local.addr() as usize;
+    // Device memory (`--location cuda:N`): the host buffer is its mirror,
+    // uploaded before the sweep and read back before verifying.
+    let dev = match crate::device::ordinal(&opts.location)? {
+        Some(n) => {
+            let d = crate::device::DeviceBuffer::new(n, local.len())?;
+            d.upload(0, local.as_slice())?;
+            let at = pdx::transfer::location::Requested::parse(&opts.location).map_err(|e| e.to_string())?;
+            ctx.engine.register_batch_at(&[(d.addr(), d.len() as u64)], at).map_err(|e| e.to_string())?;
+            Some(d)
+        }
+        None => None,
+    };
+    let local_addr = dev.as_ref().map_or(local.addr(), |d| d.addr()) as usize;
     let mut covered = vec![0usize; threads];
     let mut rows = Vec::new();
     let show = !opts.quiet && std::io::stderr().is_terminal();
@@ -202,6 +214,10 @@ pub fn block_sweep(ctx: &Context<'_>) -> Result<(Vec<Row>, Moved), String> {
             latencies,
         });
     }
+    if let Some(d) = dev {
+        d.download(0, local.as_mut_slice())?;
+        ctx.engine.unregister_batch(&[d.addr()]).map_err(|e| e.to_string())?;
+    }
     Ok((rows, Moved { local, region, covered }))
 }
 
@@ -236,4 +252,18 @@ pub fn verify(ctx: &Context<'_>, moved: &Moved) -> Result<(), String> {
     }
     println!("verified {} ({} bytes) byte for byte", human_bytes(total), total);
     Ok(())
+}
+
+/// The time one completed task's accounting takes (the counters and the
+/// latency histogram every backend updates), averaged over many calls.
+pub fn stats_cost() -> Duration {
+    let stats = pdx::transfer::stats::Stats::default();
+    const N: u32 = 1_000_000;
+    let started = Instant::now();
+    for i in 0..N {
+        stats.completed(Direction::Write, 4096, Duration::from_micros(u64::from(i % 1000)));
+    }
+    let per = started.elapsed() / N;
+    std::hint::black_box(&stats);
+    per
 }

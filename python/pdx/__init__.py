@@ -22,7 +22,10 @@ If none loads, :class:`OSError` names every place tried and why it failed.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import json
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from ctypes import POINTER, c_char_p, c_int32, c_size_t, c_uint16, c_uint64, c_void_p
@@ -81,6 +84,8 @@ PDX_ERR_BUSY = -22
 PDX_ERR_NOT_FOUND = -23
 PDX_ERR_SHUTDOWN = -24
 PDX_ERR_NOTIFY_REJECTED = -25
+PDX_ERR_DEVICE_UNAVAILABLE = -26
+PDX_ERR_DEVICE = -27
 
 STATUS_NAMES: dict[int, str] = {
     PDX_OK: "PDX_OK",
@@ -109,6 +114,8 @@ STATUS_NAMES: dict[int, str] = {
     PDX_ERR_NOT_FOUND: "PDX_ERR_NOT_FOUND",
     PDX_ERR_SHUTDOWN: "PDX_ERR_SHUTDOWN",
     PDX_ERR_NOTIFY_REJECTED: "PDX_ERR_NOTIFY_REJECTED",
+    PDX_ERR_DEVICE_UNAVAILABLE: "PDX_ERR_DEVICE_UNAVAILABLE",
+    PDX_ERR_DEVICE: "PDX_ERR_DEVICE",
 }
 
 
@@ -195,6 +202,7 @@ _SIGNATURES: list[_Signature] = [
     ("pdx_backend_available", c_int32, [c_char_p]),
     ("pdx_session_id", pdx_status, [c_char_p, c_uint16, POINTER(ctypes.c_char), c_size_t, POINTER(c_size_t)]),
     ("pdx_backend_unavailable_reason", pdx_status, [c_char_p, POINTER(ctypes.c_char), c_size_t, POINTER(c_size_t)]),
+    ("pdx_capabilities", pdx_status, [POINTER(ctypes.c_char), c_size_t, POINTER(c_size_t)]),
 ]
 
 
@@ -524,6 +532,23 @@ class BatchSummary(ctypes.Structure):
                 f"failed={self.failed}, bytes={self.bytes})")
 
 
+#: The counters of `pdx_stats`, in the struct's order after `size`.
+STATS_FIELDS = (
+    "bytes_written", "bytes_read", "tasks_written", "tasks_read", "tasks_failed",
+    "failed_timeout", "failed_connection_lost", "failed_peer_unreachable", "failed_remote_rejected",
+    "failed_shutdown", "failed_protocol", "failed_other",
+    "served_bytes_written", "served_bytes_read", "served_writes", "served_reads", "requests_refused",
+    "handshakes", "inbound_connections", "inbound_connections_open", "peers_connected",
+    "notification_bytes_queued", "latency_p50_us", "latency_p99_us",
+)
+
+
+class Stats(ctypes.Structure):
+    """`pdx_stats`: an engine's counters since it started (see `Engine.stats`)."""
+
+    _fields_ = [("size", c_size_t)] + [(name, c_uint64) for name in STATS_FIELDS]
+
+
 _ENGINE_SIGNATURES: list[_Signature] = [
     ("pdx_engine_init", pdx_status, [c_char_p, c_char_p, c_char_p, POINTER(c_void_p)]),
     ("pdx_engine_free", None, [c_void_p]),
@@ -531,6 +556,7 @@ _ENGINE_SIGNATURES: list[_Signature] = [
     ("pdx_engine_rpc_port", c_uint16, [c_void_p]),
     ("pdx_engine_protocol", c_char_p, [c_void_p]),
     ("pdx_register_memory", pdx_status, [c_void_p, c_void_p, c_size_t]),
+    ("pdx_register_memory_at", pdx_status, [c_void_p, c_void_p, c_size_t, c_char_p]),
     ("pdx_unregister_memory", pdx_status, [c_void_p, c_void_p]),
     ("pdx_batch_register_memory", pdx_status, [c_void_p, POINTER(c_void_p), POINTER(c_size_t), c_size_t]),
     ("pdx_batch_unregister_memory", pdx_status, [c_void_p, POINTER(c_void_p), c_size_t]),
@@ -556,6 +582,7 @@ _ENGINE_SIGNATURES: list[_Signature] = [
     ("pdx_notifications_count", c_size_t, [c_void_p]),
     ("pdx_notification_get", pdx_status, [c_void_p, c_size_t, POINTER(c_char_p), POINTER(c_char_p)]),
     ("pdx_notifications_free", None, [c_void_p]),
+    ("pdx_engine_stats", pdx_status, [c_void_p, POINTER(Stats)]),
 ]
 _SIGNATURES += _ENGINE_SIGNATURES
 _declare(lib, _ENGINE_SIGNATURES)
@@ -698,6 +725,15 @@ class Engine:
         self._registered[addr] = keep
         return addr
 
+    def register_at(self, memory: Memory, length: int | None = None, location: str = "*") -> int:
+        """Register a buffer, or `length` bytes at an int address (a device
+        pointer for "cuda:N"), at `location`: "cpu:N", "cuda:N" or "*" (ask
+        the CUDA driver, see docs/gpu.md); returns the address."""
+        addr, length, keep = _memory(memory, length, writable=not isinstance(memory, int))
+        check(lib.pdx_register_memory_at(self._h, addr, length, location.encode()))
+        self._registered[addr] = keep
+        return addr
+
     def unregister(self, memory: Memory) -> None:
         """Withdraw a registration (by the buffer or its int address)."""
         addr = memory if isinstance(memory, int) else _memory(memory, writable=True)[0]
@@ -805,6 +841,16 @@ class Engine:
         """Send the notification (name, msg) to `session`."""
         check(lib.pdx_send_notify(self._h, _enc(session), _enc(name), _enc(msg)))
 
+    def stats(self) -> dict[str, int]:
+        """The engine's counters since it started, by `pdx_stats` field name:
+        bytes and tasks written/read as initiator, failures by kind, requests
+        served as target, handshakes, connections, peers, queued notification
+        bytes, and p50/p99 task latency in microseconds."""
+        out = Stats()
+        out.size = ctypes.sizeof(Stats)
+        check(lib.pdx_engine_stats(self._h, ctypes.byref(out)))
+        return {name: int(getattr(out, name)) for name in STATS_FIELDS}
+
     def drain_notifications(self) -> list[tuple[str, str]]:
         """Take the (name, msg) notifications received so far, oldest first."""
         out = c_void_p()
@@ -837,6 +883,18 @@ def backend_unavailable_reason(name: str) -> str:
     return buf.value.decode()
 
 
+def capabilities() -> dict[str, Any]:
+    """What this build and machine can serve: backends (native tcp; Mooncake's
+    engine and whether its library loads, and why not) and memory kinds (see
+    `pdx_capabilities`)."""
+    needed = c_size_t()
+    check(lib.pdx_capabilities(None, 0, ctypes.byref(needed)))
+    buf = ctypes.create_string_buffer(needed.value + 1)
+    check(lib.pdx_capabilities(buf, len(buf), ctypes.byref(needed)))
+    parsed: dict[str, Any] = json.loads(buf.value.decode())
+    return parsed
+
+
 def session_id(host: str, port: int) -> str:
     """`host:port` as Mooncake names sessions (IPv6 literals bracketed)."""
     buf = ctypes.create_string_buffer(300)
@@ -849,21 +907,64 @@ def session_id(host: str, port: int) -> str:
 
 
 # --- logging ---
-# The declaration of pdx_set_log_callback (src/ffi/log.rs), so the signature
-# table stays complete; levels are on logging's scale.
+# pdx_set_log_callback (src/ffi/log.rs); levels are on logging's scale.
 
 PDX_LOG_TRACE = 5
 PDX_LOG_DEBUG = 10
 PDX_LOG_ERROR = 40
-# void (*)(void *userdata, int32_t level, const char *module, size_t module_len,
-#          const char *message, size_t message_len); LOG_CALLBACK() is NULL.
+#: void (*)(void *userdata, int32_t level, const char *module, size_t module_len,
+#:          const char *message, size_t message_len); LOG_CALLBACK() is NULL.
 LOG_CALLBACK = ctypes.CFUNCTYPE(None, c_void_p, c_int32, POINTER(ctypes.c_char), c_size_t,
                                 POINTER(ctypes.c_char), c_size_t)
-_LOG_SIGNATURES = [
+_LOG_SIGNATURES: list[_Signature] = [
     ("pdx_set_log_callback", pdx_status, [LOG_CALLBACK, c_void_p, c_int32]),
 ]
 _SIGNATURES += _LOG_SIGNATURES
-for _name, _restype, _argtypes in _LOG_SIGNATURES:
-    _fn = getattr(lib, _name)
-    _fn.restype = _restype
-    _fn.argtypes = _argtypes
+_declare(lib, _LOG_SIGNATURES)
+
+# The installed callback: kept referenced while pdx may call it.
+_log_callback: Any = None
+
+
+def set_log_handler(logger: logging.Logger | None = None, level: int | None = None) -> None:
+    """Route pdx's log records into Python's `logging`, or back to stderr.
+
+    Records go to the child of `logger` named after the pdx module that
+    logged (`pdx::engine::batch` -> `<logger>.engine.batch`); `logger`
+    defaults to `logging.getLogger("pdx")`. Records below `level` (default:
+    the logger's effective level) are dropped inside pdx, before any Python
+    code runs. `remove_log_handler()` undoes it.
+    Records logged from pdx's own threads arrive on those threads.
+    """
+    global _log_callback
+    target = logger if logger is not None else logging.getLogger("pdx")
+    threshold = target.getEffectiveLevel() if level is None else level
+
+    def deliver(_userdata: object, lvl: int, module: Any, module_len: int, message: Any, message_len: int) -> None:
+        try:
+            name = ctypes.string_at(module, module_len).decode("utf-8", "replace")
+            text = ctypes.string_at(message, message_len).decode("utf-8", "replace")
+            parts = name.split("::")[1:]
+            child = target.getChild(".".join(parts)) if parts else target
+            child.log(lvl, "%s", text)
+        except Exception:  # a handler must never unwind into pdx
+            pass
+
+    callback = LOG_CALLBACK(deliver)
+    check(lib.pdx_set_log_callback(callback, None, threshold))
+    _log_callback = callback
+
+
+def remove_log_handler() -> None:
+    """Send pdx's records to stderr again (`RUST_LOG` filters them). Returns
+    once no call into the previous handler is running."""
+    global _log_callback
+    check(lib.pdx_set_log_callback(LOG_CALLBACK(), None, 0))
+    _log_callback = None
+
+
+@atexit.register
+def _detach_log_handler() -> None:
+    # pdx threads may still log while the interpreter shuts down.
+    if _log_callback is not None:
+        lib.pdx_set_log_callback(LOG_CALLBACK(), None, 0)

@@ -61,7 +61,8 @@ def _allowed(ctype: str) -> set:
         return {pdx.LOG_CALLBACK}
     stars = ctype.count("*")
     base = " ".join(w for w in ctype.replace("*", " ").split() if w != "const")
-    opaque = base == "void" or (base.startswith("pdx_") and base not in ("pdx_status", "pdx_batch_summary"))
+    structs = {"pdx_batch_summary": pdx.BatchSummary, "pdx_stats": pdx.Stats}
+    opaque = base == "void" or (base.startswith("pdx_") and base != "pdx_status" and base not in structs)
     if stars == 0:
         return {None} if base == "void" else {_SCALARS[base]}
     if stars == 1:
@@ -69,8 +70,8 @@ def _allowed(ctype: str) -> set:
             return {c_char_p, POINTER(c_char)}
         if opaque:
             return {c_void_p}
-        if base == "pdx_batch_summary":
-            return {POINTER(pdx.BatchSummary)}
+        if base in structs:
+            return {POINTER(structs[base])}
         return {POINTER(_SCALARS[base])}
     if stars == 2:
         if base == "char":

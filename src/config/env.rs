@@ -275,6 +275,9 @@ vars! {
     PDX_BIND_ADDRESS: Ty::Text, "the hostname's address", "Where the listeners bind.";
     PDX_TCP_ENGINE: Ty::Choice(&["native", "mooncake"]), "native", "Which engine serves `tcp`.";
     PDX_MOONCAKE_LIB: Ty::Text, "libtransfer_engine.so", "Mooncake's Transfer Engine library (C API) to load.";
+    PDX_CUDA_LIB: Ty::Text, "libcuda.so.1", "The CUDA driver library to load (device memory; see docs/gpu.md).";
+    PDX_CUDA_STAGING_BYTES: Ty::Int { min: 65536, max: 1 << 40 }, "67108864",
+        "Pinned host memory per engine for staging device memory (bytes).";
     RUST_LOG: Ty::Text, "warn", "Log filter (`env_logger` syntax).";
     MOONCAKE_DEVICE: Ty::Text, "\"\"",
         "The device of an engine under the remote-instance rule (`device_source=remote_instance`) started without a device; read only then.";

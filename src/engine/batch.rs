@@ -6,12 +6,13 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 use super::peers::{Lane, Peer};
-use super::transfer::{run_window, WINDOW_BYTES, WINDOW_REQUESTS};
+use super::staging::run_window_any;
+use super::transfer::{WINDOW_BYTES, WINDOW_REQUESTS};
 use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::state::{self, BatchSummary, TaskState, TaskSummary};
@@ -56,13 +57,15 @@ pub struct BatchRun {
     notify_error: Mutex<Option<Error>>,
     done: Mutex<bool>,
     done_cv: Condvar,
+    /// When the batch was made: task latencies count from here.
+    started: Instant,
 }
 
 impl BatchRun {
     /// A batch of `reqs`. Zero-length requests complete at once (nothing
     /// crosses the wire for them, as in Mooncake).
     pub fn new(
-        settings: &super::settings::Settings,
+        inner: &Inner,
         session: &str,
         direction: Direction,
         reqs: Vec<Request>,
@@ -74,8 +77,10 @@ impl BatchRun {
         for (i, r) in reqs.iter().enumerate() {
             let mut count = 0;
             let mut off = 0;
+            // Device memory travels in pieces of one staging buffer.
+            let piece = super::staging::piece_limit(inner, r, PIECE_BYTES);
             while off < r.len {
-                let len = (r.len - off).min(PIECE_BYTES);
+                let len = (r.len - off).min(piece);
                 pieces.push(Request { local: r.local + off, remote: r.remote + off as u64, len });
                 piece_task.push(i);
                 off += len;
@@ -99,11 +104,12 @@ impl BatchRun {
             remaining: AtomicUsize::new(pending),
             abort: Mutex::new(None),
             peer: OnceLock::new(),
-            force_v1: settings.force_v1,
+            force_v1: inner.settings.force_v1,
             notify,
             notify_error: Mutex::new(None),
             done: Mutex::new(false),
             done_cv: Condvar::new(),
+            started: Instant::now(),
         })
     }
 
@@ -111,6 +117,11 @@ impl BatchRun {
     /// on the calling thread (which then keeps taking windows until none is
     /// left, so it never idles while work remains).
     pub fn start(self: &Arc<Self>, inner: &Arc<Inner>, on_caller: bool) {
+        // Zero-length tasks completed when the batch was made.
+        for t in self.tasks.iter().filter(|t| t.pieces_left.load(Ordering::Acquire) == 0) {
+            debug_assert_eq!(t.state(), TaskState::Completed);
+            inner.stats.completed(self.direction, 0, Duration::ZERO);
+        }
         if self.remaining.load(Ordering::Acquire) == 0 {
             self.finish(inner);
             return;
@@ -181,8 +192,13 @@ impl BatchRun {
         if task.pieces_left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        let failed = task.error.lock().is_some();
-        task.state.store(if failed { TaskState::Failed } else { TaskState::Completed }.to_u8(), Ordering::Release);
+        let failure = task.error.lock().as_ref().map(Error::kind);
+        match failure {
+            Some(kind) => inner.stats.failed(kind),
+            None => inner.stats.completed(self.direction, task.bytes.load(Ordering::Acquire), self.started.elapsed()),
+        }
+        let state = if failure.is_some() { TaskState::Failed } else { TaskState::Completed };
+        task.state.store(state.to_u8(), Ordering::Release);
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.finish(inner);
         }
@@ -256,7 +272,7 @@ impl BatchRun {
             let reqs: Vec<Request> = idx.iter().map(|&i| self.pieces[i]).collect();
             // SAFETY: the submitter guarantees local memory stays valid until
             // every task of the batch is terminal.
-            let out = unsafe { run_window(&mut l.conn, &self.session, self.direction, v2, &reqs) };
+            let out = unsafe { run_window_any(inner, &mut l.conn, &self.session, self.direction, v2, &reqs) };
             for &i in &idx[..out.confirmed] {
                 self.complete(inner, i, Ok(()));
             }
@@ -303,7 +319,8 @@ impl BatchRun {
             };
             let v2 = l.proto_version >= 2 && !self.force_v1;
             // SAFETY: as in `lane_job`.
-            let out = unsafe { run_window(&mut l.conn, &self.session, self.direction, v2, &[self.pieces[i]]) };
+            let out =
+                unsafe { run_window_any(inner, &mut l.conn, &self.session, self.direction, v2, &[self.pieces[i]]) };
             match out.broken {
                 None => {
                     peer.release(l, true);
@@ -312,6 +329,12 @@ impl BatchRun {
                 Some(_) if out.rejected => {
                     peer.release(l, false);
                     self.complete(inner, i, Err(self.rejected(i)));
+                }
+                Some(e) if e.kind() == ErrorKind::Device => {
+                    // A local driver call failed for this request alone: the
+                    // connection is clean and the others carry on.
+                    peer.release(l, true);
+                    self.complete(inner, i, Err(e));
                 }
                 Some(e) if !v2 && e.kind() == ErrorKind::ConnectionLost => {
                     // A v1 target refuses a bad address by closing silently.

@@ -142,6 +142,14 @@ impl Conn {
         self.end - self.start
     }
 
+    /// The next `N` bytes if they are already buffered, without consuming
+    /// them (to look at the next pipelined request header).
+    pub fn peek_buffered<const N: usize>(&self) -> Option<[u8; N]> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.buf.get(self.start..self.start + N).filter(|_| self.buffered() >= N)?);
+        Some(out)
+    }
+
     /// Refill the buffer with one blocking `recv`; `Ok(0)` at end of stream.
     fn fill(&mut self) -> io::Result<usize> {
         if self.start == self.end {

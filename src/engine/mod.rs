@@ -9,6 +9,7 @@
 
 pub(crate) mod batch;
 mod conn;
+pub mod cuda;
 // The codecs are public only for the fuzz targets (feature `fuzzing`); the
 // engine's API is `Engine` and `Settings`.
 #[cfg(feature = "fuzzing")]
@@ -21,6 +22,7 @@ mod regions;
 mod registry;
 mod server;
 pub mod settings;
+mod staging;
 mod transfer;
 #[cfg(feature = "fuzzing")]
 pub mod wire;
@@ -43,6 +45,8 @@ use serde_json::Value;
 use crate::error::{Error, ErrorKind, Result};
 use crate::ids::IdTable;
 use crate::transfer::host::{engine_host, parse_session};
+use crate::transfer::location::Requested;
+use crate::transfer::stats::{Gauges, Stats, StatsSnapshot};
 use crate::transfer::{state, BatchSummary, Direction, Request, TaskSummary, TransferBackend};
 use batch::BatchRun;
 use notify::Notifications;
@@ -72,6 +76,9 @@ pub(crate) struct Inner {
     pub peers: Peers,
     pub workers: Arc<Workers>,
     pub batches: IdTable<BatchRun>,
+    pub stats: Stats,
+    /// Pinned buffers and streams for device memory (allocated on first use).
+    pub staging: staging::Staging,
 }
 
 /// A running engine. Dropping it (or calling [`Engine::stop`]) stops the
@@ -126,6 +133,8 @@ impl Engine {
             peers: Peers::default(),
             workers: workers.clone(),
             batches: IdTable::new("batch id", 0),
+            stats: Stats::default(),
+            staging: staging::Staging::new(settings.staging_bytes, settings.lane_wait_timeout),
             settings,
         });
         let clone = |l: &TcpListener| l.try_clone().map_err(|e| Error::io(format!("listener: {e}")));
@@ -151,10 +160,16 @@ impl Engine {
         self.inner.identity.data_port
     }
 
-    /// Let peers read and write `[addr, addr+len)`. Refuses zero lengths and
-    /// overlaps with registered regions.
+    /// Let peers read and write `[addr, addr+len)` (its location detected,
+    /// see [`register_batch_at`](Self::register_batch_at)). Refuses zero
+    /// lengths and overlaps with registered regions.
     pub fn register(&self, addr: u64, len: u64) -> Result<()> {
         self.register_batch(&[(addr, len)])
+    }
+
+    /// Where the registered region containing `addr` lives, if any.
+    pub fn location_of(&self, addr: u64) -> Option<crate::transfer::location::Location> {
+        self.inner.regions.lookup(addr, 1).map(|r| r.location)
     }
 
     /// Withdraw the region starting at `addr`; returns once no inbound
@@ -197,7 +212,19 @@ impl TransferBackend for Engine {
     }
 
     fn register_batch(&self, regions: &[(u64, u64)]) -> Result<()> {
-        self.inner.regions.register_all(regions)
+        self.register_batch_at(regions, Requested::Detect)
+    }
+
+    /// Register several regions at `location`, all or none: `"*"` asks the
+    /// CUDA driver (when one loads) whether each is device memory; a
+    /// `cuda:N` region needs the driver and is refused at once (naming the
+    /// region and the cause) if it or the driver call fails.
+    fn register_batch_at(&self, regions: &[(u64, u64)], location: Requested) -> Result<()> {
+        let classified = regions
+            .iter()
+            .map(|&(a, l)| cuda::classify(a, l, location).map(|c| (a, l, c)))
+            .collect::<Result<Vec<_>>>()?;
+        self.inner.regions.register_all_at(classified)
     }
 
     fn unregister_batch(&self, addrs: &[u64]) -> Result<()> {
@@ -210,7 +237,8 @@ impl TransferBackend for Engine {
     unsafe fn transfer_sync(&self, session: &str, direction: Direction, reqs: Vec<Request>) -> Result<()> {
         self.check_running()?;
         Request::validate_all(&reqs)?;
-        let run = BatchRun::new(&self.inner.settings, session, direction, reqs, None);
+        staging::check_locals(&self.inner, &reqs)?;
+        let run = BatchRun::new(&self.inner, session, direction, reqs, None);
         run.start(&self.inner, true);
         run.wait_until(None);
         run.outcome()
@@ -227,7 +255,8 @@ impl TransferBackend for Engine {
     ) -> Result<u64> {
         self.check_running()?;
         Request::validate_all(&reqs)?;
-        let run = BatchRun::new(&self.inner.settings, session, direction, reqs, notify);
+        staging::check_locals(&self.inner, &reqs)?;
+        let run = BatchRun::new(&self.inner, session, direction, reqs, notify);
         let id = self.inner.batches.insert(run.clone())?;
         run.start(&self.inner, false);
         Ok(id)
@@ -273,6 +302,15 @@ impl TransferBackend for Engine {
         self.check_running()?;
         let peer = self.inner.peers.get(&self.inner, session)?;
         notify::send_to(&self.inner, &peer, name, msg)
+    }
+
+    fn stats(&self) -> StatsSnapshot {
+        let i = &self.inner;
+        i.stats.snapshot(Gauges {
+            peers_connected: i.peers.len() as u64,
+            inbound_connections_open: i.stats.inbound_open.load(std::sync::atomic::Ordering::Relaxed),
+            notification_bytes_queued: i.notifications.queued_bytes() as u64,
+        })
     }
 
     /// Take every notification received so far, oldest first.

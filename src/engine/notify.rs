@@ -35,6 +35,11 @@ impl Notifications {
         true
     }
 
+    /// Bytes of names and messages waiting to be drained.
+    pub fn queued_bytes(&self) -> usize {
+        self.queue.lock().iter().map(|(n, m)| n.len() + m.len()).sum()
+    }
+
     /// Take every queued pair, oldest first.
     pub fn drain(&self) -> Vec<(String, String)> {
         self.queue.lock().drain(..).collect()

@@ -215,6 +215,11 @@ pub struct Peers {
 
 impl Peers {
     /// Wake every thread waiting for a lane (they see the stop and leave).
+    /// Peers with a known descriptor.
+    pub fn len(&self) -> usize {
+        self.map.lock().len()
+    }
+
     pub fn wake_all(&self) {
         for p in self.map.lock().values() {
             let _guard = p.lanes.lock();

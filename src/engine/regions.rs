@@ -5,20 +5,27 @@
 //! unregistering revokes the region first and then waits for those holders,
 //! so memory is never touched after `unregister` returns.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 
+use super::cuda::{Classified, Device};
 use super::descriptor::AdvertisedBuffer;
 use crate::error::{Error, Result};
+use crate::transfer::location::Location;
 use crate::transfer::regions::RegionMap;
 
 /// One registered region.
 #[derive(Debug)]
 pub struct Region {
     pub start: u64,
+    pub len: u64,
+    /// Where the bytes live; device memory is only ever staged.
+    pub location: Location,
+    /// The device (primary context retained) for device memory.
+    pub device: Option<Arc<Device>>,
     revoked: AtomicBool,
 }
 
@@ -33,18 +40,54 @@ impl Region {
 #[derive(Default)]
 pub struct Regions {
     map: RwLock<RegionMap<Arc<Region>>>,
+    /// How many registered regions are device memory (0: no lookups needed
+    /// to stage).
+    devices: AtomicUsize,
 }
 
 impl Regions {
-    /// Register several regions, all or none.
+    /// Register several host regions, all or none.
+    #[cfg(test)]
     pub fn register_all(&self, regions: &[(u64, u64)]) -> Result<()> {
-        self.map.write().insert_all(regions, |start, _| Arc::new(Region { start, revoked: AtomicBool::new(false) }))
+        self.register_all_at(
+            regions.iter().map(|&(a, l)| (a, l, Classified { location: Location::default(), device: None })).collect(),
+        )
+    }
+
+    /// Register several regions with their classified locations, all or none.
+    pub fn register_all_at(&self, regions: Vec<(u64, u64, Classified)>) -> Result<()> {
+        let ranges: Vec<(u64, u64)> = regions.iter().map(|&(a, l, _)| (a, l)).collect();
+        let devices = regions.iter().filter(|r| r.2.device.is_some()).count();
+        let mut classified = regions.into_iter().map(|(_, _, c)| c);
+        let mut map = self.map.write();
+        map.insert_all(&ranges, |start, len| {
+            let c = classified.next().unwrap_or(Classified { location: Location::default(), device: None });
+            Arc::new(Region { start, len, location: c.location, device: c.device, revoked: AtomicBool::new(false) })
+        })?;
+        self.devices.fetch_add(devices, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// True if any registered region is device memory.
+    pub fn has_device_regions(&self) -> bool {
+        self.devices.load(Ordering::Acquire) > 0
+    }
+
+    /// A device region overlapping `[addr, addr+len)`, if any (to refuse a
+    /// local range that is partly device memory).
+    pub fn device_overlapping(&self, addr: u64, len: u64) -> Option<Arc<Region>> {
+        let end = addr.checked_add(len.max(1))?;
+        let map = self.map.read();
+        let found =
+            map.iter().find(|(s, l, r)| *s < end && s + l > addr && r.device.is_some()).map(|(_, _, r)| r.clone());
+        found
     }
 
     /// Unregister several regions by start address, all or none; waits up to
     /// `drain` for requests still using them.
     pub fn unregister_all(&self, addrs: &[u64], drain: Duration) -> Result<()> {
         let removed = self.map.write().remove_all(addrs)?;
+        self.devices.fetch_sub(removed.iter().filter(|r| r.device.is_some()).count(), Ordering::AcqRel);
         for r in &removed {
             r.revoked.store(true, Ordering::Release);
         }

@@ -16,6 +16,7 @@ use super::descriptor::encode_descriptor;
 use super::wire::{self, FrameType, RequestHeader, HEADER_LEN};
 use super::Inner;
 use crate::error::{Error, Result};
+use crate::transfer::stats::Stats;
 use crate::transfer::Direction;
 
 /// How long a handshake client may take to send its request.
@@ -62,6 +63,23 @@ impl Drop for Slot<'_> {
     }
 }
 
+/// Counts an inbound connection as open while it lives.
+struct OpenConnection<'a>(&'a Stats);
+
+impl<'a> OpenConnection<'a> {
+    fn new(stats: &'a Stats) -> Self {
+        Stats::bump(&stats.inbound_connections);
+        stats.inbound_open.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(stats)
+    }
+}
+
+impl Drop for OpenConnection<'_> {
+    fn drop(&mut self) {
+        self.0.inbound_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Which listener an accept loop serves.
 #[derive(Clone, Copy)]
 pub enum Plane {
@@ -100,6 +118,7 @@ pub fn accept_loop(inner: Arc<Inner>, listener: TcpListener, plane: Plane) {
         let spawned = inner.registry.spawn(name.to_owned(), move || {
             let Some(_slot) = Slot::take(&active2, limit) else { return };
             let Some(_tracked) = inner2.registry.track(&stream) else { return };
+            let _open = OpenConnection::new(&inner2.stats);
             match plane {
                 Plane::Handshake => serve_handshake(&inner2, stream),
                 Plane::Data => serve_data(&inner2, stream),
@@ -170,6 +189,7 @@ fn serve_handshake(inner: &Inner, mut stream: TcpStream) {
     if stream.write_all(&wire::encode_frame(kind, &reply)).is_err() {
         return;
     }
+    Stats::bump(&inner.stats.handshakes);
     // Half-close, then let the client close first (bounded by the timeout).
     let _ = stream.shutdown(Shutdown::Write);
     let mut sink = [0u8; 64];
@@ -198,6 +218,7 @@ fn serve_data(inner: &Inner, stream: TcpStream) {
                 header.size,
                 header.addr
             );
+            Stats::bump(&inner.stats.requests_refused);
             if header.acknowledged {
                 pending_acks.extend_from_slice(&wire::encode_status(wire::STATUS_REJECTED));
                 let _ = conn.send_all(&pending_acks);
@@ -205,6 +226,15 @@ fn serve_data(inner: &Inner, stream: TcpStream) {
             break;
         };
         let revoked = || region.is_revoked() || inner.registry.stopping();
+        if let Some(dev) = region.device.clone() {
+            // Device memory: staged, never touched by the CPU.
+            let served = super::staging::serve_device(inner, &mut conn, &dev, &header, &mut pending_acks, &revoked);
+            drop(region);
+            if !served {
+                break;
+            }
+            continue;
+        }
         let size = header.size as usize;
         let ptr = header.addr as *mut u8;
         let served = match header.direction {
@@ -253,5 +283,6 @@ fn serve_data(inner: &Inner, stream: TcpStream) {
             log::debug!("data connection: {e}");
             break;
         }
+        inner.stats.served(header.direction, header.size);
     }
 }

@@ -49,6 +49,9 @@ pub struct Settings {
     pub spin: Duration,
     /// Address the listeners bind to; `None` means the hostname's address.
     pub bind_address: Option<String>,
+    /// Cap on pinned host memory for staging device memory
+    /// (`PDX_CUDA_STAGING_BYTES`).
+    pub staging_bytes: usize,
 }
 
 impl Settings {
@@ -99,6 +102,7 @@ impl Settings {
             workers: read(env, &PDX_WORKERS).unwrap_or(8),
             spin: read(env, &PDX_SPIN_US).unwrap_or(Duration::from_micros(50)),
             bind_address: read(env, &PDX_BIND_ADDRESS),
+            staging_bytes: read(env, &PDX_CUDA_STAGING_BYTES).unwrap_or(super::staging::DEFAULT_STAGING_BYTES),
         }
     }
 }

@@ -39,7 +39,7 @@ pub fn io_error(e: io::Error, session: &str) -> Error {
     Error::new(kind, format!("data connection to {session}: {e}"))
 }
 
-fn header(r: &Request, direction: Direction, acknowledged: bool) -> [u8; HEADER_LEN] {
+pub(crate) fn header(r: &Request, direction: Direction, acknowledged: bool) -> [u8; HEADER_LEN] {
     RequestHeader { size: r.len as u64, addr: r.remote, direction, acknowledged }.encode()
 }
 
@@ -63,7 +63,7 @@ pub unsafe fn run_window(
 }
 
 /// Parse acknowledgements already buffered; `Err` ends the window.
-fn take_acks(
+pub(crate) fn take_acks(
     conn: &mut Conn,
     session: &str,
     want: usize,

@@ -73,6 +73,31 @@ pub unsafe extern "C" fn pdx_backend_unavailable_reason(
     })
 }
 
+/// What this build and this machine can serve, as one JSON object:
+/// `{"version", "backends": [{"name", "available", "reason"?, "library"?,
+/// "protocols"}], "memory": [{"kind", "available", "reason"?}]}` (the
+/// native `tcp` engine, Mooncake's engine and whether its library loads;
+/// host memory and whether device memory can be staged). Fields are only
+/// ever added. Copied into `buf` (`buf_len` bytes, NUL-terminated,
+/// truncated if needed); the full length without the NUL goes to
+/// `*out_len` (may be NULL); `buf` may be NULL with `buf_len` 0 to ask for
+/// the length. Probes run on every call.
+///
+/// Errors: `PDX_ERR_NULL_ARGUMENT` (`buf` NULL with `buf_len` > 0).
+///
+/// # Safety
+/// `buf` is NULL (with `buf_len` 0) or writable for `buf_len` bytes;
+/// `out_len` is NULL or valid for writing one `usize`.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_capabilities(buf: *mut c_char, buf_len: usize, out_len: *mut usize) -> pdx_status {
+    guard("pdx_capabilities", || {
+        let out = text_out(buf, buf_len, out_len)?;
+        // SAFETY: checked shape; the caller provides `buf_len` writable bytes.
+        unsafe { out.write(&crate::backend::capabilities().to_string()) };
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -243,6 +243,16 @@ pub extern "C" fn pdx_engine_protocol(engine: *const pdx_engine) -> *const c_cha
     guard_or("pdx_engine_protocol", std::ptr::null(), || Ok(ENGINES.get(engine)?.protocol.as_ptr()))
 }
 
+/// Run `f` on the backend behind a live engine handle (for the other ffi
+/// modules); the engine stays alive for the call even if another thread
+/// frees the handle meanwhile.
+pub(crate) fn with_engine<T>(
+    engine: *const pdx_engine,
+    f: impl FnOnce(&dyn TransferBackend) -> Result<T>,
+) -> Result<T> {
+    f(&*ENGINES.get(engine)?.engine)
+}
+
 fn region(addr: *const c_void, len: usize, i: Option<usize>) -> Result<(u64, u64)> {
     let at = i.map(|i| format!(" (entry {i})")).unwrap_or_default();
     if addr.is_null() {
@@ -261,6 +271,40 @@ pub extern "C" fn pdx_register_memory(engine: *mut pdx_engine, addr: *mut c_void
         let h = ENGINES.get(engine)?;
         let r = region(addr, len, None)?;
         h.engine.register_batch(&[r])
+    })
+}
+
+/// Register `[addr, addr+len)` at `location`, in Mooncake's syntax:
+/// `"cpu:N"` (host memory), `"cuda:N"` (device memory of CUDA device N) or
+/// `"*"` (detect; NULL means `"*"`, and so does `pdx_register_memory`).
+/// Detection asks the CUDA driver (`PDX_CUDA_LIB`, default
+/// `libcuda.so.1`) when one loads; otherwise the memory is host memory.
+/// Device memory is staged through pinned host buffers and never touched
+/// by the CPU. A `"cuda:N"` region with no loadable driver or no device N
+/// fails with `PDX_ERR_DEVICE_UNAVAILABLE`, one the driver does not report
+/// as device memory of N with `PDX_ERR_INVALID_ARGUMENT`, a failing driver
+/// call with `PDX_ERR_DEVICE`; each message names the region and the cause.
+/// Other errors as `pdx_register_memory`. The Mooncake backend passes the
+/// location to `registerLocalMemory` unchanged.
+///
+/// # Safety
+/// `location` is NULL or a NUL-terminated string; the memory stays valid
+/// until it is unregistered.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_register_memory_at(
+    engine: *mut pdx_engine,
+    addr: *mut c_void,
+    len: usize,
+    location: *const c_char,
+) -> pdx_status {
+    guard("pdx_register_memory_at", || {
+        let h = ENGINES.get(engine)?;
+        let r = region(addr, len, None)?;
+        let location = match opt_c_str(location, "location")? {
+            Some(text) => crate::transfer::location::Requested::parse(text)?,
+            None => crate::transfer::location::Requested::Detect,
+        };
+        h.engine.register_batch_at(&[r], location)
     })
 }
 

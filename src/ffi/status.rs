@@ -63,6 +63,11 @@ pub const PDX_ERR_NOT_FOUND: pdx_status = -23;
 pub const PDX_ERR_SHUTDOWN: pdx_status = -24;
 /// The peer rejected a notification.
 pub const PDX_ERR_NOTIFY_REJECTED: pdx_status = -25;
+/// Device memory was asked for, but no usable CUDA driver (`PDX_CUDA_LIB`)
+/// or no such device is there.
+pub const PDX_ERR_DEVICE_UNAVAILABLE: pdx_status = -26;
+/// A CUDA driver call failed (the message names the driver's error).
+pub const PDX_ERR_DEVICE: pdx_status = -27;
 
 /// Every code with its fixed text, in one table so code, kind and text cannot
 /// drift apart.
@@ -93,6 +98,8 @@ const TABLE: &[(pdx_status, Option<ErrorKind>, &str)] = &[
     (PDX_ERR_NOT_FOUND, Some(ErrorKind::NotFound), "not found\0"),
     (PDX_ERR_SHUTDOWN, Some(ErrorKind::Shutdown), "engine is shutting down\0"),
     (PDX_ERR_NOTIFY_REJECTED, Some(ErrorKind::NotifyRejected), "peer rejected the notification\0"),
+    (PDX_ERR_DEVICE_UNAVAILABLE, Some(ErrorKind::DeviceUnavailable), "CUDA driver or device unavailable\0"),
+    (PDX_ERR_DEVICE, Some(ErrorKind::Device), "CUDA driver call failed\0"),
 ];
 
 /// The status code for an error kind.

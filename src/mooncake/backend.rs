@@ -22,6 +22,7 @@ use crate::ids::IdTable;
 use crate::transfer::backend::unavailable;
 use crate::transfer::host::engine_host;
 use crate::transfer::regions::RegionMap;
+use crate::transfer::stats::{Gauges, Stats, StatsSnapshot};
 use crate::transfer::{state, BatchSummary, Direction, Request, TaskState, TaskSummary, TransferBackend};
 
 /// Sync-call deadline when `MC_TRANSFER_TIMEOUT` is unset (seconds).
@@ -52,6 +53,7 @@ pub struct MooncakeBackend {
     /// freed once Mooncake agrees (never forgotten, never freed twice).
     orphans: Mutex<Vec<u64>>,
     sync_timeout: Duration,
+    stats: Stats,
 }
 
 fn cstring(s: &str, what: &str) -> Result<CString> {
@@ -185,6 +187,7 @@ impl MooncakeBackend {
             batches: IdTable::new("batch id", 0),
             orphans: Mutex::new(Vec::new()),
             sync_timeout: sync_timeout_from_env(),
+            stats: Stats::default(),
         })
     }
 
@@ -263,7 +266,7 @@ impl MooncakeBackend {
                 if let (Some((n, m)), Some(seg)) = (&notify_c, seg) {
                     self.send_notify_to(eng, seg, session, n, m)?;
                 }
-                return Ok(McBatch::new(session, direction, tasks, None));
+                return Ok(self.counted(McBatch::new(session, direction, tasks, None)));
             }
             // SAFETY: live engine.
             let mc = unsafe { (self.api.allocate_batch_id)(eng, wire.len()) };
@@ -294,8 +297,16 @@ impl MooncakeBackend {
                 }
                 return Err(e.context(format!("{} {} request(s) to {session}", direction.name(), wire.len())));
             }
-            Ok(McBatch::new(session, direction, tasks, Some(mc)))
+            Ok(self.counted(McBatch::new(session, direction, tasks, Some(mc))))
         })
+    }
+
+    /// Count a new batch's zero-length tasks, completed at once.
+    fn counted(&self, b: McBatch) -> McBatch {
+        for _ in b.tasks.iter().filter(|t| t.mc_index.is_none()) {
+            self.stats.completed(b.direction, 0, Duration::ZERO);
+        }
+        b
     }
 
     /// Poll Mooncake for every task not yet terminal.
@@ -326,12 +337,18 @@ impl MooncakeBackend {
                     )
                 };
                 if let Err(e) = check(rc, Convention::StatusCode, "getTransferStatus") {
+                    self.stats.failed(e.kind());
                     states[i].state = TaskState::Failed;
                     states[i].error = Some(e.context(where_()));
                     continue;
                 }
                 let (state, failure) = task_state(st.status);
                 states[i].state = state;
+                match (state, failure) {
+                    (TaskState::Completed, _) => self.stats.completed(b.direction, t.len, b.started.elapsed()),
+                    (TaskState::Failed, Some((kind, _))) => self.stats.failed(kind),
+                    _ => {}
+                }
                 match state {
                     TaskState::Completed => states[i].bytes = t.len,
                     TaskState::Pending => states[i].bytes = st.transferred_bytes.min(t.len),
@@ -417,12 +434,20 @@ impl TransferBackend for MooncakeBackend {
     }
 
     fn register_batch(&self, regions: &[(u64, u64)]) -> Result<()> {
+        self.register_batch_at(regions, crate::transfer::location::Requested::Detect)
+    }
+
+    fn register_batch_at(&self, regions: &[(u64, u64)], location: crate::transfer::location::Requested) -> Result<()> {
         if regions.is_empty() {
             return Ok(());
         }
         let mut known = self.regions.lock();
         known.check_new(regions)?;
-        let loc = cstring(mooncake_sys::WILDCARD_LOCATION, "location")?;
+        // Mooncake takes the location as given ("*" lets it detect).
+        let loc = match location {
+            crate::transfer::location::Requested::Detect => cstring(mooncake_sys::WILDCARD_LOCATION, "location")?,
+            at => cstring(&at.to_string(), "location")?,
+        };
         self.with_engine(|eng| {
             let rc = if let [(addr, len)] = regions {
                 // SAFETY: live engine; the caller keeps the memory valid.
@@ -583,6 +608,13 @@ impl TransferBackend for MooncakeBackend {
             let seg = self.segment(eng, session)?;
             self.send_notify_to(eng, seg, session, &n, &m)
         })
+    }
+
+    /// Initiator-side counters only: Mooncake serves peers itself and
+    /// reports nothing of it.
+    fn stats(&self) -> StatsSnapshot {
+        let peers = self.segments.lock().len() as u64;
+        self.stats.snapshot(Gauges { peers_connected: peers, ..Gauges::default() })
     }
 
     fn drain_notifications(&self) -> Vec<(String, String)> {

@@ -40,6 +40,8 @@ pub struct McBatch {
     /// length zero). Polls hold it shared, freeing holds it exclusively.
     pub mc_id: RwLock<Option<u64>>,
     pub states: Mutex<Vec<Known>>,
+    /// When the batch was submitted: task latencies count from here.
+    pub started: std::time::Instant,
 }
 
 impl McBatch {
@@ -52,7 +54,14 @@ impl McBatch {
                 error: None,
             })
             .collect();
-        McBatch { session: session.to_owned(), direction, tasks, mc_id: RwLock::new(mc_id), states: Mutex::new(states) }
+        McBatch {
+            session: session.to_owned(),
+            direction,
+            tasks,
+            mc_id: RwLock::new(mc_id),
+            states: Mutex::new(states),
+            started: std::time::Instant::now(),
+        }
     }
 
     /// True when every task is terminal (from the cached states).

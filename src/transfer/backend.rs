@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use super::location::Requested;
 use super::{BatchSummary, Direction, Request, TaskSummary};
 use crate::error::{Error, Result};
 
@@ -19,6 +20,9 @@ pub trait TransferBackend: Send + Sync {
     /// Register regions `(addr, len)`, all or none; overlaps and zero
     /// lengths are `AddressOverlap`.
     fn register_batch(&self, regions: &[(u64, u64)]) -> Result<()>;
+    /// As `register_batch`, at an explicit location (`"cpu:N"`, `"cuda:N"`)
+    /// or `"*"` to detect it.
+    fn register_batch_at(&self, regions: &[(u64, u64)], location: Requested) -> Result<()>;
     /// Unregister regions by start address, all or none; unknown is `NotFound`.
     fn unregister_batch(&self, addrs: &[u64]) -> Result<()>;
     /// Move every request; `Ok` only when each is confirmed at the target.
@@ -46,6 +50,8 @@ pub trait TransferBackend: Send + Sync {
     fn probe(&self, session: &str) -> Result<()>;
     fn notify(&self, session: &str, name: &str, msg: &str) -> Result<()>;
     fn drain_notifications(&self) -> Vec<(String, String)>;
+    /// Counters since the engine started (see [`super::stats`]).
+    fn stats(&self) -> super::stats::StatsSnapshot;
     /// Stop: fail in-flight work, release resources. Idempotent.
     fn stop(&self);
 }

@@ -6,14 +6,17 @@
 //! - [`state`]: task and batch states and their summaries, with the
 //!   messages every backend reports.
 //! - [`regions`]: registered-memory bookkeeping and the overlap check.
+//! - [`location`]: where a region lives (`cpu:N`, `cuda:N`, `*`).
 //! - [`host`]: engine hostnames and peer session names.
 //! - [`backend`]: the [`TransferBackend`] trait the ABI drives.
 
 pub mod backend;
 pub mod host;
+pub mod location;
 pub mod regions;
 pub mod request;
 pub mod state;
+pub mod stats;
 
 pub use backend::TransferBackend;
 pub use request::{Direction, Request};

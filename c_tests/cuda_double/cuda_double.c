@@ -1,0 +1,509 @@
+/* TEST DOUBLE of the CUDA driver API (libcuda.so.1), for pdx's tests and
+ * benchmark only; never shipped. It implements exactly the entry points pdx
+ * may use, plus cuMemAlloc_v2 / cuMemFree_v2, and makes the classic staging
+ * mistakes visible:
+ *  - "device memory" is an address range mapped PROT_NONE: a CPU access
+ *    faults. Its bytes live in a shadow mapping only the double touches.
+ *  - asynchronous copies are queued and applied at cuStreamSynchronize (or
+ *    cuStreamDestroy_v2), never at the call, and read their source then: a
+ *    missing synchronize, or a staging buffer reused too early, gives wrong
+ *    bytes.
+ *  - copies need a current context of the device they touch; the double
+ *    counts per device, refuses and counts mismatches, counts copies from
+ *    pageable memory, live contexts, streams and pinned bytes.
+ * The number of devices is CUDA_DOUBLE_DEVICES (default 4). */
+#define _GNU_SOURCE
+#include "cuda_double.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+struct dbl_ctx {
+  int device;
+};
+typedef struct dbl_ctx *CUcontext;
+
+enum {
+  SUCCESS = 0,
+  ERR_INVALID_VALUE = 1,
+  ERR_OUT_OF_MEMORY = 2,
+  ERR_NOT_INITIALIZED = 3,
+  ERR_INVALID_DEVICE = 101,
+  ERR_INVALID_CONTEXT = 201,
+  ERR_INVALID_HANDLE = 400,
+  ERR_ILLEGAL_ADDRESS = 700,
+};
+
+#define EXPORT __attribute__((visibility("default")))
+
+struct alloc {
+  uintptr_t base;
+  size_t len, mapped;
+  unsigned char *shadow; /* NULL for pinned host memory */
+  int device;
+  struct alloc *next;
+};
+
+struct op {
+  int h2d;
+  uintptr_t dev;
+  unsigned char *host;
+  size_t n;
+  int fail; /* error code to report at synchronize, 0 if none */
+};
+
+struct dbl_stream {
+  struct dbl_ctx *ctx;
+  struct op *ops;
+  size_t n_ops, cap_ops;
+};
+typedef struct dbl_stream *CUstream;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int inited;
+static int n_devices = -1;
+static struct dbl_ctx ctxs[CUDA_DOUBLE_MAX_DEVICES];
+static int retain_count[CUDA_DOUBLE_MAX_DEVICES];
+static struct dbl_stream default_stream[CUDA_DOUBLE_MAX_DEVICES];
+static struct alloc *allocs;
+static struct cuda_double_stats st;
+static _Thread_local struct dbl_ctx *current;
+
+struct injection {
+  char what[32];
+  int after, count, code;
+};
+static struct injection inj[8];
+
+static int devices(void) {
+  if (n_devices < 0) {
+    const char *e = getenv("CUDA_DOUBLE_DEVICES");
+    int n = e ? atoi(e) : 4;
+    n_devices = n < 0 ? 0 : n > CUDA_DOUBLE_MAX_DEVICES ? CUDA_DOUBLE_MAX_DEVICES : n;
+    for (int i = 0; i < CUDA_DOUBLE_MAX_DEVICES; i++) {
+      ctxs[i].device = i;
+      default_stream[i].ctx = &ctxs[i];
+    }
+  }
+  return n_devices;
+}
+
+/* An injected failure for `what`, or 0. Called with the lock held. */
+static int injected(const char *what) {
+  for (size_t i = 0; i < sizeof inj / sizeof inj[0]; i++) {
+    if (inj[i].count > 0 && strcmp(inj[i].what, what) == 0) {
+      if (inj[i].after > 0) {
+        inj[i].after--;
+        return 0;
+      }
+      inj[i].count--;
+      return inj[i].code;
+    }
+  }
+  return 0;
+}
+
+static struct alloc *find(uintptr_t p, size_t n, int device_memory) {
+  for (struct alloc *a = allocs; a; a = a->next) {
+    if ((a->shadow != NULL) == device_memory && p >= a->base && p - a->base <= a->len &&
+        n <= a->len - (p - a->base))
+      return a;
+  }
+  return NULL;
+}
+
+static int valid_ctx(struct dbl_ctx *c) {
+  return c >= ctxs && c < ctxs + devices() && retain_count[c->device] > 0;
+}
+
+EXPORT CUresult cuInit(unsigned flags) {
+  if (flags != 0) return ERR_INVALID_VALUE;
+  pthread_mutex_lock(&lock);
+  devices();
+  inited = 1;
+  st.inits++;
+  pthread_mutex_unlock(&lock);
+  return SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v) {
+  if (!v) return ERR_INVALID_VALUE;
+  *v = 12040;
+  return SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *n) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!n) return ERR_INVALID_VALUE;
+  *n = devices();
+  return SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!d) return ERR_INVALID_VALUE;
+  if (ordinal < 0 || ordinal >= devices()) return ERR_INVALID_DEVICE;
+  *d = ordinal;
+  return SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!pctx) return ERR_INVALID_VALUE;
+  if (d < 0 || d >= devices()) return ERR_INVALID_DEVICE;
+  pthread_mutex_lock(&lock);
+  if (retain_count[d]++ == 0) st.contexts_live++;
+  st.contexts_retained_mask |= 1ull << d;
+  st.retains++;
+  pthread_mutex_unlock(&lock);
+  *pctx = &ctxs[d];
+  return SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (d < 0 || d >= devices()) return ERR_INVALID_DEVICE;
+  CUresult rc = SUCCESS;
+  pthread_mutex_lock(&lock);
+  if (retain_count[d] == 0)
+    rc = ERR_INVALID_CONTEXT;
+  else if (--retain_count[d] == 0)
+    st.contexts_live--;
+  pthread_mutex_unlock(&lock);
+  return rc;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  pthread_mutex_lock(&lock);
+  int ok = c == NULL || valid_ctx(c);
+  pthread_mutex_unlock(&lock);
+  if (!ok) return ERR_INVALID_CONTEXT;
+  current = c;
+  return SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *c) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!c) return ERR_INVALID_VALUE;
+  *c = current;
+  return SUCCESS;
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!data) return ERR_INVALID_VALUE;
+  pthread_mutex_lock(&lock);
+  CUresult rc = injected("cuPointerGetAttribute");
+  struct alloc *a = find((uintptr_t)ptr, 1, 1);
+  struct alloc *h = a ? NULL : find((uintptr_t)ptr, 1, 0);
+  pthread_mutex_unlock(&lock);
+  if (rc) return rc;
+  if (!a && !h) return ERR_INVALID_VALUE; /* as the driver says of pageable memory */
+  if (attr == 2 /* MEMORY_TYPE */) {
+    *(unsigned *)data = a ? 2u /* DEVICE */ : 1u /* HOST */;
+  } else if (attr == 9 /* DEVICE_ORDINAL */) {
+    *(int *)data = a ? a->device : 0;
+  } else {
+    return ERR_INVALID_VALUE;
+  }
+  return SUCCESS;
+}
+
+static void *map_rw(size_t n) {
+  void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+static size_t page_round(size_t n) {
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  return n == 0 ? pg : (n + pg - 1) / pg * pg;
+}
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t n, unsigned flags) {
+  (void)flags;
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!pp || n == 0) return ERR_INVALID_VALUE;
+  if (!current) return ERR_INVALID_CONTEXT;
+  pthread_mutex_lock(&lock);
+  CUresult rc = injected("cuMemHostAlloc");
+  pthread_mutex_unlock(&lock);
+  if (rc) return rc;
+  struct alloc *a = calloc(1, sizeof *a);
+  size_t mapped = page_round(n);
+  void *p = a ? map_rw(mapped) : NULL;
+  if (!p) {
+    free(a);
+    return ERR_OUT_OF_MEMORY;
+  }
+  a->base = (uintptr_t)p;
+  a->len = n;
+  a->mapped = mapped;
+  a->device = current->device;
+  pthread_mutex_lock(&lock);
+  a->next = allocs;
+  allocs = a;
+  st.pinned_bytes += n;
+  st.pinned_allocs++;
+  if (st.pinned_bytes > st.pinned_peak) st.pinned_peak = st.pinned_bytes;
+  pthread_mutex_unlock(&lock);
+  *pp = p;
+  return SUCCESS;
+}
+
+static CUresult free_alloc(uintptr_t p, int device_memory) {
+  pthread_mutex_lock(&lock);
+  struct alloc **pa = &allocs;
+  while (*pa && !((*pa)->base == p && ((*pa)->shadow != NULL) == device_memory)) pa = &(*pa)->next;
+  struct alloc *a = *pa;
+  if (a) {
+    *pa = a->next;
+    if (device_memory)
+      st.device_bytes -= a->len;
+    else
+      st.pinned_bytes -= a->len;
+  }
+  pthread_mutex_unlock(&lock);
+  if (!a) return ERR_INVALID_VALUE;
+  munmap((void *)a->base, a->mapped);
+  if (a->shadow) munmap(a->shadow, a->mapped);
+  free(a);
+  return SUCCESS;
+}
+
+EXPORT CUresult cuMemFreeHost(void *p) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  return free_alloc((uintptr_t)p, 0);
+}
+
+/* Device memory: an address range the CPU cannot touch, and a shadow. */
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!dptr || n == 0) return ERR_INVALID_VALUE;
+  if (!current) return ERR_INVALID_CONTEXT;
+  struct alloc *a = calloc(1, sizeof *a);
+  if (!a) return ERR_OUT_OF_MEMORY;
+  a->mapped = page_round(n);
+  void *p = mmap(NULL, a->mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  a->shadow = map_rw(a->mapped);
+  if (p == MAP_FAILED || !a->shadow) {
+    if (p != MAP_FAILED) munmap(p, a->mapped);
+    if (a->shadow) munmap(a->shadow, a->mapped);
+    free(a);
+    return ERR_OUT_OF_MEMORY;
+  }
+  /* Fresh device memory holds garbage, not zeros. */
+  memset(a->shadow, 0xA5, n);
+  a->base = (uintptr_t)p;
+  a->len = n;
+  a->device = current->device;
+  pthread_mutex_lock(&lock);
+  a->next = allocs;
+  allocs = a;
+  st.device_bytes += n;
+  pthread_mutex_unlock(&lock);
+  *dptr = (CUdeviceptr)a->base;
+  return SUCCESS;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  return free_alloc((uintptr_t)p, 1);
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned flags) {
+  (void)flags;
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!ps) return ERR_INVALID_VALUE;
+  if (!current) return ERR_INVALID_CONTEXT;
+  pthread_mutex_lock(&lock);
+  CUresult rc = injected("cuStreamCreate");
+  pthread_mutex_unlock(&lock);
+  if (rc) return rc;
+  struct dbl_stream *s = calloc(1, sizeof *s);
+  if (!s) return ERR_OUT_OF_MEMORY;
+  s->ctx = current;
+  pthread_mutex_lock(&lock);
+  st.streams_live++;
+  pthread_mutex_unlock(&lock);
+  *ps = s;
+  return SUCCESS;
+}
+
+static struct dbl_stream *resolve_stream(CUstream s) {
+  if (s) return s;
+  return current ? &default_stream[current->device] : NULL;
+}
+
+static CUresult enqueue(int h2d, uintptr_t dev, void *host, size_t n, CUstream s) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  pthread_mutex_lock(&lock);
+  CUresult rc = SUCCESS;
+  struct dbl_stream *stream = resolve_stream(s);
+  struct alloc *a = find(dev, n, 1);
+  if (!current) {
+    st.copies_no_context++;
+    rc = ERR_INVALID_CONTEXT;
+  } else if (!stream || stream->ctx != current) {
+    st.copies_wrong_context++;
+    rc = ERR_INVALID_HANDLE;
+  } else if (!a || !host || find((uintptr_t)host, n, 1)) {
+    rc = ERR_INVALID_VALUE;
+  } else if (a->device != current->device) {
+    st.copies_wrong_context++;
+    rc = ERR_INVALID_CONTEXT;
+  } else {
+    rc = injected("copy_call");
+  }
+  if (rc == SUCCESS) {
+    if (!find((uintptr_t)host, n, 0)) st.copies_pageable++;
+    if (h2d)
+      st.h2d_copies++;
+    else
+      st.d2h_copies++;
+    st.copies_by_device[current->device]++;
+    if (stream->n_ops == stream->cap_ops) {
+      size_t cap = stream->cap_ops ? stream->cap_ops * 2 : 16;
+      struct op *ops = realloc(stream->ops, cap * sizeof *ops);
+      if (!ops) rc = ERR_OUT_OF_MEMORY;
+      else {
+        stream->ops = ops;
+        stream->cap_ops = cap;
+      }
+    }
+    if (rc == SUCCESS)
+      stream->ops[stream->n_ops++] = (struct op){h2d, dev, host, n, injected("copy")};
+  }
+  pthread_mutex_unlock(&lock);
+  return rc;
+}
+
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+  return enqueue(1, (uintptr_t)dst, (void *)src, n, s);
+}
+
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+  return enqueue(0, (uintptr_t)src, dst, n, s);
+}
+
+/* Apply a stream's queued copies, in order; the first failure ends it. */
+static CUresult drain(struct dbl_stream *s) {
+  CUresult rc = SUCCESS;
+  for (;;) {
+    pthread_mutex_lock(&lock);
+    if (s->n_ops == 0 || rc != SUCCESS) {
+      s->n_ops = 0;
+      pthread_mutex_unlock(&lock);
+      return rc;
+    }
+    struct op o = s->ops[0];
+    memmove(s->ops, s->ops + 1, (s->n_ops - 1) * sizeof *s->ops);
+    s->n_ops--;
+    struct alloc *a = find(o.dev, o.n, 1);
+    unsigned char *shadow = a ? a->shadow + (o.dev - a->base) : NULL;
+    pthread_mutex_unlock(&lock);
+    if (o.fail) {
+      rc = o.fail;
+    } else if (!shadow) {
+      rc = ERR_ILLEGAL_ADDRESS; /* freed while the copy was queued */
+    } else if (o.h2d) {
+      memcpy(shadow, o.host, o.n);
+    } else {
+      memcpy(o.host, shadow, o.n);
+    }
+  }
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream s) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  pthread_mutex_lock(&lock);
+  struct dbl_stream *stream = resolve_stream(s);
+  st.syncs++;
+  pthread_mutex_unlock(&lock);
+  if (!stream) return ERR_INVALID_CONTEXT;
+  return drain(stream);
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!s) return ERR_INVALID_HANDLE;
+  (void)drain(s); /* queued work still completes, as on the driver */
+  pthread_mutex_lock(&lock);
+  st.streams_live--;
+  pthread_mutex_unlock(&lock);
+  free(s->ops);
+  free(s);
+  return SUCCESS;
+}
+
+static const struct {
+  int code;
+  const char *name, *text;
+} errors[] = {
+    {SUCCESS, "CUDA_SUCCESS", "no error"},
+    {ERR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {ERR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {ERR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {ERR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {ERR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {ERR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {ERR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+};
+
+EXPORT CUresult cuGetErrorName(CUresult code, const char **out) {
+  if (!out) return ERR_INVALID_VALUE;
+  for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+    if (errors[i].code == code) {
+      *out = errors[i].name;
+      return SUCCESS;
+    }
+  *out = NULL;
+  return ERR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGetErrorString(CUresult code, const char **out) {
+  if (!out) return ERR_INVALID_VALUE;
+  for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+    if (errors[i].code == code) {
+      *out = errors[i].text;
+      return SUCCESS;
+    }
+  *out = NULL;
+  return ERR_INVALID_VALUE;
+}
+
+EXPORT void cuda_double_stats(struct cuda_double_stats *out) {
+  pthread_mutex_lock(&lock);
+  *out = st;
+  pthread_mutex_unlock(&lock);
+}
+
+EXPORT void cuda_double_reset_peak(void) {
+  pthread_mutex_lock(&lock);
+  st.pinned_peak = st.pinned_bytes;
+  pthread_mutex_unlock(&lock);
+}
+
+EXPORT void cuda_double_inject(const char *what, int after, int count, int code) {
+  pthread_mutex_lock(&lock);
+  size_t slot = 0;
+  for (size_t i = 0; i < sizeof inj / sizeof inj[0]; i++) {
+    if (strcmp(inj[i].what, what) == 0 || inj[i].count == 0) {
+      slot = i;
+      if (strcmp(inj[i].what, what) == 0) break;
+    }
+  }
+  strncpy(inj[slot].what, what, sizeof inj[slot].what - 1);
+  inj[slot].after = after;
+  inj[slot].count = count;
+  inj[slot].code = code;
+  pthread_mutex_unlock(&lock);
+}

@@ -1,0 +1,166 @@
+//! The CUDA driver as pdx uses it: loaded on first need from `PDX_CUDA_LIB`
+//! (never linked), classifying regions at registration, and the primary
+//! context of each device a registered region lives on.
+//!
+//! pdx never creates a context: it retains a device's *primary* context
+//! (the one the CUDA runtime, PyTorch and every serving stack share) the
+//! first time a region on that device is registered, once per process, and
+//! keeps it. A device no region lives on is never touched.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+
+use cuda_sys::{Api, CUcontext, CudaError};
+use parking_lot::Mutex;
+
+use crate::config::env::{read, vars, ProcessEnv};
+use crate::error::{Error, ErrorKind, Result};
+use crate::transfer::location::{Location, Requested};
+
+/// A driver error as a pdx error (the driver's name and text kept).
+pub fn device_error(e: CudaError) -> Error {
+    Error::new(ErrorKind::Device, e.to_string())
+}
+
+/// The driver library `PDX_CUDA_LIB` names (default `libcuda.so.1`).
+pub fn driver_path() -> String {
+    read(&ProcessEnv, &vars::PDX_CUDA_LIB).unwrap_or_else(|| cuda_sys::DEFAULT_LIB.to_owned())
+}
+
+/// The driver named by `PDX_CUDA_LIB`, loaded once per path.
+pub fn driver() -> Result<Arc<Api>> {
+    cuda_sys::load_cached(&driver_path()).map_err(|e| {
+        let hint = match e {
+            cuda_sys::LoadError::Open { .. } => {
+                " (no NVIDIA driver here? set PDX_CUDA_LIB to the path of libcuda.so.1)"
+            }
+            _ => "",
+        };
+        Error::new(ErrorKind::DeviceUnavailable, format!("{e}{hint}"))
+    })
+}
+
+/// One device's retained primary context.
+pub struct Device {
+    pub api: Arc<Api>,
+    pub ordinal: u32,
+    ctx: usize,
+}
+
+impl Device {
+    /// The primary context (a driver handle, only passed back to the driver).
+    pub fn context(&self) -> CUcontext {
+        self.ctx as CUcontext
+    }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cuda:{}", self.ordinal)
+    }
+}
+
+type DeviceTable = Mutex<HashMap<(String, u32), Arc<Device>>>;
+static DEVICES: OnceLock<DeviceTable> = OnceLock::new();
+
+/// The device `ordinal` of `api`, its primary context retained on first use.
+pub fn device(api: &Arc<Api>, ordinal: u32) -> Result<Arc<Device>> {
+    let table = DEVICES.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut table = table.lock();
+    let key = (api.path().to_owned(), ordinal);
+    if let Some(d) = table.get(&key) {
+        return Ok(d.clone());
+    }
+    let mut count = 0i32;
+    // SAFETY: the driver writes one int.
+    api.check(unsafe { (api.device_get_count)(&mut count) }, "cuDeviceGetCount").map_err(device_error)?;
+    if i64::from(ordinal) >= i64::from(count) {
+        return Err(Error::new(
+            ErrorKind::DeviceUnavailable,
+            format!("there is no cuda:{ordinal}: the CUDA driver '{}' reports {count} device(s)", api.path()),
+        ));
+    }
+    let mut dev = 0;
+    // SAFETY: the driver writes one CUdevice; the ordinal is in range.
+    api.check(unsafe { (api.device_get)(&mut dev, ordinal as i32) }, "cuDeviceGet").map_err(device_error)?;
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: as above; the retained context is kept for the process's life.
+    api.check(unsafe { (api.primary_ctx_retain)(&mut ctx, dev) }, "cuDevicePrimaryCtxRetain").map_err(device_error)?;
+    let d = Arc::new(Device { api: api.clone(), ordinal, ctx: ctx as usize });
+    table.insert(key, d.clone());
+    Ok(d)
+}
+
+/// What a registration resolved to: the location and, for device memory,
+/// the device (primary context retained).
+pub struct Classified {
+    pub location: Location,
+    pub device: Option<Arc<Device>>,
+}
+
+fn memory_type(api: &Api, addr: u64) -> std::result::Result<u32, CudaError> {
+    let mut t = 0u32;
+    // SAFETY: MEMORY_TYPE writes one unsigned int.
+    let rc = unsafe {
+        (api.pointer_get_attribute)(
+            (&mut t as *mut u32).cast::<c_void>(),
+            cuda_sys::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            addr,
+        )
+    };
+    api.check(rc, "cuPointerGetAttribute(MEMORY_TYPE)").map(|()| t)
+}
+
+fn device_ordinal(api: &Api, addr: u64) -> std::result::Result<u32, CudaError> {
+    let mut o = 0i32;
+    // SAFETY: DEVICE_ORDINAL writes one int.
+    let rc = unsafe {
+        (api.pointer_get_attribute)(
+            (&mut o as *mut i32).cast::<c_void>(),
+            cuda_sys::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            addr,
+        )
+    };
+    api.check(rc, "cuPointerGetAttribute(DEVICE_ORDINAL)").map(|()| o.max(0) as u32)
+}
+
+/// Decide where `[addr, addr+len)` lives. `"cpu:N"` is taken as given and
+/// asks no driver. `"*"` asks the driver if one loads: device memory is a
+/// device region, an error or host memory is host memory. `"cuda:N"` needs
+/// the driver and a device pointer on device N. Refusals name the region
+/// and the cause.
+pub fn classify(addr: u64, len: u64, requested: Requested) -> Result<Classified> {
+    let region = |e: Error| e.context(format!("cannot register {addr:#x}+{len} as {requested}"));
+    let host = |location| Ok(Classified { location, device: None });
+    let at_device = |api: &Arc<Api>, ordinal| {
+        device(api, ordinal).map(|d| Classified { location: Location::Cuda { ordinal }, device: Some(d) })
+    };
+    match requested {
+        Requested::At(l @ Location::Host { .. }) => host(l),
+        Requested::Detect => {
+            let Ok(api) = driver() else { return host(Location::default()) };
+            match memory_type(&api, addr) {
+                Ok(cuda_sys::CU_MEMORYTYPE_DEVICE) => {
+                    let ordinal = device_ordinal(&api, addr).map_err(|e| region(device_error(e)))?;
+                    at_device(&api, ordinal).map_err(region)
+                }
+                _ => host(Location::default()),
+            }
+        }
+        Requested::At(Location::Cuda { ordinal }) => {
+            let api = driver().map_err(region)?;
+            let t = memory_type(&api, addr).map_err(|e| region(device_error(e)))?;
+            if t != cuda_sys::CU_MEMORYTYPE_DEVICE {
+                return Err(region(Error::invalid_argument(format!(
+                    "the CUDA driver says it is not device memory (memory type {t})"
+                ))));
+            }
+            let actual = device_ordinal(&api, addr).map_err(|e| region(device_error(e)))?;
+            if actual != ordinal {
+                return Err(region(Error::invalid_argument(format!("the CUDA driver says it is on cuda:{actual}"))));
+            }
+            at_device(&api, ordinal).map_err(region)
+        }
+    }
+}
