@@ -195,15 +195,19 @@ pub unsafe extern "C" fn pdx_args_get(
 ///
 /// Reads `argc` strings from `argv` (a trailing NULL is not required and
 /// not read). Recognized: `--flag value`, `--flag=value` and bare boolean
-/// flags, for every key of `pdx_args_set` in flag form. Everything else
-/// (the program name, unknown flags and their values, positionals, anything
-/// after `--`) is left alone. A repeated flag: the last one wins.
+/// flags, for every key of `pdx_args_set` in flag form, and argparse's
+/// unique-prefix abbreviations of them, resolved against SGLang's whole
+/// option list of the rule set in effect (`--disaggregation-transfer` is
+/// `--disaggregation-transfer-backend`). Everything else (the program name,
+/// other options and their values, positionals, anything after `--`) is
+/// left alone. A repeated flag: the last one wins.
 ///
 /// All-or-nothing: on error the object is unchanged. Errors:
 /// `PDX_ERR_NULL_ARGUMENT` (args, or argv with argc > 0, or an element),
 /// `PDX_ERR_INVALID_ARGUMENT` (argc < 0), `PDX_ERR_INVALID_HANDLE`,
 /// `PDX_ERR_INVALID_UTF8`, `PDX_ERR_INVALID_VALUE` (a recognized flag with a
-/// bad or missing value: `argument --flag: expected one argument`).
+/// bad or missing value: `argument --flag: expected one argument`; a prefix
+/// of several options: `ambiguous option: --x could match --x-a, --x-b`).
 ///
 /// # Safety
 /// The caller guarantees, for the duration of the call: `argv` is NULL or points to `argc` readable
