@@ -21,6 +21,7 @@ pub fn choose(
     device: Option<&str>,
     options: &EngineOptions,
 ) -> Result<TransportChoice> {
+    options.check()?;
     let env = OptionsEnv { base, options };
     resolve_transport_for(&env, hostname, protocol, device, options.gpu_id(), options.device_rule())
 }

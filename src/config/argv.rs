@@ -9,14 +9,16 @@
 //! as Python 3.11's `ArgumentParser._parse_optional` does. One match is that
 //! option (`--disaggregation-transfer mooncake_tcp` sets the backend); more
 //! than one is argparse's error `ambiguous option: TOKEN could match A, B`.
-//! Everything else is left alone: options that are not PD flags (exact or
-//! abbreviated) and their values, positionals, single-dash options, and
-//! everything after a bare `--`. pdx's own `--pdx-rules` is exact only.
+//! A shortened pdx flag that list has no option for (pdx's own `--pdx-rules`,
+//! or a flag that commit lacks) is an error asking for the full name, never
+//! ignored. Everything else is left alone: options that are not PD flags
+//! (exact or abbreviated) and their values, positionals, single-dash
+//! options, and everything after a bare `--`.
 //!
 //! The rule set whose list applies is the last `--pdx-rules` of `argv`
 //! (exact spelling), else the one `args` already has.
 
-use super::args::{lookup, Kind, RuleSet, ServerArgs};
+use super::args::{lookup, Kind, RuleSet, ServerArgs, FIELDS};
 use super::sglang_flags::{FLAGS_6076066E3, FLAGS_D4801BE};
 use crate::error::{Error, Result};
 
@@ -68,7 +70,19 @@ fn resolve<'a>(table: &'static [&'static [&'static str]], token: &'a str) -> Res
     let matches: Vec<&'static str> =
         table.iter().flat_map(|a| a.iter().copied()).filter(|o| o.starts_with(prefix)).collect();
     match matches.as_slice() {
-        [] => Ok(Resolved::Unknown),
+        [] => {
+            // argparse would not know it either ("unrecognized arguments");
+            // a shortened pdx flag outside that list is refused, not ignored.
+            let ours: Vec<&str> =
+                FIELDS.iter().flat_map(|f| f.flags.iter().copied()).filter(|f| f.starts_with(prefix)).collect();
+            if ours.is_empty() {
+                return Ok(Resolved::Unknown);
+            }
+            Err(Error::invalid_value(format!(
+                "unrecognized option {token}: SGLang's parser of this rule set has no option it abbreviates; write {} in full",
+                ours.join(" or ")
+            )))
+        }
         [one] => Ok(Resolved::Option(one, explicit)),
         many => Err(Error::invalid_value(format!("ambiguous option: {token} could match {}", many.join(", ")))),
     }
@@ -279,9 +293,17 @@ mod tests {
             "{}",
             e.message()
         );
-        // An abbreviation of pdx's own flag is not one.
-        let a = parse(&["--pdx-rul", "2026-07"]).unwrap();
-        assert_eq!(a.pdx_rules, RuleSet::Pr26346);
+        // A shortened flag SGLang's list lacks is refused, never ignored:
+        // pdx's own flag, and one that list of the rule set does not have.
+        let e = parse(&["--pdx-rul", "2026-07"]).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "unrecognized option --pdx-rul: SGLang's parser of this rule set has no option it abbreviates; write --pdx-rules in full"
+        );
+        let e = parse(&["--optimistic-prefill", "2"]).unwrap_err();
+        assert!(e.message().ends_with("write --optimistic-prefill-attempts in full"), "{}", e.message());
+        let a = parse(&["--pdx-rules", "2026-07", "--optimistic-prefill", "2"]).unwrap();
+        assert_eq!(a.optimistic_prefill_attempts, 2);
     }
 
     #[test]

@@ -262,6 +262,22 @@ impl EngineOptions {
             .map(String::as_str)
     }
 
+    /// Checks across options, made when an engine starts: a port range given
+    /// by both of its options must not be empty (`InvalidValue`).
+    pub fn check(&self) -> Result<()> {
+        for (lo, hi) in [("min_port", "max_port"), ("min_data_port", "max_data_port")] {
+            let value = |k: &str| self.values.get(k).and_then(|v| v.parse::<u16>().ok());
+            if let (Some(a), Some(b)) = (value(lo), value(hi)) {
+                if a > b {
+                    return Err(Error::invalid_value(format!(
+                        "engine options {lo}={a} and {hi}={b} give an empty port range"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Every set option, by key order.
     pub fn entries(&self) -> Vec<(&'static str, &str)> {
         self.values.iter().map(|(k, v)| (*k, v.as_str())).collect()
@@ -354,6 +370,13 @@ mod tests {
         assert_eq!(o.get("nope").unwrap_err().kind(), ErrorKind::UnknownKey);
         o.set("gpu_id", None).unwrap();
         assert_eq!(o.gpu_id(), None);
+        o.set("min_port", Some("20000")).unwrap();
+        o.check().unwrap();
+        o.set("max_port", Some("19000")).unwrap();
+        assert_eq!(
+            o.check().unwrap_err().message(),
+            "engine options min_port=20000 and max_port=19000 give an empty port range"
+        );
     }
 
     #[test]
