@@ -71,6 +71,8 @@ struct Progress {
     done: AtomicBool,
 }
 
+/// One `\r`-rewritten status line on stderr. A progress-bar crate (indicatif
+/// and its dependencies) would buy nothing a single line needs.
 fn progress_line(label: &str, bytes: &AtomicU64, goal: u64, started: Instant) -> String {
     let b = bytes.load(Ordering::Relaxed);
     let frac = (b as f64 / goal as f64).min(1.0);
