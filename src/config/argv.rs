@@ -224,7 +224,7 @@ mod tests {
 
     /// `--dp-size` without a value names the action as SGLang declares it:
     /// server_args.py at 6076066e3 line 5192-5193 `"--data-parallel-size",
-    /// "--dp-size"`; at d4801be line 911-914 `dp_size: A[int,
+    /// "--dp-size"`; at d4801be line 910-914 `dp_size: A[int,
     /// Arg(aliases=["--data-parallel-size"])]` (cli name first).
     #[test]
     fn missing_value_names_the_option_as_declared_at_that_commit() {

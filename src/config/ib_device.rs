@@ -357,7 +357,7 @@ mod tests {
     }
 
     /// SGLang's `parse_ib_device_config` (mooncake_transfer_engine.py at
-    /// d4801be, line 47 `mapping = json.loads(normalized_input)`, line 57
+    /// d4801be, line 47 `mapping = json.loads(normalized_input)`, line 59
     /// `not isinstance(ib_devices, str)`): Python's json accepts NaN and
     /// Infinity, so such a value is a value-format error, not a JSON one.
     #[test]

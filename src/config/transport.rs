@@ -369,8 +369,9 @@ mod tests {
     }
 
     /// `MOONCAKE_DEVICE` is read exactly when the remote-instance rule
-    /// applies and no device is given (`remote_instance_init_transfer_engine`:
-    /// `initialize(..., envs.MOONCAKE_PROTOCOL.get(), envs.MOONCAKE_DEVICE.get())`).
+    /// applies and no device is given: `initialize(..., envs.MOONCAKE_PROTOCOL.get(),
+    /// envs.MOONCAKE_DEVICE.get())` (model_runner_components/
+    /// remote_instance_weight_transporter.py at d4801be, line 49).
     #[test]
     fn mooncake_device_only_under_the_remote_instance_rule() {
         let env = [("MOONCAKE_DEVICE", "mlx5_9"), ("ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE", "1")];
