@@ -178,14 +178,23 @@ unsafe fn init_with(
         unsafe { (c_str(hostname, "hostname")?, opt_c_str(protocol, "protocol")?, opt_c_str(device, "device")?) };
     let options = options_of(options)?;
     let (engine, choice) = crate::backend::start_with(hostname, protocol, device, &options)?;
-    let handle = EngineHandle {
-        session_id: to_cstring(engine.session_id(), "session id")?,
-        protocol: to_cstring(engine.protocol(), "protocol")?,
-        device: to_cstring(&choice.device, "device")?,
-        reason: to_cstring(&choice.reason, "reason")?,
-        engine,
+    let texts = (|| {
+        Ok((
+            to_cstring(engine.session_id(), "session id")?,
+            to_cstring(engine.protocol(), "protocol")?,
+            to_cstring(&choice.device, "device")?,
+            to_cstring(&choice.reason, "reason")?,
+        ))
+    })();
+    let (session_id, protocol, device, reason) = match texts {
+        Ok(t) => t,
+        Err(e) => {
+            // A started engine that cannot be handed out is stopped, not leaked.
+            engine.stop();
+            return Err(e);
+        }
     };
-    let handle = ENGINES.insert(handle)?;
+    let handle = ENGINES.insert(EngineHandle { engine, session_id, protocol, device, reason })?;
     // SAFETY: `out` checked non-NULL and aligned.
     unsafe { *out = handle };
     Ok(())
