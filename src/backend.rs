@@ -165,6 +165,24 @@ mod tests {
         assert_eq!(e.message(), "No IB devices configured for GPU 8. Available GPUs: [0, 1, 2, 3, 4, 5, 6, 7]");
     }
 
+    /// SGLang's `initialize` (mooncake_transfer_engine.py at d4801be, lines
+    /// 196-198): suffix = gpu_id when ASCEND_NPU_PHY_ID is -1, else that id;
+    /// the option `ascend_npu_phy_id` takes the variable's place.
+    #[test]
+    fn gpu_id_and_phy_id_options_make_the_ascend_suffix() {
+        let env = MapEnv::from_pairs(&[("ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE", "1"), ("ASCEND_NPU_PHY_ID", "-1")]);
+        let c = choose(&env, "10.0.0.5", None, None, &options(&[("gpu_id", "5")])).unwrap();
+        assert_eq!(c.protocol, "ascend");
+        assert!(c.hostname.starts_with("10.0.0.5:") && c.hostname.ends_with(":npu_5"), "{}", c.hostname);
+        let o = options(&[("gpu_id", "5"), ("ascend_npu_phy_id", "2")]);
+        let c = choose(&env, "10.0.0.5", None, None, &o).unwrap();
+        assert!(c.hostname.ends_with(":npu_2"), "{}", c.hostname);
+        // The remote-instance rule has no Ascend path.
+        let o = options(&[("gpu_id", "5"), ("device_source", "remote_instance")]);
+        let c = choose(&env, "10.0.0.5", None, None, &o).unwrap();
+        assert_eq!((c.protocol.as_str(), c.hostname.as_str()), ("rdma", "10.0.0.5"));
+    }
+
     #[test]
     fn capabilities_name_every_backend_and_memory_kind() {
         let c = capabilities();
