@@ -23,6 +23,7 @@ static const char *(*te_last_protocol)(void);
 static const char *(*te_last_metadata)(void);
 static const char *(*te_last_server_name)(void);
 static size_t (*te_last_batch_register_count)(void);
+static const char *(*te_last_location)(void);
 
 static void open_double(void) {
   void *h = dlopen(FAKE_TE_LIB, RTLD_NOW);
@@ -39,8 +40,10 @@ static void open_double(void) {
   *(void **)&te_last_metadata = dlsym(h, "fake_te_last_metadata");
   *(void **)&te_last_server_name = dlsym(h, "fake_te_last_server_name");
   *(void **)&te_last_batch_register_count = dlsym(h, "fake_te_last_batch_register_count");
+  *(void **)&te_last_location = dlsym(h, "fake_te_last_location");
   if (!te_calls || !te_violations || !te_live_batches || !te_live_engines || !te_last_topology ||
-      !te_last_protocol || !te_last_metadata || !te_last_server_name || !te_last_batch_register_count) {
+      !te_last_protocol || !te_last_metadata || !te_last_server_name || !te_last_batch_register_count ||
+      !te_last_location) {
     fprintf(stderr, "the test double lacks its inspection functions\n");
     exit(2);
   }
@@ -158,11 +161,15 @@ static void test_transfers(void) {
   static unsigned char src[4096], dst1[2048], dst2[2048], back[4096];
   for (size_t i = 0; i < sizeof src; i++) src[i] = (unsigned char)(i * 7 + 3);
   CHECK_OK(pdx_register_memory(a, src, sizeof src));
-  CHECK_OK(pdx_register_memory(a, back, sizeof back));
+  CHECK_STR(te_last_location(), "*");
+  /* An explicit location reaches Mooncake as given. */
+  CHECK_OK(pdx_register_memory_at(a, back, sizeof back, "cpu:1"));
+  CHECK_STR(te_last_location(), "cpu:1");
   void *bufs[2] = {dst1, dst2};
   size_t lens[2] = {sizeof dst1, sizeof dst2};
   CHECK_OK(pdx_batch_register_memory(b, bufs, lens, 2));
   CHECK(te_last_batch_register_count() == 2);
+  CHECK_STR(te_last_location(), "*");
   CHECK_STATUS(pdx_register_memory(b, dst1 + 10, 10), PDX_ERR_ADDRESS_OVERLAP);
   CHECK_STATUS(pdx_register_memory(b, dst1, 0), PDX_ERR_ADDRESS_OVERLAP);
   CHECK_STATUS(pdx_unregister_memory(b, dst1 + 1), PDX_ERR_NOT_FOUND);

@@ -31,6 +31,11 @@
 
 
 /**
+ * The largest `gpu_id` (the C ABI's `int32_t`).
+ */
+#define MAX_GPU_ID (int64_t)INT32_MAX
+
+/**
  * Default cap on pinned staging memory per engine.
  */
 #define DEFAULT_STAGING_BYTES (64 << 20)
@@ -123,6 +128,12 @@ typedef struct pdx_args pdx_args;
  * `pdx_engine_free`.
  */
 typedef struct pdx_engine pdx_engine;
+
+/**
+ * Opaque set of engine options. Made by `pdx_engine_options_new`, released
+ * by `pdx_engine_options_free`.
+ */
+typedef struct pdx_engine_options pdx_engine_options;
 
 /**
  * Opaque parsed IB device configuration; released by
@@ -516,7 +527,10 @@ void pdx_args_free(pdx_args *args);
 pdx_status pdx_args_set(pdx_args *args, const char *key, const char *value);
 
 /**
- * Read one argument as text (same keys as `pdx_args_set`).
+ * Read one argument as text (same keys as `pdx_args_set`, plus the
+ * read-only `"shared_engine_ib_device"`: SGLang's shared-engine device
+ * choice `disaggregation_ib_device or mooncake_ib_device`, ready to pass to
+ * `pdx_engine_init_with`).
  *
  * On success `*out` is NULL for `None`, else a NUL-terminated string owned
  * by `args`, valid until the next successful mutation of `args`
@@ -537,15 +551,19 @@ pdx_status pdx_args_get(const pdx_args *args, const char *key, const char **out)
  *
  * Reads `argc` strings from `argv` (a trailing NULL is not required and
  * not read). Recognized: `--flag value`, `--flag=value` and bare boolean
- * flags, for every key of `pdx_args_set` in flag form. Everything else
- * (the program name, unknown flags and their values, positionals, anything
- * after `--`) is left alone. A repeated flag: the last one wins.
+ * flags, for every key of `pdx_args_set` in flag form, and argparse's
+ * unique-prefix abbreviations of them, resolved against SGLang's whole
+ * option list of the rule set in effect (`--disaggregation-transfer` is
+ * `--disaggregation-transfer-backend`). Everything else (the program name,
+ * other options and their values, positionals, anything after `--`) is
+ * left alone. A repeated flag: the last one wins.
  *
  * All-or-nothing: on error the object is unchanged. Errors:
  * `PDX_ERR_NULL_ARGUMENT` (args, or argv with argc > 0, or an element),
  * `PDX_ERR_INVALID_ARGUMENT` (argc < 0), `PDX_ERR_INVALID_HANDLE`,
  * `PDX_ERR_INVALID_UTF8`, `PDX_ERR_INVALID_VALUE` (a recognized flag with a
- * bad or missing value: `argument --flag: expected one argument`).
+ * bad or missing value: `argument --flag: expected one argument`; a prefix
+ * of several options: `ambiguous option: --x could match --x-a, --x-b`).
  *
  * # Safety
  * The caller guarantees, for the duration of the call: `argv` is NULL or points to `argc` readable
@@ -672,7 +690,9 @@ pdx_status pdx_backend_unavailable_reason(const char *name,
 pdx_status pdx_capabilities(char *buf, size_t buf_len, size_t *out_len);
 
 /**
- * Start a transfer engine on `hostname`.
+ * Start a transfer engine on `hostname`: `pdx_engine_init_with` without
+ * options (`gpu_id` 0, the shared-engine device rule, every setting from
+ * the environment).
  *
  * The transport is resolved exactly as `pdx_resolve_transport` does it
  * (explicit `protocol` > `MOONCAKE_PROTOCOL`, default `"rdma"`;
@@ -700,6 +720,35 @@ pdx_status pdx_engine_init(const char *hostname,
                            pdx_engine **out);
 
 /**
+ * Start a transfer engine on `hostname` with `options` (NULL: none, the
+ * same as `pdx_engine_init`). The options are read during the call; the
+ * object may be changed or freed afterwards.
+ *
+ * - `gpu_id` picks this GPU's entry when `device` is a per-GPU mapping
+ *   (inline JSON `{"0": "mlx5_0", ...}` or a `.json` file), exactly as
+ *   SGLang's `get_ib_devices_for_gpu`; a mapping without that GPU fails
+ *   with `PDX_ERR_VALUE_ERROR` and SGLang's text as the last error
+ *   (`No IB devices configured for GPU 3. Available GPUs: [0, 1]`). It is
+ *   also the Ascend `npu_N` suffix when `ASCEND_NPU_PHY_ID` is -1.
+ * - `device_source` `remote_instance`: the device is `device` as given,
+ *   else `MOONCAKE_DEVICE`, as SGLang's remote-instance engine does.
+ * - Every other option takes its variable's place in the engine's settings.
+ *
+ * `pdx_engine_transport_reason` says afterwards which rule and which GPU
+ * entry chose the device. Errors: those of `pdx_engine_init`, plus
+ * `PDX_ERR_INVALID_HANDLE` for a stale `options`. `*out` is untouched on
+ * error.
+ *
+ * # Safety
+ * As `pdx_engine_init`; `options` is NULL or a handle (checked by pdx).
+ */
+pdx_status pdx_engine_init_with(const char *hostname,
+                                const char *protocol,
+                                const char *device,
+                                const pdx_engine_options *options,
+                                pdx_engine **out);
+
+/**
  * Stop and free an engine: listeners close, in-flight transfers fail,
  * every engine thread is joined before this returns. NULL (and an already
  * freed engine) is ignored. Other threads must not use the engine after
@@ -718,6 +767,21 @@ const char *pdx_engine_session_id(const pdx_engine *engine);
  * The engine's handshake (RPC) port; 0 for an invalid engine.
  */
 uint16_t pdx_engine_rpc_port(const pdx_engine *engine);
+
+/**
+ * The device filter the engine was started with (`""`: auto discovery or
+ * TCP). Owned by the engine, valid until `pdx_engine_free`; NULL for an
+ * invalid engine.
+ */
+const char *pdx_engine_device(const pdx_engine *engine);
+
+/**
+ * Why the engine runs this protocol and device: the transport choice's
+ * reason (the protocol's source; the device rule, `gpu_id` and the mapping
+ * entry used). Owned by the engine, valid until `pdx_engine_free`; NULL for
+ * an invalid engine.
+ */
+const char *pdx_engine_transport_reason(const pdx_engine *engine);
 
 /**
  * The protocol really in use (`"tcp"` for the native engine). Owned by the
@@ -1028,6 +1092,68 @@ pdx_status pdx_notification_get(const pdx_notifications *list,
 void pdx_notifications_free(pdx_notifications *list);
 
 /**
+ * Create an empty options object (every option at its default: the
+ * environment's value or pdx's default).
+ *
+ * On success `*out` receives a new object owned by the caller, released
+ * with `pdx_engine_options_free`. Errors: `PDX_ERR_NULL_ARGUMENT` when
+ * `out` is NULL (nothing is allocated).
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `out` is NULL or valid for writing one
+ * pointer. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_engine_options_new(pdx_engine_options **out);
+
+/**
+ * Release an options object and every string it handed out. Engines
+ * started with it are not affected. NULL and pointers that are not live
+ * options objects are ignored.
+ */
+void pdx_engine_options_free(pdx_engine_options *options);
+
+/**
+ * Set one option from text; a NULL `value` unsets it (back to the
+ * environment or the default).
+ *
+ * Keys (see the README's table): `gpu_id` (`0`..`2147483647`),
+ * `device_source` (`shared`, `remote_instance`), and one key per setting
+ * the engine reads at start, named after its variable (`tcp_lanes` for
+ * `PDX_TCP_LANES`, `transfer_timeout` for `MC_TRANSFER_TIMEOUT`, ...); such
+ * an option takes its variable's place and wins over it.
+ *
+ * Errors (the object is unchanged): `PDX_ERR_NULL_ARGUMENT` (options or
+ * key NULL), `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INVALID_UTF8`,
+ * `PDX_ERR_UNKNOWN_KEY` (the message lists the keys),
+ * `PDX_ERR_INVALID_VALUE` (the message names the key and its allowed
+ * values). On success, strings returned by `pdx_engine_options_get` for
+ * this object become invalid.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `key` is NULL or a NUL-terminated string;
+ * `value` is NULL or a NUL-terminated string. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_engine_options_set(pdx_engine_options *options, const char *key, const char *value);
+
+/**
+ * Read one option as text (same keys as `pdx_engine_options_set`).
+ *
+ * On success `*out` is NULL when the option is not set, else the value as
+ * stored (trimmed), owned by `options` and valid until the next successful
+ * `pdx_engine_options_set` on it or `pdx_engine_options_free`.
+ *
+ * Errors (`*out` untouched): `PDX_ERR_NULL_ARGUMENT`,
+ * `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INVALID_UTF8`, `PDX_ERR_UNKNOWN_KEY`.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `key` is NULL or a NUL-terminated string;
+ * `out` is NULL or valid for writing one pointer. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_engine_options_get(const pdx_engine_options *options,
+                                  const char *key,
+                                  const char **out);
+
+/**
  * SGLang's `parse_ib_device_config`: parse `text` (NULL or blank = nothing
  * configured; a comma list kept as one string; an inline JSON object
  * `{"0": "mlx5_0"}`; or a path ending in `.json`).
@@ -1225,7 +1351,10 @@ const char *pdx_status_str(pdx_status status);
  * - Ascend: hostname becomes `host:{free_port}:npu_{ASCEND_NPU_PHY_ID, or
  *   gpu_id when that is -1}`.
  *
- * A negative `gpu_id` means "not given" and counts as 0.
+ * A negative `gpu_id` means "not given" and counts as 0. The reason says
+ * the protocol's source, then the device's: the rule (SGLang's shared
+ * engine), the `gpu_id`, and which entry of a per-GPU mapping (inline or
+ * which file) was used.
  *
  * On success `*out` receives a new object owned by the caller (free with
  * `pdx_transport_choice_free`). Errors (`*out` untouched):
@@ -1245,6 +1374,25 @@ pdx_status pdx_resolve_transport(const char *hostname,
                                  const char *device,
                                  int32_t gpu_id,
                                  pdx_transport_choice **out);
+
+/**
+ * The transport `pdx_engine_init_with` would choose with `options` (NULL:
+ * none), without starting an engine: `gpu_id` picks the mapping entry,
+ * `device_source` the rule (`remote_instance`: `device`, else
+ * `MOONCAKE_DEVICE`, verbatim), and `ascend_npu_phy_id` takes its
+ * variable's place. The reason names the rule, the `gpu_id` and the entry.
+ *
+ * Errors as `pdx_resolve_transport`, plus `PDX_ERR_INVALID_HANDLE` for a
+ * stale `options`; `*out` untouched on error.
+ *
+ * # Safety
+ * As `pdx_resolve_transport`; `options` is NULL or a handle (checked by pdx).
+ */
+pdx_status pdx_resolve_transport_with(const char *hostname,
+                                      const char *protocol,
+                                      const char *device,
+                                      const pdx_engine_options *options,
+                                      pdx_transport_choice **out);
 
 /**
  * The protocol to initialize with (`"rdma"`, `"tcp"`, `"ascend"`, ...).

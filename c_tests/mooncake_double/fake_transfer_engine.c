@@ -106,6 +106,7 @@ static int next_port = 20001;
 static int violations;
 static char last_topology[4096];
 static char last_protocol[64];
+static char last_location[64];
 static char last_metadata[128];
 static char last_server_name[128];
 static size_t last_batch_register_count;
@@ -196,6 +197,7 @@ int fake_te_live_engines(void) {
 }
 const char *fake_te_last_topology(void) { return last_topology; }
 const char *fake_te_last_protocol(void) { return last_protocol; }
+const char *fake_te_last_location(void) { return last_location; }
 const char *fake_te_last_metadata(void) { return last_metadata; }
 const char *fake_te_last_server_name(void) { return last_server_name; }
 size_t fake_te_last_batch_register_count(void) { return last_batch_register_count; }
@@ -338,6 +340,7 @@ int registerLocalMemory(void *engine, void *addr, size_t length, const char *loc
   (void)remote_accessible;
   pthread_mutex_lock(&mu);
   record("registerLocalMemory");
+  snprintf(last_location, sizeof last_location, "%s", location ? location : "(null)");
   struct engine *e = engine_of(engine);
   int rc = e == NULL || location == NULL ? -1 : register_one(e, addr, length);
   pthread_mutex_unlock(&mu);
@@ -357,6 +360,7 @@ int registerLocalMemoryBatch(void *engine, buffer_entry_t *buffer_list, size_t b
   pthread_mutex_lock(&mu);
   record("registerLocalMemoryBatch");
   last_batch_register_count = buffer_len;
+  snprintf(last_location, sizeof last_location, "%s", location ? location : "(null)");
   struct engine *e = engine_of(engine);
   int rc = e == NULL || location == NULL ? -1 : 0;
   size_t done = 0;

@@ -49,6 +49,7 @@ __all__ = [
     "library_path",
     "parse_ib_device_config",
     "resolve_transport",
+    "resolve_transport_with",
     "session_id",
     "status_str",
     "validate_ib_devices",
@@ -551,6 +552,14 @@ class Stats(ctypes.Structure):
 
 _ENGINE_SIGNATURES: list[_Signature] = [
     ("pdx_engine_init", pdx_status, [c_char_p, c_char_p, c_char_p, POINTER(c_void_p)]),
+    ("pdx_engine_init_with", pdx_status, [c_char_p, c_char_p, c_char_p, c_void_p, POINTER(c_void_p)]),
+    ("pdx_engine_options_new", pdx_status, [POINTER(c_void_p)]),
+    ("pdx_engine_options_free", None, [c_void_p]),
+    ("pdx_engine_options_set", pdx_status, [c_void_p, c_char_p, c_char_p]),
+    ("pdx_engine_options_get", pdx_status, [c_void_p, c_char_p, POINTER(c_char_p)]),
+    ("pdx_resolve_transport_with", pdx_status, [c_char_p, c_char_p, c_char_p, c_void_p, POINTER(c_void_p)]),
+    ("pdx_engine_device", c_char_p, [c_void_p]),
+    ("pdx_engine_transport_reason", c_char_p, [c_void_p]),
     ("pdx_engine_free", None, [c_void_p]),
     ("pdx_engine_session_id", c_char_p, [c_void_p]),
     ("pdx_engine_rpc_port", c_uint16, [c_void_p]),
@@ -644,6 +653,62 @@ def _entries(entries: Sequence[Entry], writable: bool) -> tuple[Any, Any, Any, i
     return locals_, remotes, lens, n, keep
 
 
+def _option_text(value: object) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return None if value is None else str(value)
+
+
+class _Options:
+    """A `pdx_engine_options` built from keyword arguments (None: not set)."""
+
+    def __init__(self, options: dict[str, object]):
+        self._h = c_void_p()
+        check(lib.pdx_engine_options_new(ctypes.byref(self._h)))
+        try:
+            for key, value in options.items():
+                text = _option_text(value)
+                if text is not None:
+                    check(lib.pdx_engine_options_set(self._h, key.encode(), text.encode()))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._h:
+            lib.pdx_engine_options_free(self._h)
+            self._h = c_void_p()
+
+    def __enter__(self) -> _Options:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def resolve_transport_with(
+    hostname: str, protocol: str | None = None, device: str | None = None, **options: object
+) -> TransportChoice:
+    """The transport `Engine(hostname, protocol, device, **options)` would use,
+    without starting one (pdx_resolve_transport_with)."""
+    handle = c_void_p()
+    with _Options(options) as o:
+        check(lib.pdx_resolve_transport_with(_enc(hostname), _enc(protocol), _enc(device), o._h, ctypes.byref(handle)))
+    try:
+        return TransportChoice(
+            _text(lib.pdx_transport_choice_protocol(handle)),
+            _text(lib.pdx_transport_choice_hostname(handle)),
+            _dec(lib.pdx_transport_choice_device(handle)),
+            _text(lib.pdx_transport_choice_reason(handle)),
+            [
+                _text(lib.pdx_transport_choice_warning(handle, i))
+                for i in range(lib.pdx_transport_choice_warning_count(handle))
+            ],
+        )
+    finally:
+        lib.pdx_transport_choice_free(handle)
+
+
 def _opcode(op: int | str) -> int:
     if isinstance(op, str):
         return {"read": PDX_OPCODE_READ, "write": PDX_OPCODE_WRITE}[op.lower()]
@@ -660,12 +725,21 @@ class Engine:
     kept referenced until they are unregistered / the batch is freed.
     """
 
-    def __init__(self, hostname: str = "127.0.0.1", protocol: str | None = None, device: str | None = None):
+    def __init__(
+        self, hostname: str = "127.0.0.1", protocol: str | None = None, device: str | None = None, **options: object
+    ):
         """Start an engine. `protocol=None` follows pdx's resolver like every
         other pdx engine: MOONCAKE_PROTOCOL (default "rdma"), "tcp" when
-        MC_FORCE_TCP is set. Pass "tcp" for the native TCP engine."""
+        MC_FORCE_TCP is set. Pass "tcp" for the native TCP engine.
+
+        Keyword arguments are engine options (pdx_engine_init_with): e.g.
+        `gpu_id=3` picks GPU 3's entry of a per-GPU `device` mapping,
+        `device_source="remote_instance"` takes the device from
+        MOONCAKE_DEVICE, `tcp_lanes=8` wins over PDX_TCP_LANES. None leaves
+        an option unset; an unknown key or a bad value raises PdxError."""
         handle = c_void_p()
-        check(lib.pdx_engine_init(_enc(hostname), _enc(protocol), _enc(device), ctypes.byref(handle)))
+        with _Options(options) as o:
+            check(lib.pdx_engine_init_with(_enc(hostname), _enc(protocol), _enc(device), o._h, ctypes.byref(handle)))
         self._h = handle
         self._registered: dict[int, object] = {}
         self._batches: dict[int, object] = {}
@@ -718,6 +792,16 @@ class Engine:
     def protocol(self) -> str:
         """The protocol the engine runs ("tcp", "rdma", ...)."""
         return self._string(lib.pdx_engine_protocol(self._h))
+
+    @property
+    def device(self) -> str:
+        """The device filter the engine started with ("" = auto / TCP)."""
+        return self._string(lib.pdx_engine_device(self._h))
+
+    @property
+    def transport_reason(self) -> str:
+        """Why this protocol and device (rule, gpu_id, mapping entry)."""
+        return self._string(lib.pdx_engine_transport_reason(self._h))
 
     # Registration.
     def register(self, memory: Memory, length: int | None = None) -> int:

@@ -169,6 +169,15 @@ def _str(value: object, fn: str) -> str:
     _incompatible(fn, value)
 
 
+def _location(text: str, fn: str) -> str:
+    """Mooncake's location hint as pdx takes it: ``cpu:N``, ``cuda:N`` or ``*``."""
+    kind, _, index = text.partition(":")
+    if text == "*" or (kind in ("cpu", "cuda") and index.isdigit()):
+        return text
+    log.debug("%s: location %r is no cpu:N / cuda:N; detecting the memory instead", fn, text)
+    return "*"
+
+
 def _uints(values: object, fn: str) -> list[int]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         _incompatible(fn, values)
@@ -305,15 +314,31 @@ class TransferEngine:
     def register_memory(self, buffer_addr: int, capacity: int, location: str = "*") -> int:
         """Register ``capacity`` bytes at ``buffer_addr``; 0, -7 if it overlaps a registration, -1 otherwise.
 
-        ``location`` (a NUMA / device hint) is accepted and not used."""
+        ``location`` is Mooncake's: ``"cpu:N"``, ``"cuda:N"`` (device memory,
+        staged through pinned host memory) or ``"*"`` (detect); other hints are
+        treated as ``"*"``."""
         fn = "register_memory"
         addr, length = _uint(buffer_addr, fn), _uint(capacity, fn)
-        _str(location, fn)
+        where = _location(_str(location, fn), fn)
         if length == 0:
             log.error("register_memory: a region of 0 bytes cannot be registered")
             return ERR_INVALID_ARGUMENT
-        status = int(pdx.lib.pdx_register_memory(self._h(), addr, length))
+        status = int(pdx.lib.pdx_register_memory_at(self._h(), addr, length, where.encode()))
         return self._registration_code(fn, status)
+
+    def _register_each_at(self, fn: str, addrs: list[int], lens: list[int], where: str) -> int:
+        """Register one by one at an explicit location, undoing on failure."""
+        done: list[int] = []
+        for addr, length in zip(addrs, lens):
+            status = int(pdx.lib.pdx_register_memory_at(self._h(), addr, length, where.encode()))
+            if status != pdx.PDX_OK:
+                message = pdx.last_error()
+                for a in done:
+                    pdx.lib.pdx_unregister_memory(self._h(), a)
+                log.error("%s: %s: %s", fn, pdx.status_str(status), message)
+                return ERR_ADDRESS_OVERLAPPED if status == pdx.PDX_ERR_ADDRESS_OVERLAP else -1
+            done.append(addr)
+        return 0
 
     def _registration_code(self, what: str, status: int) -> int:
         if status == pdx.PDX_OK:
@@ -331,16 +356,19 @@ class TransferEngine:
         return self._registration_code("unregister_memory", int(pdx.lib.pdx_unregister_memory(self._h(), addr)))
 
     def batch_register_memory(self, buffer_addresses: list[int], capacities: list[int], location: str = "*") -> int:
-        """Register several regions, all or none; codes as ``register_memory``."""
+        """Register several regions, all or none, at ``location`` (as for
+        ``register_memory``); codes as ``register_memory``."""
         fn = "batch_register_memory"
         addrs, lens = _uints(buffer_addresses, fn), _uints(capacities, fn)
-        _str(location, fn)
+        where = _location(_str(location, fn), fn)
         if len(addrs) != len(lens):
             log.error("batch_register_memory: %d addresses for %d capacities", len(addrs), len(lens))
             return ERR_INVALID_ARGUMENT
         if any(n == 0 for n in lens):
             log.error("batch_register_memory: a region of 0 bytes cannot be registered")
             return ERR_INVALID_ARGUMENT
+        if where != "*":
+            return self._register_each_at(fn, addrs, lens, where)
         n = len(addrs)
         c_addrs = (ctypes.c_void_p * max(n, 1))(*addrs)
         c_lens = (ctypes.c_size_t * max(n, 1))(*lens)

@@ -302,3 +302,25 @@ def test_capabilities_report_the_driver(cuda, monkeypatch):
     monkeypatch.setenv("PDX_CUDA_LIB", "/nonexistent/libcuda.so.1")
     mem = {m["kind"]: m for m in pdx.capabilities()["memory"]}
     assert mem["cuda"]["available"] is False and "/nonexistent/libcuda.so.1" in mem["cuda"]["reason"]
+
+
+def test_dropin_registers_device_memory_at_its_location(cuda):
+    from pdx.mooncake import TransferEngine
+
+    target, initiator = TransferEngine(), TransferEngine()
+    for e in (target, initiator):
+        assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    dev = cuda.alloc(0, 1 << 20)
+    host = ctypes.create_string_buffer(b"\x5a" * (1 << 20), 1 << 20)
+    assert target.register_memory(dev, 1 << 20, "cuda:0") == 0
+    assert target.register_memory(dev, 1 << 20, "cuda:0") == -7
+    assert target.unregister_memory(dev) == 0
+    assert target.batch_register_memory([dev], [1 << 20], "cuda:0") == 0
+    assert initiator.register_memory(ctypes.addressof(host), 1 << 20, "cpu:0") == 0
+    session = f"127.0.0.1:{target.get_rpc_port()}"
+    assert initiator.transfer_sync_write(session, ctypes.addressof(host), dev, 1 << 20) == 0
+    assert cuda.get(0, dev, 1 << 20) == host.raw
+    assert target.register_memory(dev + (2 << 20), 4096, "cuda:9") == -1  # no such device
+    for e in (initiator, target):
+        e.unregister_memory(dev if e is target else ctypes.addressof(host))
+    cuda.free(dev)

@@ -247,6 +247,22 @@ server_args! {
     pdx_rules: RuleSet = RuleSet::Pr26346, ["--pdx-rules"];
 }
 
+/// The read-only key of SGLang's shared-engine device choice,
+/// `disaggregation_ib_device or mooncake_ib_device`
+/// (`maybe_init_shared_mooncake_transfer_engine`, mooncake_transfer_engine.py
+/// at d4801be line 343): the `device` a host passes to
+/// `pdx_engine_init_with`.
+pub const SHARED_ENGINE_IB_DEVICE: &str = "shared_engine_ib_device";
+
+/// The name a readable key is cached under: its field's name, or the
+/// derived key itself.
+pub fn read_name(key: &str) -> Option<&'static str> {
+    if key == SHARED_ENGINE_IB_DEVICE {
+        return Some(SHARED_ENGINE_IB_DEVICE);
+    }
+    lookup(key).map(|spec| spec.name)
+}
+
 /// The field a key names: a field name, or (when it starts with `--`) a flag.
 pub fn lookup(key: &str) -> Option<&'static FieldSpec> {
     if key.starts_with("--") {
@@ -288,6 +304,11 @@ impl ServerArgs {
     /// values when the text does not parse, is not an allowed choice, or is
     /// `None` for a non-optional field. On error nothing changes.
     pub fn set(&mut self, key: &str, value: Option<&str>) -> Result<()> {
+        if key == SHARED_ENGINE_IB_DEVICE {
+            return Err(Error::invalid_value(format!(
+                "{SHARED_ENGINE_IB_DEVICE} is read-only: it is disaggregation_ib_device or mooncake_ib_device"
+            )));
+        }
         let spec = lookup(key).ok_or_else(|| unknown_key(key))?;
         let invalid = |what: String| Error::invalid_value(format!("invalid value for {}: {what}", label(spec)));
         if let Some(allowed) = choices_of(spec.name) {
@@ -307,8 +328,20 @@ impl ServerArgs {
     /// The value of the field named by `key` as text: `None` for Python's
     /// `None`, booleans as `true`/`false`, integers in decimal.
     pub fn get(&self, key: &str) -> Result<Option<String>> {
+        if key == SHARED_ENGINE_IB_DEVICE {
+            return Ok(self.shared_engine_ib_device().map(str::to_owned));
+        }
         let spec = lookup(key).ok_or_else(|| unknown_key(key))?;
         Ok(self.get_field(spec.name))
+    }
+
+    /// SGLang's `disaggregation_ib_device or mooncake_ib_device`: Python's
+    /// `or`, so an empty first value falls through to the second.
+    pub fn shared_engine_ib_device(&self) -> Option<&str> {
+        match self.disaggregation_ib_device.as_deref() {
+            Some(d) if !d.is_empty() => Some(d),
+            _ => self.mooncake_ib_device.as_deref(),
+        }
     }
 
     /// Every field with its current value, in [`FIELDS`] order.
@@ -416,6 +449,26 @@ mod tests {
             assert_eq!(a.get(key).unwrap_err().kind(), ErrorKind::UnknownKey);
         }
         assert!(a.get("model_path").unwrap_err().message().starts_with("unknown argument key 'model_path'"));
+    }
+
+    /// SGLang's shared-engine device: `server_args.disaggregation_ib_device
+    /// or server_args.mooncake_ib_device` (mooncake_transfer_engine.py at
+    /// d4801be, line 343).
+    #[test]
+    fn shared_engine_device_is_python_or() {
+        let mut a = ServerArgs::default();
+        assert_eq!(a.get(SHARED_ENGINE_IB_DEVICE).unwrap(), None);
+        a.set("--mooncake-ib-device", Some("mlx5_4")).unwrap();
+        assert_eq!(a.get(SHARED_ENGINE_IB_DEVICE).unwrap().as_deref(), Some("mlx5_4"));
+        a.set("disaggregation_ib_device", Some("")).unwrap();
+        assert_eq!(a.get(SHARED_ENGINE_IB_DEVICE).unwrap().as_deref(), Some("mlx5_4"), "'' is falsy");
+        a.set("disaggregation_ib_device", Some(r#"{"0": "mlx5_0"}"#)).unwrap();
+        assert_eq!(a.get(SHARED_ENGINE_IB_DEVICE).unwrap().as_deref(), Some(r#"{"0": "mlx5_0"}"#));
+        let e = a.set(SHARED_ENGINE_IB_DEVICE, Some("x")).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidValue);
+        assert!(e.message().contains("read-only"));
+        assert_eq!(read_name(SHARED_ENGINE_IB_DEVICE), Some(SHARED_ENGINE_IB_DEVICE));
+        assert_eq!(read_name("--dp-size"), Some("dp_size"));
     }
 
     #[test]

@@ -279,6 +279,8 @@ vars! {
     PDX_CUDA_STAGING_BYTES: Ty::Int { min: 65536, max: 1 << 40 }, "67108864",
         "Pinned host memory per engine for staging device memory (bytes).";
     RUST_LOG: Ty::Text, "warn", "Log filter (`env_logger` syntax).";
+    MOONCAKE_DEVICE: Ty::Text, "\"\"",
+        "The device of an engine under the remote-instance rule (`device_source=remote_instance`) started without a device; read only then.";
     PDX_MAX_BATCH_ENTRIES: Ty::Int { min: 1, max: 1 << 30 }, "1048576",
         "Most entries in one batch; a larger batch is `PDX_ERR_INVALID_ARGUMENT` before anything is allocated.";
     PDX_MAX_REQUEST_BYTES: Ty::Int { min: 1, max: 1 << 56 }, "1099511627776",
@@ -297,6 +299,7 @@ pub mod names {
     pub(crate) const ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE: &str = vars::ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE.name;
     pub(crate) const ASCEND_NPU_PHY_ID: &str = vars::ASCEND_NPU_PHY_ID.name;
     pub(crate) const SGLANG_DISAGG_STAGING_BUFFER: &str = vars::SGLANG_DISAGG_STAGING_BUFFER.name;
+    pub(crate) const MOONCAKE_DEVICE: &str = vars::MOONCAKE_DEVICE.name;
 }
 
 /// A value pdx reads for itself (not under SGLang's rules): unset or empty

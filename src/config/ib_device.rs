@@ -46,6 +46,42 @@ impl IbDeviceConfig {
     }
 }
 
+/// Python's `json.loads` also accepts the constants `NaN`, `Infinity` and
+/// `-Infinity` (floats); serde_json does not. Outside strings they become
+/// `null`, which is, like a float, neither a mapping nor a string value, so
+/// `{"0": NaN}` gets SGLang's value-format message (`json.loads` then
+/// `isinstance(ib_devices, str)` in `parse_ib_device_config`) instead of
+/// `Invalid JSON mapping`. Anything else stays as it was, so text Python
+/// refuses is still refused.
+fn python_constants_as_null(text: &str) -> std::borrow::Cow<'_, str> {
+    if !["NaN", "Infinity"].iter().any(|c| text.contains(c)) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if c == '"' {
+            in_string = true;
+        } else if let Some(constant) = ["NaN", "Infinity", "-Infinity"].iter().find(|k| rest.starts_with(**k)) {
+            out.push_str("null");
+            rest = &rest[constant.len()..];
+            continue;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 const BAD_MAPPING_FORMAT: &str =
     "Invalid format: keys must be integers (or string representations of integers) and values must be strings";
 
@@ -79,10 +115,11 @@ pub fn parse_ib_device_config(text: Option<&str>) -> Result<Option<IbDeviceConfi
             Error::runtime_error(format!("Failed to read JSON file {input}: {}", py_os_error(&e, input)))
         })?;
         let content = std::str::from_utf8(&bytes).map_err(|e| Error::value_error(py_utf8_error(&bytes, &e)))?;
-        serde_json::from_str(content)
+        serde_json::from_str(&python_constants_as_null(content))
             .map_err(|_| Error::runtime_error(format!("Failed to parse JSON content from file {input}")))?
     } else {
-        serde_json::from_str(input).map_err(|_| Error::value_error(format!("Invalid JSON mapping: {input}")))?
+        serde_json::from_str(&python_constants_as_null(input))
+            .map_err(|_| Error::value_error(format!("Invalid JSON mapping: {input}")))?
     };
     let Value::Object(object) = mapping else {
         return Err(Error::value_error("Invalid format: expected a mapping from GPU id to IB device string"));
@@ -115,6 +152,41 @@ pub fn get_ib_devices_for_gpu(text: Option<&str>, gpu_id: i64) -> Result<Option<
         None => Ok(None),
         Some(cfg) => cfg.devices_for_gpu(gpu_id).map(|s| Some(s.to_owned())),
     }
+}
+
+/// Where [`ib_devices_for_gpu_with_origin`]'s device string came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceOrigin {
+    /// One string shared by all GPUs.
+    AllGpus,
+    /// The entry `gpu` of a per-GPU mapping, inline (`file: None`) or from a
+    /// `.json` file.
+    Entry { gpu: i64, file: Option<String> },
+}
+
+impl DeviceOrigin {
+    /// How the transport reason says it.
+    pub fn describe(&self) -> String {
+        match self {
+            DeviceOrigin::AllGpus => "one device list shared by all GPUs".to_owned(),
+            DeviceOrigin::Entry { gpu, file: None } => format!("entry {gpu} of the inline per-GPU JSON mapping"),
+            DeviceOrigin::Entry { gpu, file: Some(f) } => format!("entry {gpu} of the per-GPU mapping in {f}"),
+        }
+    }
+}
+
+/// [`get_ib_devices_for_gpu`], also saying which entry was used.
+pub fn ib_devices_for_gpu_with_origin(text: Option<&str>, gpu_id: i64) -> Result<Option<(String, DeviceOrigin)>> {
+    Ok(match parse_ib_device_config(text)? {
+        None => None,
+        Some(IbDeviceConfig::AllGpus(s)) => Some((s, DeviceOrigin::AllGpus)),
+        Some(cfg) => {
+            let devices = cfg.devices_for_gpu(gpu_id)?.to_owned();
+            let input = py::strip(text.unwrap_or_default());
+            let file = input.ends_with(".json").then(|| input.to_owned());
+            Some((devices, DeviceOrigin::Entry { gpu: gpu_id, file }))
+        }
+    })
 }
 
 /// Result of [`validate_ib_devices`].
@@ -282,6 +354,41 @@ mod tests {
         assert_eq!(err(r#"{"0": 5}"#).message(), BAD_MAPPING_FORMAT);
         let e = err("/nonexistent/pdx/ib.json");
         assert_eq!((e.kind(), e.message()), (ErrorKind::RuntimeError, "File /nonexistent/pdx/ib.json does not exist."));
+    }
+
+    /// SGLang's `parse_ib_device_config` (mooncake_transfer_engine.py at
+    /// d4801be, line 47 `mapping = json.loads(normalized_input)`, line 59
+    /// `not isinstance(ib_devices, str)`): Python's json accepts NaN and
+    /// Infinity, so such a value is a value-format error, not a JSON one.
+    #[test]
+    fn nan_and_infinity_are_python_json_values() {
+        let err = |s: &str| parse_ib_device_config(Some(s)).unwrap_err();
+        for text in [r#"{"0": NaN}"#, r#"{"0": Infinity}"#, r#"{"0":-Infinity, "1": "mlx5_1"}"#, r#"{"0": [NaN]}"#] {
+            let e = err(text);
+            assert_eq!((e.kind(), e.message()), (ErrorKind::ValueError, BAD_MAPPING_FORMAT), "{text}");
+        }
+        // Not a mapping at all, as for any float.
+        assert_eq!(err("{NaN").message(), "Invalid JSON mapping: {NaN");
+        assert_eq!(err(r#"{"0": nan}"#).message(), r#"Invalid JSON mapping: {"0": nan}"#, "Python is case-sensitive");
+        assert_eq!(err(r#"{"0": +Infinity}"#).message(), r#"Invalid JSON mapping: {"0": +Infinity}"#);
+        assert_eq!(err(r#"{NaN: "mlx5_0"}"#).message(), r#"Invalid JSON mapping: {NaN: "mlx5_0"}"#);
+        // Inside a string they are text.
+        let cfg = parse_ib_device_config(Some(r#"{"0": "NaN \" Infinity"}"#)).unwrap().unwrap();
+        assert_eq!(cfg, IbDeviceConfig::PerGpu(vec![(0, "NaN \" Infinity".into())]));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("nan.json");
+        std::fs::write(&file, r#"{"0": "mlx5_0", "1": NaN}"#).unwrap();
+        assert_eq!(err(file.to_str().unwrap()).message(), BAD_MAPPING_FORMAT);
+    }
+
+    #[test]
+    fn origin_names_the_entry() {
+        let map = r#"{"0": "mlx5_0", "3": "mlx5_3"}"#;
+        let (d, o) = ib_devices_for_gpu_with_origin(Some(map), 3).unwrap().unwrap();
+        assert_eq!((d.as_str(), o.describe()), ("mlx5_3", "entry 3 of the inline per-GPU JSON mapping".to_owned()));
+        let (_, o) = ib_devices_for_gpu_with_origin(Some("mlx5_0"), 3).unwrap().unwrap();
+        assert_eq!(o, DeviceOrigin::AllGpus);
+        assert_eq!(ib_devices_for_gpu_with_origin(Some("  "), 3).unwrap(), None);
     }
 
     #[test]

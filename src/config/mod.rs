@@ -3,7 +3,9 @@
 //!
 //! - [`choices`]: backend / mode / load-balance choice lists.
 //! - [`args`]: the typed ServerArgs subset, set/get by field name or CLI flag.
-//! - [`argv`]: reading the PD flags out of a command line.
+//! - [`argv`]: reading the PD flags out of a command line (argparse rules).
+//! - [`sglang_flags`]: SGLang's option lists at the two commits.
+//! - [`engine_options`]: per-engine options (`gpu_id`, `device_source`, settings).
 //! - [`env`]: environment access with SGLang's `environ.py` rules.
 //! - [`rules`]: `handle_pd_disaggregation` in two versions, plus normalization.
 //! - [`load_balance`]: SGLang's `_handle_load_balance_method`.
@@ -16,6 +18,7 @@
 pub mod args;
 pub mod argv;
 pub mod choices;
+pub mod engine_options;
 pub mod env;
 pub mod ib_device;
 pub mod load_balance;
@@ -23,6 +26,7 @@ pub mod message;
 pub mod net;
 pub mod py;
 pub mod rules;
+pub mod sglang_flags;
 pub mod transport;
 
 pub use args::{RuleSet, ServerArgs};

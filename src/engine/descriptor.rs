@@ -127,6 +127,20 @@ pub fn parse_descriptor(text: &[u8], session_name: &str, session_host: &str) -> 
     })
 }
 
+/// Our descriptor, with the buffer list cut short if it would not fit a frame.
+pub(crate) fn own(inner: &super::Inner) -> String {
+    let id = &inner.identity;
+    let mut buffers = inner.regions.advertised();
+    loop {
+        let text = encode_descriptor(&id.session_id, &id.data_host, id.data_port, &buffers);
+        if text.len() + 2 <= inner.settings.handshake_max_len || buffers.is_empty() {
+            return text;
+        }
+        log::warn!("descriptor too large for one handshake frame; advertising fewer buffers");
+        buffers.truncate(buffers.len() / 2);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

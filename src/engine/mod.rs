@@ -19,6 +19,7 @@ pub mod descriptor;
 #[cfg(not(feature = "fuzzing"))]
 pub(crate) mod descriptor;
 mod limits;
+mod listen;
 mod notify;
 mod peers;
 mod regions;
@@ -132,8 +133,8 @@ impl Engine {
     pub fn start_with(hostname: &str, settings: Settings) -> Result<Engine> {
         let host = engine_host(hostname)?;
         let ip = bind_ip(&host, &settings)?;
-        let rpc = server::bind_in_range(ip, settings.min_port, settings.max_port)?;
-        let data = server::bind_in_range(ip, settings.min_data_port, settings.max_data_port)?;
+        let rpc = listen::bind_in_range(ip, settings.min_port, settings.max_port)?;
+        let data = listen::bind_in_range(ip, settings.min_data_port, settings.max_data_port)?;
         let port_of = |l: &TcpListener| l.local_addr().map(|a| a.port()).map_err(|e| Error::io(e.to_string()));
         let (rpc_port, data_port) = (port_of(&rpc)?, port_of(&data)?);
         let identity = Identity {
@@ -373,7 +374,7 @@ impl TransferBackend for Engine {
         self.inner.registry.begin_stop();
         self.inner.peers.wake_all();
         for l in &listeners {
-            server::wake_listener(l);
+            listen::wake_listener(l);
         }
         self.inner.workers.close();
         self.inner.registry.join_all();

@@ -141,7 +141,7 @@ impl Peer {
     }
 
     fn fetch(inner: &Inner, addr: &SessionAddr, session: &str) -> Result<PeerDescriptor> {
-        let body = exchange(inner, addr, FrameType::Metadata, &super::server::own_descriptor(inner))
+        let body = exchange(inner, addr, FrameType::Metadata, &super::descriptor::own(inner))
             .map_err(|e| e.context(format!("cannot open session {session}")))?;
         parse_descriptor(&body, session, &addr.host)
     }

@@ -1,10 +1,10 @@
-//! The two listeners every engine runs: the handshake (RPC) port, one framed
-//! JSON request per connection, and the data port, persistent connections
-//! carrying 24-byte requests. Everything a peer sends is bounded and checked;
+//! Serving the two listeners (bound in [`super::listen`]): the accept loop,
+//! the handshake (RPC) port, one framed JSON request per connection, and the
+//! data port, persistent connections carrying 24-byte requests. Everything a peer sends is bounded and checked;
 //! a bad peer loses its connection, never the engine.
 
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -14,37 +14,13 @@ use serde_json::{json, Value};
 
 use super::conn::{Conn, MAX_IO_CHUNK};
 use super::deadline::BoundedStream;
-use super::descriptor::encode_descriptor;
 use super::wire::{self, FrameType, RequestHeader, HEADER_LEN};
 use super::Inner;
-use crate::error::{Error, Result};
 use crate::transfer::stats::Stats;
 use crate::transfer::Direction;
 
 /// How long a handshake client may take to send its request.
 const HANDSHAKE_SERVE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Bind a listener on `ip` at a random port in `[min, max]`, as Mooncake
-/// picks ports (up to 500 tries).
-pub fn bind_in_range(ip: IpAddr, min: u16, max: u16) -> Result<TcpListener> {
-    let mut last_err = None;
-    for _ in 0..500 {
-        let port = fastrand::u16(min..=max);
-        match TcpListener::bind(SocketAddr::new(ip, port)) {
-            Ok(l) => return Ok(l),
-            Err(e) => last_err = Some(e),
-        }
-    }
-    Err(Error::io(format!(
-        "could not bind a port on {ip} in {min}..={max} after 500 tries: {}",
-        last_err.map(|e| e.to_string()).unwrap_or_default()
-    )))
-}
-
-/// Wake a thread blocked in `accept` on `listener` (Linux returns EINVAL).
-pub fn wake_listener(listener: &TcpListener) {
-    let _ = socket2::SockRef::from(listener).shutdown(Shutdown::Both);
-}
 
 /// Counts an inbound connection as open while it lives.
 struct OpenConnection<'a>(&'a Stats);
@@ -163,20 +139,6 @@ fn empty_handshake_desc() -> Value {
            "peer_nic_path": "", "qp_num": [], "reply_msg": ""})
 }
 
-/// Our descriptor, with the buffer list cut short if it would not fit a frame.
-pub fn own_descriptor(inner: &Inner) -> String {
-    let id = &inner.identity;
-    let mut buffers = inner.regions.advertised();
-    loop {
-        let text = encode_descriptor(&id.session_id, &id.data_host, id.data_port, &buffers);
-        if text.len() + 2 <= inner.settings.handshake_max_len || buffers.is_empty() {
-            return text;
-        }
-        log::warn!("descriptor too large for one handshake frame; advertising fewer buffers");
-        buffers.truncate(buffers.len() / 2);
-    }
-}
-
 fn serve_handshake(inner: &Inner, stream: &mut TcpStream) {
     let _ = stream.set_nodelay(true);
     // One deadline for the whole exchange: trickled bytes do not extend it.
@@ -211,7 +173,7 @@ fn serve_handshake(inner: &Inner, stream: &mut TcpStream) {
         return;
     };
     let reply = match kind {
-        FrameType::Metadata => own_descriptor(inner),
+        FrameType::Metadata => super::descriptor::own(inner),
         FrameType::Probe => json!({"status": "success"}).to_string(),
         FrameType::Notify => {
             let name = request.get("name").and_then(Value::as_str);

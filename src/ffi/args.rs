@@ -146,7 +146,10 @@ pub unsafe extern "C" fn pdx_args_set(args: *mut pdx_args, key: *const c_char, v
     })
 }
 
-/// Read one argument as text (same keys as `pdx_args_set`).
+/// Read one argument as text (same keys as `pdx_args_set`, plus the
+/// read-only `"shared_engine_ib_device"`: SGLang's shared-engine device
+/// choice `disaggregation_ib_device or mooncake_ib_device`, ready to pass to
+/// `pdx_engine_init_with`).
 ///
 /// On success `*out` is NULL for `None`, else a NUL-terminated string owned
 /// by `args`, valid until the next successful mutation of `args`
@@ -172,8 +175,7 @@ pub unsafe extern "C" fn pdx_args_get(
         let key = unsafe { c_str(key, "key")? };
         let mut state = handle.lock();
         let value = state.args.get(key)?;
-        let Some(spec) = config::args::lookup(key) else { unreachable!("get succeeded, so the key is known") };
-        let name = spec.name;
+        let Some(name) = config::args::read_name(key) else { unreachable!("get succeeded, so the key is known") };
         let ptr = match state.got.get(name) {
             Some(cached) => cached.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
             None => {
@@ -193,15 +195,19 @@ pub unsafe extern "C" fn pdx_args_get(
 ///
 /// Reads `argc` strings from `argv` (a trailing NULL is not required and
 /// not read). Recognized: `--flag value`, `--flag=value` and bare boolean
-/// flags, for every key of `pdx_args_set` in flag form. Everything else
-/// (the program name, unknown flags and their values, positionals, anything
-/// after `--`) is left alone. A repeated flag: the last one wins.
+/// flags, for every key of `pdx_args_set` in flag form, and argparse's
+/// unique-prefix abbreviations of them, resolved against SGLang's whole
+/// option list of the rule set in effect (`--disaggregation-transfer` is
+/// `--disaggregation-transfer-backend`). Everything else (the program name,
+/// other options and their values, positionals, anything after `--`) is
+/// left alone. A repeated flag: the last one wins.
 ///
 /// All-or-nothing: on error the object is unchanged. Errors:
 /// `PDX_ERR_NULL_ARGUMENT` (args, or argv with argc > 0, or an element),
 /// `PDX_ERR_INVALID_ARGUMENT` (argc < 0), `PDX_ERR_INVALID_HANDLE`,
 /// `PDX_ERR_INVALID_UTF8`, `PDX_ERR_INVALID_VALUE` (a recognized flag with a
-/// bad or missing value: `argument --flag: expected one argument`).
+/// bad or missing value: `argument --flag: expected one argument`; a prefix
+/// of several options: `ambiguous option: --x could match --x-a, --x-b`).
 ///
 /// # Safety
 /// The caller guarantees, for the duration of the call: `argv` is NULL or points to `argc` readable

@@ -201,6 +201,7 @@ pub(crate) mod handle_tag {
     pub(crate) const IB_DEVICE_CONFIG: u8 = 4;
     pub(crate) const IB_VALIDATION: u8 = 5;
     pub(crate) const NOTIFICATIONS: u8 = 6;
+    pub(crate) const ENGINE_OPTIONS: u8 = 9;
 }
 
 /// Live handles of one type. The pointer C holds is a generational id of

@@ -20,6 +20,7 @@ use super::args::to_cstring;
 use super::boundary::{
     c_slice, c_str, guard, guard_or, handle_tag, opt_c_str, opt_out_ptr, out_ptr, text_out, HandleTable,
 };
+use super::engine_options::{options_of, pdx_engine_options};
 use super::status::{pdx_status, status_of, PDX_OK};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::{Direction, Request, TaskState, TransferBackend};
@@ -81,13 +82,19 @@ struct EngineHandle {
     engine: Box<dyn TransferBackend>,
     session_id: CString,
     protocol: CString,
+    /// The device filter the transport was resolved to.
+    device: CString,
+    /// Why that protocol and device (the transport choice's reason).
+    reason: CString,
 }
 
 static ENGINES: HandleTable<EngineHandle> = HandleTable::new("pdx_engine handle", handle_tag::ENGINE);
 static NOTIFICATIONS: HandleTable<Vec<(CString, CString)>> =
     HandleTable::new("pdx_notifications handle", handle_tag::NOTIFICATIONS);
 
-/// Start a transfer engine on `hostname`.
+/// Start a transfer engine on `hostname`: `pdx_engine_init_with` without
+/// options (`gpu_id` 0, the shared-engine device rule, every setting from
+/// the environment).
 ///
 /// The transport is resolved exactly as `pdx_resolve_transport` does it
 /// (explicit `protocol` > `MOONCAKE_PROTOCOL`, default `"rdma"`;
@@ -116,19 +123,81 @@ pub unsafe extern "C" fn pdx_engine_init(
     out: *mut *mut pdx_engine,
 ) -> pdx_status {
     guard("pdx_engine_init", || {
-        let out = out_ptr(out, "out")?;
-        let hostname = c_str(hostname, "hostname")?;
-        let protocol = opt_c_str(protocol, "protocol")?;
-        let device = opt_c_str(device, "device")?;
-        let engine = crate::backend::start(hostname, protocol, device)?;
-        let handle = EngineHandle {
-            session_id: to_cstring(engine.session_id(), "session id")?,
-            protocol: to_cstring(engine.protocol(), "protocol")?,
-            engine,
-        };
-        *out = ENGINES.insert(handle)?;
-        Ok(())
+        // SAFETY: the caller's guarantees are this function's.
+        unsafe { init_with(hostname, protocol, device, std::ptr::null(), out) }
     })
+}
+
+/// Start a transfer engine on `hostname` with `options` (NULL: none, the
+/// same as `pdx_engine_init`). The options are read during the call; the
+/// object may be changed or freed afterwards.
+///
+/// - `gpu_id` picks this GPU's entry when `device` is a per-GPU mapping
+///   (inline JSON `{"0": "mlx5_0", ...}` or a `.json` file), exactly as
+///   SGLang's `get_ib_devices_for_gpu`; a mapping without that GPU fails
+///   with `PDX_ERR_VALUE_ERROR` and SGLang's text as the last error
+///   (`No IB devices configured for GPU 3. Available GPUs: [0, 1]`). It is
+///   also the Ascend `npu_N` suffix when `ASCEND_NPU_PHY_ID` is -1.
+/// - `device_source` `remote_instance`: the device is `device` as given,
+///   else `MOONCAKE_DEVICE`, as SGLang's remote-instance engine does.
+/// - Every other option takes its variable's place in the engine's settings.
+///
+/// `pdx_engine_transport_reason` says afterwards which rule and which GPU
+/// entry chose the device. Errors: those of `pdx_engine_init`, plus
+/// `PDX_ERR_INVALID_HANDLE` for a stale `options`. `*out` is untouched on
+/// error.
+///
+/// # Safety
+/// As `pdx_engine_init`; `options` is NULL or a handle (checked by pdx).
+#[no_mangle]
+pub unsafe extern "C" fn pdx_engine_init_with(
+    hostname: *const c_char,
+    protocol: *const c_char,
+    device: *const c_char,
+    options: *const pdx_engine_options,
+    out: *mut *mut pdx_engine,
+) -> pdx_status {
+    guard("pdx_engine_init_with", || {
+        // SAFETY: the caller's guarantees are this function's.
+        unsafe { init_with(hostname, protocol, device, options, out) }
+    })
+}
+
+/// # Safety
+/// As `pdx_engine_init_with`.
+unsafe fn init_with(
+    hostname: *const c_char,
+    protocol: *const c_char,
+    device: *const c_char,
+    options: *const pdx_engine_options,
+    out: *mut *mut pdx_engine,
+) -> Result<()> {
+    let out = out_ptr(out, "out")?;
+    // SAFETY: the caller passes NUL-terminated strings or NULL.
+    let (hostname, protocol, device) =
+        unsafe { (c_str(hostname, "hostname")?, opt_c_str(protocol, "protocol")?, opt_c_str(device, "device")?) };
+    let options = options_of(options)?;
+    let (engine, choice) = crate::backend::start_with(hostname, protocol, device, &options)?;
+    let texts = (|| {
+        Ok((
+            to_cstring(engine.session_id(), "session id")?,
+            to_cstring(engine.protocol(), "protocol")?,
+            to_cstring(&choice.device, "device")?,
+            to_cstring(&choice.reason, "reason")?,
+        ))
+    })();
+    let (session_id, protocol, device, reason) = match texts {
+        Ok(t) => t,
+        Err(e) => {
+            // A started engine that cannot be handed out is stopped, not leaked.
+            engine.stop();
+            return Err(e);
+        }
+    };
+    let handle = ENGINES.insert(EngineHandle { engine, session_id, protocol, device, reason })?;
+    // SAFETY: `out` checked non-NULL and aligned.
+    unsafe { *out = handle };
+    Ok(())
 }
 
 /// Stop and free an engine: listeners close, in-flight transfers fail,
@@ -157,6 +226,23 @@ pub extern "C" fn pdx_engine_session_id(engine: *const pdx_engine) -> *const c_c
 #[no_mangle]
 pub extern "C" fn pdx_engine_rpc_port(engine: *const pdx_engine) -> u16 {
     guard_or("pdx_engine_rpc_port", 0, || Ok(ENGINES.get(engine)?.engine.rpc_port()))
+}
+
+/// The device filter the engine was started with (`""`: auto discovery or
+/// TCP). Owned by the engine, valid until `pdx_engine_free`; NULL for an
+/// invalid engine.
+#[no_mangle]
+pub extern "C" fn pdx_engine_device(engine: *const pdx_engine) -> *const c_char {
+    guard_or("pdx_engine_device", std::ptr::null(), || Ok(ENGINES.get(engine)?.device.as_ptr()))
+}
+
+/// Why the engine runs this protocol and device: the transport choice's
+/// reason (the protocol's source; the device rule, `gpu_id` and the mapping
+/// entry used). Owned by the engine, valid until `pdx_engine_free`; NULL for
+/// an invalid engine.
+#[no_mangle]
+pub extern "C" fn pdx_engine_transport_reason(engine: *const pdx_engine) -> *const c_char {
+    guard_or("pdx_engine_transport_reason", std::ptr::null(), || Ok(ENGINES.get(engine)?.reason.as_ptr()))
 }
 
 /// The protocol really in use (`"tcp"` for the native engine). Owned by the

@@ -8,6 +8,7 @@ pub(crate) mod boundary;
 pub mod args;
 pub mod backend;
 pub mod engine;
+pub mod engine_options;
 pub mod ib_device;
 pub mod log;
 pub mod stats;

@@ -9,8 +9,10 @@ use super::args::to_cstring;
 use super::boundary::{
     c_str, guard, guard_or, handle_tag, index_out_of_range, opt_c_str, out_ptr, text_out, HandleTable,
 };
+use super::engine_options::{options_of, pdx_engine_options};
 use super::status::pdx_status;
-use crate::config::transport::resolve_transport_from_process_env;
+use crate::config::env::ProcessEnv;
+use crate::config::transport::{resolve_transport_from_process_env, TransportChoice};
 use crate::error::{Error, Result};
 
 /// Opaque result of `pdx_resolve_transport`; released by
@@ -46,7 +48,10 @@ static CHOICES: HandleTable<ChoiceC> = HandleTable::new("pdx_transport_choice ha
 /// - Ascend: hostname becomes `host:{free_port}:npu_{ASCEND_NPU_PHY_ID, or
 ///   gpu_id when that is -1}`.
 ///
-/// A negative `gpu_id` means "not given" and counts as 0.
+/// A negative `gpu_id` means "not given" and counts as 0. The reason says
+/// the protocol's source, then the device's: the rule (SGLang's shared
+/// engine), the `gpu_id`, and which entry of a per-GPU mapping (inline or
+/// which file) was used.
 ///
 /// On success `*out` receives a new object owned by the caller (free with
 /// `pdx_transport_choice_free`). Errors (`*out` untouched):
@@ -74,17 +79,55 @@ pub unsafe extern "C" fn pdx_resolve_transport(
         let (hostname, protocol, device) =
             unsafe { (c_str(hostname, "hostname")?, opt_c_str(protocol, "protocol")?, opt_c_str(device, "device")?) };
         let choice = resolve_transport_from_process_env(hostname, protocol, device, gpu_id)?;
-        let c = ChoiceC {
-            protocol: to_cstring(&choice.protocol, "protocol")?,
-            hostname: to_cstring(&choice.hostname, "hostname")?,
-            device: to_cstring(&choice.device, "device")?,
-            reason: to_cstring(&choice.reason, "reason")?,
-            warnings: choice.warnings.iter().map(|w| to_cstring(w, "warning")).collect::<Result<_>>()?,
-        };
-        let handle = CHOICES.insert(c)?;
         // SAFETY: `out` checked non-NULL and aligned.
-        unsafe { *out = handle };
-        Ok(())
+        unsafe { deliver(&choice, out) }
+    })
+}
+
+/// # Safety
+/// `out` is non-NULL, aligned and writable.
+unsafe fn deliver(choice: &TransportChoice, out: *mut *mut pdx_transport_choice) -> Result<()> {
+    let c = ChoiceC {
+        protocol: to_cstring(&choice.protocol, "protocol")?,
+        hostname: to_cstring(&choice.hostname, "hostname")?,
+        device: to_cstring(&choice.device, "device")?,
+        reason: to_cstring(&choice.reason, "reason")?,
+        warnings: choice.warnings.iter().map(|w| to_cstring(w, "warning")).collect::<Result<_>>()?,
+    };
+    let handle = CHOICES.insert(c)?;
+    // SAFETY: the caller guarantees `out`.
+    unsafe { *out = handle };
+    Ok(())
+}
+
+/// The transport `pdx_engine_init_with` would choose with `options` (NULL:
+/// none), without starting an engine: `gpu_id` picks the mapping entry,
+/// `device_source` the rule (`remote_instance`: `device`, else
+/// `MOONCAKE_DEVICE`, verbatim), and `ascend_npu_phy_id` takes its
+/// variable's place. The reason names the rule, the `gpu_id` and the entry.
+///
+/// Errors as `pdx_resolve_transport`, plus `PDX_ERR_INVALID_HANDLE` for a
+/// stale `options`; `*out` untouched on error.
+///
+/// # Safety
+/// As `pdx_resolve_transport`; `options` is NULL or a handle (checked by pdx).
+#[no_mangle]
+pub unsafe extern "C" fn pdx_resolve_transport_with(
+    hostname: *const c_char,
+    protocol: *const c_char,
+    device: *const c_char,
+    options: *const pdx_engine_options,
+    out: *mut *mut pdx_transport_choice,
+) -> pdx_status {
+    guard("pdx_resolve_transport_with", || {
+        let out = out_ptr(out, "out")?;
+        // SAFETY: the caller passes NUL-terminated strings or NULL.
+        let (hostname, protocol, device) =
+            unsafe { (c_str(hostname, "hostname")?, opt_c_str(protocol, "protocol")?, opt_c_str(device, "device")?) };
+        let options = options_of(options)?;
+        let choice = crate::backend::choose(&ProcessEnv, hostname, protocol, device, &options)?;
+        // SAFETY: `out` checked non-NULL and aligned.
+        unsafe { deliver(&choice, out) }
     })
 }
 

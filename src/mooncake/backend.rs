@@ -63,7 +63,11 @@ fn cstring(s: &str, what: &str) -> Result<CString> {
 /// The sync deadline: `MC_TRANSFER_TIMEOUT` seconds (at least 5, as in
 /// Mooncake's Python layer), default 30.
 fn sync_timeout_from_env() -> Duration {
-    env::read(&ProcessEnv, &vars::MC_TRANSFER_TIMEOUT).unwrap_or(Duration::from_secs(DEFAULT_SYNC_TIMEOUT_S))
+    sync_timeout_in(&ProcessEnv)
+}
+
+fn sync_timeout_in(env: &dyn env::Env) -> Duration {
+    env::read(env, &vars::MC_TRANSFER_TIMEOUT).unwrap_or(Duration::from_secs(DEFAULT_SYNC_TIMEOUT_S))
 }
 
 /// Sleeps that grow from a yield to [`MAX_POLL_SLEEP`].
@@ -84,8 +88,18 @@ impl MooncakeBackend {
     /// Load the library (`PDX_MOONCAKE_LIB`, default `libtransfer_engine.so`)
     /// and start an engine for `choice`.
     pub fn start(choice: &TransportChoice) -> Result<MooncakeBackend> {
-        let api = super::load().map_err(|why| unavailable(&choice.protocol, &format!("{}; {why}", choice.reason)))?;
-        Self::start_with(api, &choice.protocol, &choice.hostname, &choice.device)
+        Self::start_in(choice, &ProcessEnv)
+    }
+
+    /// [`MooncakeBackend::start`] reading `PDX_MOONCAKE_LIB` and
+    /// `MC_TRANSFER_TIMEOUT` from `env` (an engine's options over the
+    /// process environment).
+    pub fn start_in(choice: &TransportChoice, env: &dyn env::Env) -> Result<MooncakeBackend> {
+        let api =
+            super::load_in(env).map_err(|why| unavailable(&choice.protocol, &format!("{}; {why}", choice.reason)))?;
+        let mut backend = Self::start_with(api, &choice.protocol, &choice.hostname, &choice.device)?;
+        backend.sync_timeout = sync_timeout_in(env);
+        Ok(backend)
     }
 
     /// Start an engine with an already loaded library: P2PHANDSHAKE metadata,

@@ -22,14 +22,18 @@ use std::sync::Arc;
 
 pub use backend::MooncakeBackend;
 
-use crate::config::env::{self, vars, ProcessEnv};
+use crate::config::env::{self, vars, Env, ProcessEnv};
 
 /// Load (once per path) the library `PDX_MOONCAKE_LIB` names (default
 /// `libtransfer_engine.so`, found on the dynamic linker's search path); the
 /// error text names the library and what is missing.
 pub fn load() -> std::result::Result<Arc<mooncake_sys::Api>, String> {
-    let path: String =
-        env::read(&ProcessEnv, &vars::PDX_MOONCAKE_LIB).unwrap_or_else(|| mooncake_sys::DEFAULT_LIB.to_owned());
+    load_in(&ProcessEnv)
+}
+
+/// [`load`] with `PDX_MOONCAKE_LIB` read from `env` (an engine's options).
+pub fn load_in(env: &dyn Env) -> std::result::Result<Arc<mooncake_sys::Api>, String> {
+    let path: String = env::read(env, &vars::PDX_MOONCAKE_LIB).unwrap_or_else(|| mooncake_sys::DEFAULT_LIB.to_owned());
     mooncake_sys::load_cached(&path).map_err(|e| match e {
         mooncake_sys::LoadError::Open { .. } => {
             format!("{e} (set PDX_MOONCAKE_LIB to the path of a libtransfer_engine.so built with its C API)")
@@ -41,5 +45,10 @@ pub fn load() -> std::result::Result<Arc<mooncake_sys::Api>, String> {
 /// Whether `tcp` should run on Mooncake's engine: `PDX_TCP_ENGINE` is
 /// `mooncake` (`native` or unset: the native engine).
 pub fn tcp_uses_mooncake() -> crate::Result<bool> {
-    Ok(env::read_choice(&ProcessEnv, &vars::PDX_TCP_ENGINE)? == Some("mooncake"))
+    tcp_uses_mooncake_in(&ProcessEnv)
+}
+
+/// [`tcp_uses_mooncake`] with `PDX_TCP_ENGINE` read from `env`.
+pub fn tcp_uses_mooncake_in(env: &dyn Env) -> crate::Result<bool> {
+    Ok(env::read_choice(env, &vars::PDX_TCP_ENGINE)? == Some("mooncake"))
 }
