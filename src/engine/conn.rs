@@ -12,6 +12,7 @@ use std::time::Duration;
 use socket2::SockRef;
 
 use super::deadline::{Stall, SLICE};
+use super::spin::Spin;
 
 /// Receive buffer size; payloads at least half this size bypass it.
 const RECV_BUF: usize = 256 * 1024;
@@ -27,7 +28,7 @@ pub struct Conn {
     start: usize,
     end: usize,
     /// How long a receive polls before it blocks (see [`Conn::set_spin`]).
-    spin: Duration,
+    spin: Spin,
     /// A task's stall clock (lanes): socket timeouts are then short slices
     /// and a blocked call gives up only once the clock says so.
     stall: Option<Paced>,
@@ -63,7 +64,7 @@ impl Conn {
             buf: vec![0u8; RECV_BUF].into_boxed_slice(),
             start: 0,
             end: 0,
-            spin: Duration::ZERO,
+            spin: Spin::new(Duration::ZERO),
             stall: None,
         })
     }
@@ -121,8 +122,9 @@ impl Conn {
     /// Poll for up to `spin` before a receive blocks. A reply that comes
     /// within the window is taken without a sleep and a wake-up, which on a
     /// virtual machine cost tens of microseconds per round trip.
+    /// The window adapts (see [`super::spin`]).
     pub fn set_spin(&mut self, spin: Duration) {
-        self.spin = spin;
+        self.spin = Spin::new(spin);
     }
 
     /// The socket's descriptor (to shut it down from another thread).
@@ -245,7 +247,9 @@ impl Conn {
     }
 
     /// Refill the buffer with one blocking `recv`; `Ok(0)` at end of stream.
-    fn fill(&mut self) -> io::Result<usize> {
+    /// `want` is how many bytes would complete what the caller waits for
+    /// (a shorter delivery turns polling off for the next receive).
+    fn fill(&mut self, want: usize) -> io::Result<usize> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -257,27 +261,32 @@ impl Conn {
         let free = self.buf.len() - self.end;
         // SAFETY: the tail of our own buffer is writable.
         let tail = unsafe { self.buf.as_mut_ptr().add(self.end) };
-        if !self.spin.is_zero() {
+        let window = self.spin.window();
+        if !window.is_zero() {
             let started = std::time::Instant::now();
             loop {
                 // SAFETY: as above.
                 match unsafe { self.recv_once(tail, free, libc::MSG_DONTWAIT) } {
                     Ok(n) => {
                         self.end += n;
+                        self.spin.hit();
+                        self.spin.delivered(n, want.min(free), false);
                         return Ok(n);
                     }
                     Err(e) if e.kind() == io::ErrorKind::TimedOut => {}
                     Err(e) => return Err(e),
                 }
-                if started.elapsed() >= self.spin {
+                if started.elapsed() >= window {
                     break;
                 }
                 std::hint::spin_loop();
             }
+            self.spin.miss();
         }
         // SAFETY: as above.
         let n = unsafe { self.recv_once(tail, free, 0)? };
         self.end += n;
+        self.spin.delivered(n, want.min(free), true);
         Ok(n)
     }
 
@@ -336,7 +345,7 @@ impl Conn {
                     return Err(Self::eof());
                 }
                 done += n;
-            } else if self.fill()? == 0 {
+            } else if self.fill(len - done)? == 0 {
                 return Err(Self::eof());
             }
         }
@@ -353,7 +362,7 @@ impl Conn {
                 return Ok(None);
             }
             let had = self.buffered();
-            match self.fill() {
+            match self.fill(N - had) {
                 Ok(0) if had == 0 => return Ok(None),
                 Ok(0) => return Err(Self::eof()),
                 Ok(_) => {}

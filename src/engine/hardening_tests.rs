@@ -424,3 +424,67 @@ fn trickling_handshake_connections_do_not_stop_a_new_peer() {
         t.join().unwrap();
     }
 }
+
+/// CPU seconds used so far by this process's threads whose name starts
+/// with `prefix` (from /proc/self/task/*/stat).
+fn thread_cpu(prefix: &str) -> f64 {
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        if !stat[open + 1..close].starts_with(prefix) {
+            continue;
+        }
+        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        // utime and stime are fields 14 and 15 (11 and 12 after the name).
+        total += fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+    }
+    total as f64 / ticks
+}
+
+#[test]
+fn trickled_one_byte_segments_cost_the_victim_at_most_three_times_the_attacker() {
+    let mut s = settings();
+    s.spin = Duration::from_micros(50); // the default, explicitly
+    let victim = engine_with(s);
+    let region = vec![0u8; 1 << 20];
+    victim.register(addr(&region), region.len() as u64).unwrap();
+    let (port, remote) = (victim.data_port(), addr(&region));
+    let victim0 = thread_cpu("pdx-data");
+    let run_for = Duration::from_secs(2);
+    let tricklers: Vec<_> = (0..32)
+        .map(|_| {
+            std::thread::Builder::new()
+                .name("trickle".into())
+                .spawn(move || {
+                    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                    s.set_nodelay(true).unwrap();
+                    let h = wire::RequestHeader {
+                        size: 64 << 10,
+                        addr: remote,
+                        direction: Direction::Write,
+                        acknowledged: true,
+                    };
+                    s.write_all(&h.encode()).unwrap();
+                    let t0 = Instant::now();
+                    let mut sent = 0usize;
+                    while t0.elapsed() < run_for && s.write_all(&[0x42]).is_ok() {
+                        sent += 1;
+                        std::thread::sleep(Duration::from_micros(500));
+                    }
+                    sent
+                })
+                .unwrap()
+        })
+        .collect();
+    // The attacker's CPU is measured from inside its threads' lifetimes.
+    std::thread::sleep(run_for - Duration::from_millis(100));
+    let attacker = thread_cpu("trickle");
+    let victim_cpu = thread_cpu("pdx-data") - victim0;
+    let segments: usize = tricklers.into_iter().map(|t| t.join().unwrap()).sum();
+    println!("{segments} one-byte segments on 32 connections: victim {victim_cpu:.3} s CPU, attacker {attacker:.3} s");
+    assert!(segments > 1000, "the attacker really trickled: {segments}");
+    assert!(victim_cpu <= 3.0 * attacker.max(0.05), "victim {victim_cpu:.3} s vs attacker {attacker:.3} s");
+}

@@ -26,6 +26,7 @@ mod regions;
 mod registry;
 mod server;
 pub mod settings;
+mod spin;
 mod staging;
 mod transfer;
 #[cfg(feature = "fuzzing")]

@@ -21,11 +21,32 @@ use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::host::{parse_session, SessionAddr};
 
-fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>> {
-    let addrs: Vec<SocketAddr> = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| Error::new(ErrorKind::PeerUnreachable, format!("cannot resolve {host}: {e}")))?
-        .collect();
+/// Resolve `host:port` within `timeout`. An IP literal needs no lookup; a
+/// name is looked up on a helper thread we stop waiting for at the
+/// timeout (a silent resolver cannot hold a transfer past it; the helper
+/// ends when the system resolver gives up).
+fn resolve(host: &str, port: u16, timeout: std::time::Duration) -> Result<Vec<SocketAddr>> {
+    if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = host.to_owned();
+    let spawned = std::thread::Builder::new()
+        .name("pdx-resolve".into())
+        .spawn(move || drop(tx.send((name.as_str(), port).to_socket_addrs().map(|a| a.collect::<Vec<_>>()))));
+    if let Err(e) = spawned {
+        return Err(Error::new(ErrorKind::PeerUnreachable, format!("cannot resolve {host}: {e}")));
+    }
+    let addrs = match rx.recv_timeout(timeout) {
+        Ok(Ok(addrs)) => addrs,
+        Ok(Err(e)) => return Err(Error::new(ErrorKind::PeerUnreachable, format!("cannot resolve {host}: {e}"))),
+        Err(_) => {
+            return Err(Error::new(
+                ErrorKind::PeerUnreachable,
+                format!("cannot resolve {host}: no answer within the connect timeout ({timeout:?})"),
+            ))
+        }
+    };
     if addrs.is_empty() {
         return Err(Error::new(ErrorKind::PeerUnreachable, format!("{host} resolves to no address")));
     }
@@ -35,7 +56,7 @@ fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>> {
 /// Connect to `host:port` within the connect timeout, trying each address.
 pub fn connect(settings: &Settings, host: &str, port: u16) -> Result<TcpStream> {
     let mut last = String::new();
-    for addr in resolve(host, port)? {
+    for addr in resolve(host, port, settings.connect_timeout)? {
         match TcpStream::connect_timeout(&addr, settings.connect_timeout) {
             Ok(s) => return Ok(s),
             Err(e) => last = format!("{addr}: {e}"),
