@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the lint gates (rustfmt, clippy with warnings as errors),
 # cargo (unit, integration, header freshness), the C tests under ctest with
-# AddressSanitizer, install plus C/C++ consumer programs, and the Python
-# ctypes tests.
+# AddressSanitizer, install plus C/C++ consumer programs, the Python
+# ctypes tests and a 60 s soak (scripts/soak.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,3 +23,6 @@ scripts/test-install.sh build
 
 echo "== pytest"
 python3 -m pytest -q python
+
+echo "== soak (60 s: 4 processes, kills, stops, withdrawals, checksums)"
+scripts/soak.sh 60
