@@ -907,6 +907,15 @@ class Engine:
         check(lib.pdx_task_error_message(self._h, batch, task, buf, len(buf), ctypes.byref(need)))
         return buf.value.decode(errors="replace")
 
+    def notify_error(self, batch: int) -> tuple[int, str]:
+        """(status, text) of the batch's notification: (PDX_OK, "") unless it
+        was requested and failed (e.g. PDX_ERR_NOTIFY_REJECTED)."""
+        status, need = pdx_status(), c_size_t()
+        check(lib.pdx_batch_notify_error(self._h, batch, ctypes.byref(status), None, 0, ctypes.byref(need)))
+        buf = ctypes.create_string_buffer(need.value + 1)
+        check(lib.pdx_batch_notify_error(self._h, batch, None, buf, len(buf), None))
+        return status.value, buf.value.decode(errors="replace")
+
     def wait(self, batch: int, timeout_ms: int = 60000) -> int:
         """Wait for the batch; returns its state. PdxError(PDX_ERR_TIMEOUT) if still in flight."""
         state = c_int32()

@@ -790,11 +790,29 @@ def test_notify_rejected_when_queue_full(monkeypatch):
         remote = b.register(mem)
         batch = a.submit(b.session_id, "write", [(b"data", remote)], notify=("n3", "m"))
         assert a.wait(batch, WAIT_MS) == pdx.PDX_TASK_COMPLETED
+        status, text = a.notify_error(batch)
+        assert status == pdx.PDX_ERR_NOTIFY_REJECTED and "rejected" in text
         a.free(batch)
         assert bytes(mem[:4]) == b"data"
         assert b.drain_notifications() == [("n0", "m"), ("n1", "m")]
         a.notify(b.session_id, "after", "drain")
         assert b.drain_notifications() == [("after", "drain")]
+
+
+def test_notify_byte_budget(monkeypatch):
+    monkeypatch.setenv("PDX_NOTIFY_QUEUE_BYTES", "4096")
+    with pdx.Engine("127.0.0.1", "tcp") as a, pdx.Engine("127.0.0.1", "tcp") as b:
+        a.notify(b.session_id, "kv", "x" * 3000)
+        with pytest.raises(pdx.PdxError) as err:
+            a.notify(b.session_id, "kv", "x" * 3000)
+        assert err.value.status == pdx.PDX_ERR_NOTIFY_REJECTED
+        mem = bytearray(16)
+        remote = b.register(mem)
+        batch = a.submit(b.session_id, "write", [(b"data", remote)])
+        assert a.wait(batch, WAIT_MS) == pdx.PDX_TASK_COMPLETED
+        assert a.notify_error(batch) == (pdx.PDX_OK, "")
+        a.free(batch)
+        assert [len(m) for _, m in b.drain_notifications()] == [3000]
 
 
 def test_backend_availability():
