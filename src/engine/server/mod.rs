@@ -1,0 +1,130 @@
+//! Serving the two listeners (bound in [`super::listen`]): the accept loop
+//! here, the handshake port in [`handshake`] (one framed JSON request per
+//! connection) and the data port in [`data`] (persistent connections
+//! carrying 24-byte requests). Everything a peer sends is bounded and
+//! checked; a bad peer loses its connection, never the engine.
+
+mod data;
+mod handshake;
+
+use std::io;
+use std::net::TcpListener;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::conn::Conn;
+use super::Inner;
+use crate::transfer::stats::Stats;
+
+/// Counts an inbound connection as open while it lives.
+struct OpenConnection<'a>(&'a Stats);
+
+impl<'a> OpenConnection<'a> {
+    fn new(stats: &'a Stats) -> Self {
+        Stats::bump(&stats.inbound_connections);
+        stats.inbound_open.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(stats)
+    }
+}
+
+impl Drop for OpenConnection<'_> {
+    fn drop(&mut self) {
+        self.0.inbound_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Which listener an accept loop serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plane {
+    Handshake,
+    Data,
+}
+
+/// Logs accept failures at most once a second and backs off between them
+/// (10 ms doubling to 1 s; reset by the next success).
+#[derive(Default)]
+struct AcceptBackoff {
+    delay_ms: u64,
+    last_log: Option<Instant>,
+    suppressed: u64,
+}
+
+impl AcceptBackoff {
+    fn failed(&mut self, e: &io::Error) {
+        if self.last_log.is_none_or_elapsed(Duration::from_secs(1)) {
+            log::warn!("accept failed: {e} ({} more failures not logged)", self.suppressed);
+            self.last_log = Some(Instant::now());
+            self.suppressed = 0;
+        } else {
+            self.suppressed += 1;
+        }
+        self.delay_ms = (self.delay_ms * 2).clamp(10, 1000);
+        std::thread::sleep(Duration::from_millis(self.delay_ms));
+    }
+
+    fn succeeded(&mut self) {
+        self.delay_ms = 0;
+    }
+}
+
+trait Elapsed {
+    fn is_none_or_elapsed(&self, d: Duration) -> bool;
+}
+
+impl Elapsed for Option<Instant> {
+    fn is_none_or_elapsed(&self, d: Duration) -> bool {
+        self.map_or(true, |t| t.elapsed() >= d)
+    }
+}
+
+/// Accept connections until the engine stops; one thread per admitted
+/// connection (see [`super::budget`] for the caps and eviction).
+pub fn accept_loop(inner: Arc<Inner>, listener: TcpListener, plane: Plane) {
+    let mut backoff = AcceptBackoff::default();
+    let name = match plane {
+        Plane::Handshake => "pdx-handshake",
+        Plane::Data => "pdx-data",
+    };
+    loop {
+        let accepted = listener.accept();
+        if inner.registry.stopping() {
+            return;
+        }
+        let (stream, from) = match accepted {
+            Ok(pair) => pair,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                // Out of descriptors and the like: back off instead of spinning.
+                backoff.failed(&e);
+                continue;
+            }
+        };
+        backoff.succeeded();
+        let inner2 = inner.clone();
+        let spawned = inner.registry.spawn(name.to_owned(), move || {
+            let ip = from.ip();
+            let _open = OpenConnection::new(&inner2.stats);
+            match plane {
+                Plane::Handshake => {
+                    let mut stream = stream;
+                    // Declared after the stream: dropped (unlisted) before it closes.
+                    let Some(_ticket) = inner2.budget.admit(plane, ip, stream.as_raw_fd()) else { return };
+                    let Some(_tracked) = inner2.registry.track(&stream) else { return };
+                    handshake::serve_handshake(&inner2, &mut stream);
+                }
+                Plane::Data => {
+                    let t = inner2.settings.progress_timeout;
+                    let Ok(mut conn) = Conn::new(stream, t, t) else { return };
+                    let Some(ticket) = inner2.budget.admit(plane, ip, conn.raw_fd()) else { return };
+                    let Some(_tracked) = inner2.registry.track(conn.stream()) else { return };
+                    data::serve_data(&inner2, &mut conn, &ticket);
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            log::warn!("could not start a connection thread: {e}");
+        }
+    }
+}
