@@ -432,12 +432,8 @@ class TransportChoice:
         )
 
 
-def resolve_transport(
-    hostname: str, protocol: str | None = None, device: str | None = None, gpu_id: int = -1
-) -> TransportChoice:
-    """pdx's single transport resolver (MOONCAKE_PROTOCOL, MC_FORCE_TCP, Ascend)."""
-    handle = c_void_p()
-    check(lib.pdx_resolve_transport(_enc(hostname), _enc(protocol), _enc(device), gpu_id, ctypes.byref(handle)))
+def _take_choice(handle: c_void_p) -> TransportChoice:
+    """Read a `pdx_transport_choice` into Python and free it."""
     try:
         return TransportChoice(
             _text(lib.pdx_transport_choice_protocol(handle)),
@@ -451,6 +447,15 @@ def resolve_transport(
         )
     finally:
         lib.pdx_transport_choice_free(handle)
+
+
+def resolve_transport(
+    hostname: str, protocol: str | None = None, device: str | None = None, gpu_id: int = -1
+) -> TransportChoice:
+    """pdx's single transport resolver (MOONCAKE_PROTOCOL, MC_FORCE_TCP, Ascend)."""
+    handle = c_void_p()
+    check(lib.pdx_resolve_transport(_enc(hostname), _enc(protocol), _enc(device), gpu_id, ctypes.byref(handle)))
+    return _take_choice(handle)
 
 
 def parse_ib_device_config(text: str | None) -> None | str | dict[int, str]:
@@ -694,19 +699,7 @@ def resolve_transport_with(
     handle = c_void_p()
     with _Options(options) as o:
         check(lib.pdx_resolve_transport_with(_enc(hostname), _enc(protocol), _enc(device), o._h, ctypes.byref(handle)))
-    try:
-        return TransportChoice(
-            _text(lib.pdx_transport_choice_protocol(handle)),
-            _text(lib.pdx_transport_choice_hostname(handle)),
-            _dec(lib.pdx_transport_choice_device(handle)),
-            _text(lib.pdx_transport_choice_reason(handle)),
-            [
-                _text(lib.pdx_transport_choice_warning(handle, i))
-                for i in range(lib.pdx_transport_choice_warning_count(handle))
-            ],
-        )
-    finally:
-        lib.pdx_transport_choice_free(handle)
+    return _take_choice(handle)
 
 
 def _opcode(op: int | str) -> int:
