@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pdx.h"
 
@@ -50,6 +51,26 @@ static int pdx_failures = 0;
 
 #define CHECK_LAST_ERROR(expected)                                               \
   CHECK_STR(pdx_last_error_message(), (expected))
+
+/* A native tcp engine on 127.0.0.1; a test that cannot get one stops. */
+static inline pdx_engine *start_engine(void) {
+  pdx_engine *e = NULL;
+  CHECK_OK(pdx_engine_init("127.0.0.1", "tcp", NULL, &e));
+  if (e == NULL) {
+    fprintf(stderr, "cannot start an engine: %s\n", pdx_last_error_message());
+    exit(1);
+  }
+  return e;
+}
+
+#if defined(_POSIX_C_SOURCE) && _POSIX_C_SOURCE >= 199309L
+/* Seconds on the monotonic clock (tests that define _POSIX_C_SOURCE). */
+static inline double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+#endif
 
 static int pdx_test_finish(const char *name) {
   printf("%s: %d checks, %d failed\n", name, pdx_checks, pdx_failures);

@@ -127,19 +127,6 @@ static void fill(unsigned char *p, size_t n) {
   for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(rng() >> 24);
 }
 
-static pdx_engine *start_engine(void) {
-  pdx_engine *e = NULL;
-  CHECK_OK(pdx_engine_init("127.0.0.1", "tcp", NULL, &e));
-  if (!e) exit(1);
-  return e;
-}
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 static void get_stats(struct cuda_double_stats *s) {
   memset(s, 0, sizeof *s);
   if (cu.stats) cu.stats(s);

@@ -42,16 +42,6 @@ static void clear_env(void) {
   unsetenv("ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE");
 }
 
-static pdx_engine *start_engine(void) {
-  pdx_engine *e = NULL;
-  CHECK_OK(pdx_engine_init("127.0.0.1", "tcp", NULL, &e));
-  if (e == NULL) {
-    fprintf(stderr, "cannot start an engine: %s\n", pdx_last_error_message());
-    exit(1);
-  }
-  return e;
-}
-
 /* ------------------------------------------------------------------ init */
 
 static void test_init_errors(void) {

@@ -12,22 +12,6 @@
 
 static uint64_t addr_of(const void *p) { return (uint64_t)(uintptr_t)p; }
 
-static pdx_engine *start_engine(void) {
-  pdx_engine *e = NULL;
-  CHECK_OK(pdx_engine_init("127.0.0.1", "tcp", NULL, &e));
-  if (e == NULL) {
-    fprintf(stderr, "cannot start an engine: %s\n", pdx_last_error_message());
-    exit(1);
-  }
-  return e;
-}
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 /* Resident set size in bytes (from /proc/self/statm). */
 static long rss_bytes(void) {
   FILE *f = fopen("/proc/self/statm", "r");

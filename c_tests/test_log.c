@@ -114,16 +114,6 @@ static int lowest_level(log_sink *s) {
   return low;
 }
 
-static pdx_engine *start_engine(void) {
-  pdx_engine *e = NULL;
-  CHECK_OK(pdx_engine_init("127.0.0.1", "tcp", NULL, &e));
-  if (e == NULL) {
-    fprintf(stderr, "cannot start an engine: %s\n", pdx_last_error_message());
-    exit(1);
-  }
-  return e;
-}
-
 /* A port with a bound socket that does not listen: connecting is refused. */
 static int dead_fd = -1;
 static char dead_session[64];
@@ -316,7 +306,7 @@ static void test_called_from_pdx_threads(void) {
   pdx_engine *e = start_engine();
   CHECK_OK(pdx_set_log_callback(record_call, &s, PDX_LOG_DEBUG));
   send_bad_handshake(e);
-  int i = wait_for_record(&s, "refused frame length", "pdx::engine::server");
+  int i = wait_for_record(&s, "refused frame length", "pdx::engine::server::handshake");
   CHECK(i >= 0);
   if (i >= 0) {
     CHECK(!s.records[i].on_main_thread);
@@ -378,7 +368,7 @@ static void test_reentrant_callback(void) {
   /* From a pdx thread. */
   int before = r.reentered;
   send_bad_handshake(r.engine);
-  CHECK(wait_for_record(&r.sink, "refused frame length", "pdx::engine::server") >= 0);
+  CHECK(wait_for_record(&r.sink, "refused frame length", "pdx::engine::server::handshake") >= 0);
   CHECK(r.reentered > before);
 
   /* While normalizing: its messages are logged with the args handle in use,

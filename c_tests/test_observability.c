@@ -11,13 +11,6 @@
 
 #include "harness.h"
 
-static pdx_engine *start(void) {
-  pdx_engine *e = NULL;
-  CHECK_OK(pdx_engine_init("127.0.0.1", "tcp", NULL, &e));
-  if (e == NULL) exit(1);
-  return e;
-}
-
 static pdx_stats stats_of(pdx_engine *e) {
   pdx_stats s;
   memset(&s, 0, sizeof s);
@@ -30,8 +23,8 @@ static pdx_stats stats_of(pdx_engine *e) {
 int main(void) {
   unsetenv("MC_FORCE_TCP");
   unsetenv("MOONCAKE_PROTOCOL");
-  pdx_engine *a = start();
-  pdx_engine *b = start();
+  pdx_engine *a = start_engine();
+  pdx_engine *b = start_engine();
   const char *peer = pdx_engine_session_id(b);
   static unsigned char src[1 << 16], dst[1 << 16];
   CHECK_OK(pdx_register_memory(b, dst, sizeof dst));

@@ -47,7 +47,7 @@ def test_records_reach_logging_with_module_names_and_threads(captured):
     warning = [r for r in cap.records if r.name == "pdx-test.engine.batch"][0]
     assert warning.levelno == logging.WARNING and "rejected WRITE of 64 bytes" in warning.getMessage()
     # The target refuses on its own data-connection thread, not on ours.
-    served = [r for r in cap.records if r.name == "pdx-test.engine.server"]
+    served = [r for r in cap.records if r.name == "pdx-test.engine.server.data"]
     assert served and all(r.thread != threading.get_ident() for r in served)
 
 
