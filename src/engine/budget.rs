@@ -199,6 +199,12 @@ impl Budget {
         self.handshake_bytes.fetch_sub(n, Ordering::AcqRel);
     }
 
+    /// Handshake bytes charged now.
+    #[cfg(test)]
+    pub fn handshake_bytes_in_flight(&self) -> usize {
+        self.handshake_bytes.load(Ordering::Acquire)
+    }
+
     /// Connections evicted so far.
     #[cfg(test)]
     pub fn evictions(&self) -> usize {

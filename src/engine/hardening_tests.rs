@@ -425,6 +425,56 @@ fn trickling_handshake_connections_do_not_stop_a_new_peer() {
     }
 }
 
+#[test]
+fn handshake_bytes_in_flight_stay_within_the_engine_budget() {
+    // The budget is 4 frames of MC_HANDSHAKE_MAX_LENGTH (1 MiB here). Six
+    // clients each send all but the last byte of a 1 MiB frame: at most four
+    // can hold their frame's bytes, the others are closed before the
+    // handshake deadline, and once the holders leave the budget is free.
+    let victim = engine_with(settings());
+    assert_eq!(victim.inner.settings.handshake_max_len, 1 << 20);
+    let port = victim.rpc_port();
+    let len = 1usize << 20;
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut frame = (len as u64).to_le_bytes().to_vec();
+        frame.resize(8 + len - 1, b' ');
+        // A refused client may be closed while it writes: that is the point.
+        let _ = s.write_all(&frame);
+        clients.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let mut open = 0;
+    for s in &mut clients {
+        s.set_read_timeout(Some(Duration::from_millis(1000))).unwrap();
+        let mut byte = [0u8; 1];
+        match s.read(&mut byte) {
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => open += 1,
+            _ => {} // closed (EOF or reset) by the budget
+        }
+    }
+    println!("of 6 clients holding 1 MiB handshake frames, {open} still held their bytes");
+    assert!(open <= 4, "{open} clients hold more than the 4 MiB budget");
+    assert!(open >= 1, "the budget admits whole frames");
+    drop(clients);
+    // The holders' bytes are refunded when their connections end.
+    let newcomer = engine_with(settings());
+    let t0 = Instant::now();
+    loop {
+        match newcomer.probe(victim.session_id()) {
+            Ok(()) => break,
+            Err(e) if t0.elapsed() < Duration::from_secs(3) => {
+                println!("probe while the budget drains: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("the handshake budget was not refunded: {e}"),
+        }
+    }
+    assert_eq!(victim.inner.budget.handshake_bytes_in_flight(), 0);
+}
+
 /// CPU seconds used so far by this process's threads whose name starts
 /// with `prefix` (from /proc/self/task/*/stat).
 fn thread_cpu(prefix: &str) -> f64 {

@@ -53,29 +53,32 @@ struct AcceptBackoff {
 
 impl AcceptBackoff {
     fn failed(&mut self, e: &io::Error) {
-        if self.last_log.is_none_or_elapsed(Duration::from_secs(1)) {
-            log::warn!("accept failed: {e} ({} more failures not logged)", self.suppressed);
-            self.last_log = Some(Instant::now());
-            self.suppressed = 0;
-        } else {
-            self.suppressed += 1;
+        let (log_now, delay) = self.next(Instant::now());
+        if let Some(suppressed) = log_now {
+            log::warn!("accept failed: {e} ({suppressed} more failures not logged)");
         }
+        std::thread::sleep(delay);
+    }
+
+    /// What a failure at `now` does: whether to log it (with the count of
+    /// failures not logged since the last line), and how long to back off.
+    fn next(&mut self, now: Instant) -> (Option<u64>, Duration) {
+        let log_now = match self.last_log {
+            Some(t) if now.saturating_duration_since(t) < Duration::from_secs(1) => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last_log = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        };
         self.delay_ms = (self.delay_ms * 2).clamp(10, 1000);
-        std::thread::sleep(Duration::from_millis(self.delay_ms));
+        (log_now, Duration::from_millis(self.delay_ms))
     }
 
     fn succeeded(&mut self) {
         self.delay_ms = 0;
-    }
-}
-
-trait Elapsed {
-    fn is_none_or_elapsed(&self, d: Duration) -> bool;
-}
-
-impl Elapsed for Option<Instant> {
-    fn is_none_or_elapsed(&self, d: Duration) -> bool {
-        self.map_or(true, |t| t.elapsed() >= d)
     }
 }
 
@@ -126,5 +129,34 @@ pub fn accept_loop(inner: Arc<Inner>, listener: TcpListener, plane: Plane) {
         if let Err(e) = spawned {
             log::warn!("could not start a connection thread: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_failures_back_off_to_a_second_and_log_at_most_once_a_second() {
+        let mut b = AcceptBackoff::default();
+        let start = Instant::now();
+        let (mut now, mut lines, mut counted) = (start, 0u64, 0u64);
+        let mut delays = Vec::new();
+        // 10 s of back-to-back failures, each after the delay the last one asked for.
+        while now < start + Duration::from_secs(10) {
+            let (log_now, delay) = b.next(now);
+            if let Some(suppressed) = log_now {
+                lines += 1;
+                counted += suppressed + 1;
+            }
+            delays.push(delay);
+            now += delay;
+        }
+        assert_eq!(delays[..4], [10, 20, 40, 80].map(Duration::from_millis));
+        assert!(delays.iter().all(|d| *d <= Duration::from_secs(1)));
+        assert!(lines <= 11, "{lines} log lines in 10 s");
+        assert_eq!(counted + b.suppressed, delays.len() as u64, "every failure is logged or counted");
+        b.succeeded();
+        assert_eq!(b.next(now + Duration::from_secs(2)).1, Duration::from_millis(10), "success resets the delay");
     }
 }
