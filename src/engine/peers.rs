@@ -26,14 +26,24 @@ use crate::transfer::host::{parse_session, SessionAddr};
 /// timeout (a silent resolver cannot hold a transfer past it; the helper
 /// ends when the system resolver gives up).
 fn resolve(host: &str, port: u16, timeout: std::time::Duration) -> Result<Vec<SocketAddr>> {
+    resolve_with(host, port, timeout, |name, port| (name.as_str(), port).to_socket_addrs().map(Iterator::collect))
+}
+
+/// [`resolve`] with the name lookup given (the system resolver in pdx; a
+/// silent one in the tests).
+fn resolve_with(
+    host: &str,
+    port: u16,
+    timeout: std::time::Duration,
+    lookup: impl FnOnce(String, u16) -> std::io::Result<Vec<SocketAddr>> + Send + 'static,
+) -> Result<Vec<SocketAddr>> {
     if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
         return Ok(vec![SocketAddr::new(ip, port)]);
     }
     let (tx, rx) = std::sync::mpsc::channel();
     let name = host.to_owned();
-    let spawned = std::thread::Builder::new()
-        .name("pdx-resolve".into())
-        .spawn(move || drop(tx.send((name.as_str(), port).to_socket_addrs().map(|a| a.collect::<Vec<_>>()))));
+    let spawned =
+        std::thread::Builder::new().name("pdx-resolve".into()).spawn(move || drop(tx.send(lookup(name, port))));
     if let Err(e) = spawned {
         return Err(Error::new(ErrorKind::PeerUnreachable, format!("cannot resolve {host}: {e}")));
     }
@@ -325,5 +335,31 @@ impl Peers {
             lane_freed: Condvar::new(),
         });
         Ok(self.map.lock().entry(session.to_owned()).or_insert(peer).clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_silent_resolver_is_cut_off_at_the_connect_timeout() {
+        let t0 = Instant::now();
+        let silent = |_: String, _: u16| {
+            std::thread::sleep(Duration::from_secs(3));
+            Ok(vec![])
+        };
+        let e = resolve_with("kv-node.example", 15000, Duration::from_millis(200), silent).unwrap_err();
+        let took = t0.elapsed();
+        assert_eq!(e.kind(), ErrorKind::PeerUnreachable);
+        assert!(e.message().contains("no answer within the connect timeout"), "{e}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        let answered = resolve_with("kv-node.example", 7, Duration::from_secs(5), |_, p| {
+            Ok(vec![SocketAddr::from(([127, 0, 0, 1], p))])
+        });
+        assert_eq!(answered.unwrap(), vec![SocketAddr::from(([127, 0, 0, 1], 7))]);
+        let literal = resolve_with("[::1]", 9, Duration::ZERO, |_, _| unreachable!("literals need no lookup"));
+        assert_eq!(literal.unwrap(), vec![SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 9))]);
     }
 }
