@@ -264,7 +264,8 @@ pub fn validate_ib_devices(text: Option<&str>, sysfs_root: &Path) -> Result<IbVa
     };
 
     match parse_ib_device_config(Some(input))? {
-        None => unreachable!("non-empty input always parses to Some"),
+        // Non-empty input always parses to a configuration; never panic on it.
+        None => Ok(IbValidation { devices: None, messages }),
         Some(IbDeviceConfig::AllGpus(_)) => {
             let devices = normalize_group(input, "all GPUs", &mut messages)?;
             Ok(IbValidation { devices: Some(devices), messages })

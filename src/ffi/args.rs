@@ -175,7 +175,10 @@ pub unsafe extern "C" fn pdx_args_get(
         let key = unsafe { c_str(key, "key")? };
         let mut state = handle.lock();
         let value = state.args.get(key)?;
-        let Some(name) = config::args::read_name(key) else { unreachable!("get succeeded, so the key is known") };
+        // `get` succeeded, so the key names a field; an error, not a panic, if not.
+        let Some(name) = config::args::read_name(key) else {
+            return Err(Error::new(ErrorKind::UnknownKey, format!("unknown argument key {key:?}")));
+        };
         let ptr = match state.got.get(name) {
             Some(cached) => cached.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
             None => {
