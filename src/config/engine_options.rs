@@ -87,6 +87,11 @@ pub const OPTION_VARS: &[Var] = &[
     vars::PDX_TCP_ENGINE,
     vars::PDX_MOONCAKE_LIB,
     vars::ASCEND_NPU_PHY_ID,
+    vars::PDX_CUDA_STAGING_BYTES,
+    vars::PDX_MAX_BATCH_ENTRIES,
+    vars::PDX_MAX_REQUEST_BYTES,
+    vars::PDX_NOTIFY_QUEUE_BYTES,
+    vars::PDX_MAX_CONNECTIONS_PER_ADDRESS,
 ];
 
 /// The option key of a variable: its name without `PDX_` / `MC_`, lower case.

@@ -156,4 +156,30 @@ mod tests {
         assert!(!d.force_v1);
         assert_eq!(d.bind_address, None);
     }
+
+    /// Every `PDX_*` variable an engine reads at start is also an engine
+    /// option (`MC_*` names are reached through the `PDX_*` option of the
+    /// same setting), and the option reaches `Settings`.
+    #[test]
+    fn every_setting_is_an_engine_option() {
+        use crate::config::engine_options::{option_key, EngineOptions, OptionsEnv, OPTION_VARS};
+        let source = include_str!("settings.rs");
+        let code = source.split("#[cfg(test)]").next().unwrap();
+        let mut read: Vec<&str> = code
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("PDX_") && w.len() > 4)
+            .collect();
+        read.sort_unstable();
+        read.dedup();
+        assert!(read.len() > 15, "{read:?}");
+        for name in read {
+            assert!(OPTION_VARS.iter().any(|v| v.name == name), "{name} is read at engine start but is no option");
+        }
+        let mut o = EngineOptions::new();
+        o.set(&option_key(&PDX_CUDA_STAGING_BYTES), Some("131072")).unwrap();
+        o.set("notify_queue_bytes", Some("65536")).unwrap();
+        let base = MapEnv::from_pairs(&[("PDX_CUDA_STAGING_BYTES", "999999")]);
+        let s = Settings::from(&OptionsEnv { base: &base, options: &o });
+        assert_eq!((s.staging_bytes, s.notify_queue_bytes), (131072, 65536));
+    }
 }
