@@ -115,30 +115,28 @@ if __name__ == "__main__":
 '''
 
 
+def _mypy_strict(venv: Path, client: Path) -> subprocess.CompletedProcess[str]:
+    """mypy --strict over `client`, from the checkout's environment, resolving
+    `pdx` in the venv (PEP 561: py.typed)."""
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--python-executable", str(venv), str(client)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=client.parent,
+        env=_user_env(),
+    )
+
+
 def test_mypy_strict_over_a_typed_client(venv: Path, tmp_path: Path):
     pytest.importorskip("mypy", reason="mypy is in python/requirements-test.txt")
     client = tmp_path / "client.py"
     client.write_text(CLIENT)
-    # mypy runs from the checkout's environment but resolves `pdx` in the venv (PEP 561: py.typed).
-    done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--python-executable", str(venv), str(client)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env=_user_env(),
-    )
+    done = _mypy_strict(venv, client)
     assert done.returncode == 0, done.stdout + done.stderr
     # A wrong call is caught, so the package's types are really used.
     client.write_text(CLIENT + "\nmove(1, 2, 3)\n")
-    bad = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--python-executable", str(venv), str(client)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env=_user_env(),
-    )
+    bad = _mypy_strict(venv, client)
     assert bad.returncode != 0 and "incompatible type" in bad.stdout, bad.stdout
     client.write_text(CLIENT)
     ran = _run([str(venv), str(client)], cwd="/", env=_user_env())
