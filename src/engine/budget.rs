@@ -10,17 +10,24 @@
 //! socket down; its thread sees that and leaves. So a connected peer's probe,
 //! notify or new lane is never refused because of strangers' connections,
 //! and eviction happens only under pressure (an evicted Mooncake initiator's
-//! next request on it fails once). Handshake bytes being read are charged to
-//! one engine-wide budget.
+//! next request on it fails once).
+//!
+//! Handshake frame bytes are charged to one engine-wide budget *after* they
+//! arrive, never as announced, so a connection holds only what it really
+//! sent. When a connection's new bytes do not fit, the budget is taken back
+//! from the slowest holders (fewest bytes per second since they connected),
+//! never from the connection asking: they are shut down, and the charge
+//! waits (bounded by its handshake deadline) until their threads have given
+//! their bytes back, so the bytes charged never pass the budget.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::server::Plane;
 
@@ -49,6 +56,17 @@ struct Entry {
     used: u64,
     busy: bool,
     evicted: bool,
+    /// Handshake frame bytes this connection has received and holds.
+    charged: usize,
+}
+
+impl Entry {
+    /// Bytes per second since the connection was admitted: how fast it sent
+    /// what it holds.
+    fn rate(&self, now: Instant) -> f64 {
+        let age = now.saturating_duration_since(self.opened).max(Duration::from_millis(1));
+        self.charged as f64 / age.as_secs_f64()
+    }
 }
 
 #[derive(Default)]
@@ -59,6 +77,9 @@ struct State {
     per_ip: HashMap<IpAddr, usize>,
     /// Live (not evicted) entries per plane: handshake, data.
     live: [usize; 2],
+    /// Handshake frame bytes charged, evicted holders' included until they
+    /// give them back.
+    handshake_bytes: usize,
 }
 
 fn slot(plane: Plane) -> usize {
@@ -83,7 +104,12 @@ impl State {
             Plane::Handshake => candidates.min_by_key(|(_, e)| e.opened).map(|(id, _)| *id),
             Plane::Data => candidates.min_by_key(|(_, e)| e.used).map(|(id, _)| *id),
         };
-        let Some(e) = victim.and_then(|id| self.entries.get_mut(&id)) else { return false };
+        victim.is_some_and(|id| self.evict_id(id))
+    }
+
+    /// Shut down the connection `id` (if listed and not evicted yet).
+    fn evict_id(&mut self, id: u64) -> bool {
+        let Some(e) = self.entries.get_mut(&id).filter(|e| !e.evicted) else { return false };
         e.evicted = true;
         let (plane, ip, fd) = (e.plane, e.ip, e.fd);
         self.live[slot(plane)] -= 1;
@@ -95,6 +121,30 @@ impl State {
         // the socket's state, its owner still closes it.
         unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
         true
+    }
+
+    /// The live holder of handshake bytes, other than `except`, that sent
+    /// them slowest (ties: the oldest).
+    fn slowest_holder(&self, except: u64, now: Instant) -> Option<u64> {
+        self.entries
+            .iter()
+            .filter(|(id, e)| **id != except && !e.evicted && e.charged > 0)
+            .min_by(|(_, a), (_, b)| a.rate(now).total_cmp(&b.rate(now)).then(a.opened.cmp(&b.opened)))
+            .map(|(id, _)| *id)
+    }
+
+    /// Handshake bytes held by evicted connections, coming back as their
+    /// threads leave.
+    fn reclaiming(&self) -> usize {
+        self.entries.values().filter(|e| e.evicted).map(|e| e.charged).sum()
+    }
+
+    /// Give back what connection `id` holds; whether anything was held.
+    fn release(&mut self, id: u64) -> bool {
+        let Some(e) = self.entries.get_mut(&id) else { return false };
+        let held = std::mem::take(&mut e.charged);
+        self.handshake_bytes -= held;
+        held > 0
     }
 }
 
@@ -114,10 +164,12 @@ impl NoneOrEq for Option<IpAddr> {
 /// The engine's connection and handshake-byte budget.
 pub struct Budget {
     state: Mutex<State>,
+    /// Signalled when handshake bytes are given back or a connection is
+    /// evicted (a charge waiting for room re-checks).
+    changed: Condvar,
     total: usize,
     per_plane: [usize; 2],
     per_ip: usize,
-    handshake_bytes: AtomicUsize,
     max_handshake_bytes: usize,
     evictions: AtomicUsize,
 }
@@ -135,10 +187,10 @@ impl Budget {
     pub fn new(total: usize, handshakes: usize, data: usize, per_ip: usize, handshake_bytes: usize) -> Budget {
         Budget {
             state: Mutex::new(State::default()),
+            changed: Condvar::new(),
             total: total.max(2),
             per_plane: [handshakes.max(1), data.max(1)],
             per_ip: per_ip.max(1),
-            handshake_bytes: AtomicUsize::new(0),
             max_handshake_bytes: handshake_bytes,
             evictions: AtomicUsize::new(0),
         }
@@ -162,47 +214,32 @@ impl Budget {
             }
             evicted += 1;
         }
-        if st.live_total() >= self.total && !(st.evict(plane, None) || st.evict(other(plane), None)) {
-            return None;
+        if st.live_total() >= self.total {
+            if !(st.evict(plane, None) || st.evict(other(plane), None)) {
+                return None;
+            }
+            evicted += 1;
         }
         let id = st.next;
         st.next += 1;
         st.clock += 1;
         let used = st.clock;
-        st.entries.insert(id, Entry { fd, ip, plane, opened: Instant::now(), used, busy: false, evicted: false });
+        let opened = Instant::now();
+        st.entries.insert(id, Entry { fd, ip, plane, opened, used, busy: false, evicted: false, charged: 0 });
         st.live[p] += 1;
         *st.per_ip.entry(ip).or_default() += 1;
         drop(st);
         if evicted > 0 {
             self.evictions.fetch_add(evicted, Ordering::Relaxed);
+            self.changed.notify_all(); // an evicted connection may be waiting to charge
         }
         Some(Ticket { budget: self.clone(), id })
-    }
-
-    /// Charge `n` bytes of a handshake frame being read; false if the
-    /// engine-wide budget is spent (the connection should close).
-    pub fn charge_handshake(&self, n: usize) -> bool {
-        let mut cur = self.handshake_bytes.load(Ordering::Acquire);
-        loop {
-            if cur.saturating_add(n) > self.max_handshake_bytes {
-                return false;
-            }
-            match self.handshake_bytes.compare_exchange(cur, cur + n, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return true,
-                Err(now) => cur = now,
-            }
-        }
-    }
-
-    /// Give back `n` charged handshake bytes.
-    pub fn refund_handshake(&self, n: usize) {
-        self.handshake_bytes.fetch_sub(n, Ordering::AcqRel);
     }
 
     /// Handshake bytes charged now.
     #[cfg(test)]
     pub fn handshake_bytes_in_flight(&self) -> usize {
-        self.handshake_bytes.load(Ordering::Acquire)
+        self.state.lock().handshake_bytes
     }
 
     /// Connections evicted so far.
@@ -225,6 +262,58 @@ fn other(plane: Plane) -> Plane {
 }
 
 impl Ticket {
+    /// Charge `n` handshake frame bytes this connection has just received.
+    /// When they do not fit, the slowest other holders are shut down until
+    /// what they hold covers the shortfall, and this waits until their
+    /// threads give it back. False (the connection should close) only if
+    /// this connection was evicted meanwhile or `deadline` passed.
+    pub fn charge_handshake(&self, n: usize, deadline: Instant) -> bool {
+        let budget = &*self.budget;
+        let mut st = budget.state.lock();
+        loop {
+            match st.entries.get(&self.id) {
+                Some(me) if !me.evicted => {}
+                _ => return false,
+            }
+            let wanted = st.handshake_bytes.saturating_add(n);
+            if wanted <= budget.max_handshake_bytes {
+                st.handshake_bytes = wanted;
+                if let Some(me) = st.entries.get_mut(&self.id) {
+                    me.charged += n;
+                }
+                return true;
+            }
+            let short = wanted - budget.max_handshake_bytes;
+            let (mut coming, now, mut evicted) = (st.reclaiming(), Instant::now(), 0);
+            while coming < short {
+                let Some(id) = st.slowest_holder(self.id, now) else { break };
+                coming += st.entries.get(&id).map_or(0, |e| e.charged);
+                st.evict_id(id);
+                evicted += 1;
+            }
+            if evicted > 0 {
+                budget.evictions.fetch_add(evicted, Ordering::Relaxed);
+                budget.changed.notify_all(); // an evicted holder may be waiting to charge
+            }
+            if coming < short {
+                // Only this connection's own bytes are left: more than one
+                // frame can be (the frame limit is a quarter of the budget).
+                return false;
+            }
+            if budget.changed.wait_until(&mut st, deadline).timed_out() {
+                return false;
+            }
+        }
+    }
+
+    /// Give back the handshake bytes this connection holds (its frame was
+    /// read and parsed, or it is closing).
+    pub fn release_handshake(&self) {
+        if self.budget.state.lock().release(self.id) {
+            self.budget.changed.notify_all();
+        }
+    }
+
     /// A request is in flight (`true`) or done; busy connections are never
     /// evicted, and finishing one makes it the most recently used.
     pub fn set_busy(&self, busy: bool) {
@@ -241,6 +330,9 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut st = self.budget.state.lock();
+        if st.release(self.id) {
+            self.budget.changed.notify_all();
+        }
         if let Some(e) = st.entries.remove(&self.id) {
             if !e.evicted {
                 st.live[slot(e.plane)] -= 1;
@@ -258,6 +350,7 @@ impl Drop for Ticket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
     use std::net::{Ipv4Addr, TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
 
@@ -278,7 +371,6 @@ mod tests {
         let _h1 = b.admit(Plane::Handshake, ip, fd(1)).unwrap();
         let _h2 = b.admit(Plane::Handshake, ip, fd(2)).unwrap(); // evicts h0
         let mut byte = [0u8; 1];
-        use std::io::Read;
         assert_eq!((&conns[0].0).read(&mut byte).unwrap(), 0, "the oldest handshake was shut down");
         drop(h0);
         let d3 = b.admit(Plane::Data, ip, fd(3)).unwrap();
@@ -293,8 +385,76 @@ mod tests {
         assert!((&conns[3].0).read(&mut byte).is_err(), "the busy one is still open");
         assert_eq!(b.evictions(), 2);
         drop(d4);
-        assert!(b.charge_handshake(1 << 20) && !b.charge_handshake(1));
-        b.refund_handshake(1 << 20);
-        assert!(b.charge_handshake(1));
+    }
+
+    /// Hold `ticket` until the server side of `conn` is shut down, as a
+    /// handshake thread blocked in a read does; then leave.
+    fn serve(conn: &(TcpStream, TcpStream), ticket: Ticket) -> std::thread::JoinHandle<()> {
+        let s = conn.1.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut byte = [0u8; 1];
+            let _ = (&s).read(&mut byte);
+            drop(ticket);
+        })
+    }
+
+    fn closed(conn: &(TcpStream, TcpStream)) -> bool {
+        conn.0.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        matches!((&conn.0).read(&mut [0u8; 1]), Ok(0) | Err(_))
+    }
+
+    #[test]
+    fn a_short_handshake_budget_is_taken_back_from_the_slowest_holders() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let b = Arc::new(Budget::new(100, 8, 8, 100, 1000));
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let soon = || Instant::now() + Duration::from_secs(5);
+        let conns: Vec<_> = (0..4).map(|_| pair(&l)).collect();
+        let admit = |i: usize| b.admit(Plane::Handshake, ip, conns[i].1.as_raw_fd()).unwrap();
+        // Two slow holders (few bytes over 300 ms), then a fast one.
+        let (slow1, slow2) = (admit(0), admit(1));
+        assert!(slow1.charge_handshake(50, soon()) && slow2.charge_handshake(60, soon()));
+        std::thread::sleep(Duration::from_millis(300));
+        let fast = admit(2);
+        assert!(fast.charge_handshake(500, soon()));
+        let threads = [serve(&conns[0], slow1), serve(&conns[1], slow2)];
+        // The newcomer's 500 bytes are 110 short: both slow holders (110
+        // bytes together) are shut down, not the fast one, not the newcomer.
+        let newcomer = admit(3);
+        assert!(newcomer.charge_handshake(500, soon()), "the newcomer is charged once the slow holders left");
+        assert_eq!(b.handshake_bytes_in_flight(), 1000);
+        assert!(closed(&conns[0]) && closed(&conns[1]), "the slowest holders were shut down");
+        conns[2].0.set_nonblocking(true).unwrap();
+        assert!((&conns[2].0).read(&mut [0u8; 1]).is_err(), "the fast holder is still open");
+        assert_eq!(b.evictions(), 2);
+        for t in threads {
+            t.join().unwrap();
+        }
+        newcomer.release_handshake();
+        assert_eq!(b.handshake_bytes_in_flight(), 500);
+        drop(fast);
+        assert_eq!(b.handshake_bytes_in_flight(), 0, "a closing connection gives its bytes back");
+    }
+
+    #[test]
+    fn a_charge_never_passes_the_budget_and_waits_at_most_until_its_deadline() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let b = Arc::new(Budget::new(100, 8, 8, 100, 1000));
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let conns: Vec<_> = (0..2).map(|_| pair(&l)).collect();
+        let stuck = b.admit(Plane::Handshake, ip, conns[0].1.as_raw_fd()).unwrap();
+        let other = b.admit(Plane::Handshake, ip, conns[1].1.as_raw_fd()).unwrap();
+        assert!(stuck.charge_handshake(900, Instant::now()));
+        // The holder is shut down, but its bytes are not given back (nobody
+        // drops its ticket): the charge waits until its deadline, then fails.
+        let t0 = Instant::now();
+        assert!(!other.charge_handshake(200, t0 + Duration::from_millis(100)));
+        assert!(t0.elapsed() >= Duration::from_millis(100));
+        assert!(closed(&conns[0]), "the holder was shut down");
+        assert_eq!(b.handshake_bytes_in_flight(), 900, "nothing was charged past the budget");
+        assert!(!stuck.charge_handshake(1, Instant::now() + Duration::from_secs(5)), "an evicted holder is done");
+        drop(stuck);
+        assert!(other.charge_handshake(200, Instant::now()));
+        assert_eq!(b.handshake_bytes_in_flight(), 200);
     }
 }

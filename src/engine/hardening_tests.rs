@@ -481,6 +481,232 @@ fn handshake_bytes_in_flight_stay_within_the_engine_budget() {
     assert_eq!(victim.inner.budget.handshake_bytes_in_flight(), 0);
 }
 
+// -------------------------------------- slow strangers announcing big frames
+
+/// Make sure this process may hold `needed` descriptors (raising the soft
+/// `RLIMIT_NOFILE` toward the hard one if it is lower).
+fn ensure_fds(needed: u64) {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into our local.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    if lim.rlim_cur != libc::RLIM_INFINITY && lim.rlim_cur < needed {
+        let want = libc::rlimit { rlim_cur: needed.min(lim.rlim_max), rlim_max: lim.rlim_max };
+        // SAFETY: setrlimit reads one rlimit from our local; raising the soft limit up to the hard one is allowed.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) }, 0);
+        assert!(
+            want.rlim_cur >= needed,
+            "RLIMIT_NOFILE hard limit {} is under the {needed} this test needs",
+            lim.rlim_max
+        );
+    }
+}
+
+/// Slow handshake connections, opened as the attacker of issue 18 opens
+/// them: each announces a frame of `announce` bytes and sends its first
+/// byte, then one thread sends every connection still open one more byte a
+/// second. Connections the victim closes are dropped, not reopened.
+struct Tricklers {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<usize>,
+}
+
+impl Tricklers {
+    /// Open `count` connections; returns once all were tried, with how many opened.
+    fn start(port: u16, count: usize, announce: u64) -> (Tricklers, usize) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (opened_tx, opened_rx) = std::sync::mpsc::channel();
+        let stop2 = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut open = Vec::new();
+            for _ in 0..count {
+                let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { continue };
+                let _ = s.set_nodelay(true);
+                let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+                let first = [&announce.to_le_bytes()[..], b"{"].concat();
+                if s.write_all(&first).is_ok() {
+                    open.push(s);
+                }
+            }
+            let _ = opened_tx.send(open.len());
+            while !stop2.load(Ordering::Acquire) {
+                let next = Instant::now() + Duration::from_secs(1);
+                while Instant::now() < next && !stop2.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                open.retain_mut(|s| s.write_all(b" ").is_ok());
+            }
+            open.len()
+        });
+        let opened = opened_rx.recv_timeout(Duration::from_secs(120)).expect("the tricklers connected");
+        (Tricklers { stop, thread }, opened)
+    }
+
+    /// Stop trickling; how many connections the attacker still had open.
+    fn stop(self) -> usize {
+        self.stop.store(true, Ordering::Release);
+        self.thread.join().unwrap()
+    }
+}
+
+/// The attack of issue 18 and what must hold through it: a peer that wrote
+/// to the victim before it (descriptor cached, lanes open) writes again and
+/// its notify is delivered; a newcomer's probe and its first write (its own
+/// handshake and new lanes) each finish within 2 s; and the victim has been
+/// charged only for the few bytes that arrived, not for what was announced.
+fn peers_are_served_past_trickling_connections(count: usize, announce: u64, max_len: usize) {
+    ensure_fds(count as u64 + 1024);
+    let mut s = settings();
+    s.handshake_max_len = max_len;
+    let victim = engine_with(s.clone());
+    let target = vec![0u8; 3 * 4096];
+    victim.register(addr(&target), target.len() as u64).unwrap();
+    let known = engine_with(s.clone());
+    let (before, fresh, again) = (vec![1u8; 4096], vec![2u8; 4096], vec![3u8; 4096]);
+    // SAFETY: the sources and `target` outlive every transfer of this test.
+    unsafe { known.transfer_sync(victim.session_id(), Direction::Write, vec![req(&before, addr(&target), 4096)]) }
+        .unwrap();
+    let (attack, opened) = Tricklers::start(victim.rpc_port(), count, announce);
+    std::thread::sleep(Duration::from_millis(2500));
+    let charged = victim.inner.budget.handshake_bytes_in_flight();
+    let newcomer = engine_with(s);
+    let t0 = Instant::now();
+    let probe = newcomer.probe(victim.session_id());
+    let probe_took = t0.elapsed();
+    let t1 = Instant::now();
+    let to = addr(&target) + 4096;
+    // SAFETY: as above.
+    let write = unsafe { newcomer.transfer_sync(victim.session_id(), Direction::Write, vec![req(&fresh, to, 4096)]) };
+    let write_took = t1.elapsed();
+    let to = addr(&target) + 8192;
+    // SAFETY: as above.
+    let known_write =
+        unsafe { known.transfer_sync(victim.session_id(), Direction::Write, vec![req(&again, to, 4096)]) };
+    let known_notify = known.notify(victim.session_id(), "kv", "from a known peer");
+    let still_open = attack.stop();
+    println!(
+        "{count} connections announcing {announce} B frames (MC_HANDSHAKE_MAX_LENGTH {max_len}; {opened} opened, \
+         {still_open} still open at the end), victim charged {charged} B: newcomer probe {probe:?} in \
+         {probe_took:?}, write {write:?} in {write_took:?}; known peer write {known_write:?}, notify {known_notify:?}"
+    );
+    assert_eq!(opened, count, "every attacking connection was opened");
+    probe.unwrap();
+    assert!(probe_took < Duration::from_secs(2), "probe took {probe_took:?}");
+    write.unwrap();
+    assert!(write_took < Duration::from_secs(2), "write took {write_took:?}");
+    known_write.unwrap();
+    known_notify.unwrap();
+    assert_eq!(target[..4096], before[..]);
+    assert_eq!(target[4096..8192], fresh[..]);
+    assert_eq!(target[8192..], again[..]);
+    let notes = victim.drain_notifications();
+    assert!(notes.contains(&("kv".to_owned(), "from a known peer".to_owned())), "{notes:?}");
+    // Charged as bytes arrive: at most the handshake-connection cap's worth
+    // of tricklers, each with its first byte and about one a second since.
+    let cap = victim.inner.budget.caps().1;
+    assert!(charged <= cap * 8, "{charged} B charged for {cap} connections that sent a few bytes each");
+}
+
+#[test]
+fn sixty_four_connections_announcing_1_mib_frames_do_not_stop_a_new_peer() {
+    peers_are_served_past_trickling_connections(64, 1 << 20, 1 << 20);
+}
+
+#[test]
+fn a_thousand_connections_announcing_1_mib_frames_do_not_stop_a_new_peer() {
+    peers_are_served_past_trickling_connections(1024, 1 << 20, 1 << 20);
+}
+
+#[test]
+fn connections_announcing_frames_of_exactly_the_handshake_limit_do_not_stop_a_new_peer() {
+    peers_are_served_past_trickling_connections(64, 2 << 20, 2 << 20);
+}
+
+/// Whether `s` is still open: nothing to read within a short wait, not EOF or a reset.
+fn still_open(mut s: &TcpStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let mut byte = [0u8; 1];
+    matches!(s.read(&mut byte), Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut))
+}
+
+#[test]
+fn holders_of_the_whole_handshake_budget_give_way_to_a_new_peer() {
+    // Clients send all but the last byte of frames of exactly
+    // MC_HANDSHAKE_MAX_LENGTH, one after another, and hold them: the last
+    // four fill the budget (4 frames) to its bound. A newcomer's handshake
+    // takes its bytes from the slowest holders and is served; a known
+    // peer's notify is delivered; the charge never passes the bound.
+    let victim = engine_with(settings());
+    let max_len = victim.inner.settings.handshake_max_len;
+    let bound = 4 * max_len;
+    let target = vec![0u8; 2 * 4096];
+    victim.register(addr(&target), target.len() as u64).unwrap();
+    let known = engine_with(settings());
+    let (before, fresh) = (vec![1u8; 4096], vec![2u8; 4096]);
+    // SAFETY: the sources and `target` outlive every transfer of this test.
+    unsafe { known.transfer_sync(victim.session_id(), Direction::Write, vec![req(&before, addr(&target), 4096)]) }
+        .unwrap();
+    let budget = &victim.inner.budget;
+    let peak = std::sync::atomic::AtomicUsize::new(0);
+    let sampling = AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while sampling.load(Ordering::Acquire) {
+                peak.fetch_max(budget.handshake_bytes_in_flight(), Ordering::AcqRel);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        let mut holders = Vec::new();
+        for k in 1..=8usize {
+            let mut s = TcpStream::connect(("127.0.0.1", victim.rpc_port())).unwrap();
+            s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+            let mut frame = (max_len as u64).to_le_bytes().to_vec();
+            frame.resize(8 + max_len - 1, b' ');
+            let _ = s.write_all(&frame); // a holder that loses its place is closed while it writes
+            holders.push(s);
+            // Wait (bounded) until the victim has read this frame.
+            let t0 = Instant::now();
+            while budget.handshake_bytes_in_flight() < k.min(4) * (max_len - 1) && t0.elapsed() < Duration::from_secs(3)
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let full = budget.handshake_bytes_in_flight();
+        let holding_before = holders.iter().filter(|s| still_open(s)).count();
+        let newcomer = engine_with(settings());
+        let t0 = Instant::now();
+        let probe = newcomer.probe(victim.session_id());
+        let probe_took = t0.elapsed();
+        let t1 = Instant::now();
+        let to = addr(&target) + 4096;
+        // SAFETY: as above.
+        let write =
+            unsafe { newcomer.transfer_sync(victim.session_id(), Direction::Write, vec![req(&fresh, to, 4096)]) };
+        let write_took = t1.elapsed();
+        let known_notify = known.notify(victim.session_id(), "kv", "from a known peer");
+        sampling.store(false, Ordering::Release);
+        let holding_after = holders.iter().filter(|s| still_open(s)).count();
+        let peak = peak.load(Ordering::Acquire);
+        println!(
+            "8 clients holding frames of exactly {max_len} B: charged {full} B of {bound} B (peak {peak} B), \
+             {holding_before} holding; newcomer probe {probe:?} in {probe_took:?}, write {write:?} in \
+             {write_took:?}; known peer notify {known_notify:?}; {holding_after} still holding"
+        );
+        assert_eq!(full, 4 * (max_len - 1), "the last four frames fill the budget to its bound");
+        assert_eq!(holding_before, 4);
+        assert!(peak <= bound, "{peak} B charged, over the {bound} B budget");
+        probe.unwrap();
+        assert!(probe_took < Duration::from_secs(2), "probe took {probe_took:?}");
+        write.unwrap();
+        assert!(write_took < Duration::from_secs(2), "write took {write_took:?}");
+        known_notify.unwrap();
+        assert!(holding_after < 4, "the newcomer took its bytes from a holder");
+    });
+    assert_eq!(target[..4096], before[..]);
+    assert_eq!(target[4096..], fresh[..]);
+    let notes = victim.drain_notifications();
+    assert!(notes.contains(&("kv".to_owned(), "from a known peer".to_owned())), "{notes:?}");
+}
+
 /// CPU seconds used so far by this process's threads whose name starts
 /// with `prefix` (from /proc/self/task/*/stat).
 fn thread_cpu(prefix: &str) -> f64 {

@@ -1,13 +1,15 @@
 //! The handshake (RPC) port: one framed JSON request per connection
 //! (metadata, probe, notify, connection), answered under one deadline for
-//! the whole exchange, its bytes charged to the engine's handshake budget.
+//! the whole exchange, its frame's bytes charged to the engine's handshake
+//! budget as they arrive (see [`super::super::budget`]).
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::super::budget::Ticket;
 use super::super::deadline::BoundedStream;
 use super::super::wire::{self, FrameType};
 use super::super::Inner;
@@ -22,10 +24,15 @@ fn empty_handshake_desc() -> Value {
            "peer_nic_path": "", "qp_num": [], "reply_msg": ""})
 }
 
-pub(super) fn serve_handshake(inner: &Inner, stream: &mut TcpStream) {
+/// The most a single read of a handshake frame takes in (a buffer on the
+/// serving thread's stack; the frame's own buffer grows with what arrived).
+const READ_CHUNK: usize = 16 * 1024;
+
+pub(super) fn serve_handshake(inner: &Inner, stream: &mut TcpStream, ticket: &Ticket) {
     let _ = stream.set_nodelay(true);
     // One deadline for the whole exchange: trickled bytes do not extend it.
-    let mut stream = BoundedStream::new(stream, Instant::now() + HANDSHAKE_SERVE_TIMEOUT);
+    let deadline = Instant::now() + HANDSHAKE_SERVE_TIMEOUT;
+    let mut stream = BoundedStream::new(stream, deadline);
     let mut prefix = [0u8; 8];
     if stream.read_exact(&mut prefix).is_err() {
         return;
@@ -34,24 +41,12 @@ pub(super) fn serve_handshake(inner: &Inner, stream: &mut TcpStream) {
         log::debug!("handshake: refused frame length {}", u64::from_le_bytes(prefix));
         return;
     };
-    // Read incrementally, each chunk charged to the engine-wide budget of
-    // handshake bytes in flight: memory grows only with bytes really sent.
-    let charged = Charged { budget: &inner.budget, bytes: std::cell::Cell::new(0) };
-    let mut body = Vec::with_capacity(length.min(64 * 1024));
-    while body.len() < length {
-        let chunk = (length - body.len()).min(64 * 1024);
-        if !charged.charge(chunk) {
-            log::debug!("handshake: the budget of handshake bytes in flight is spent; closing");
-            return;
-        }
-        let start = body.len();
-        body.resize(start + chunk, 0);
-        if stream.read_exact(&mut body[start..]).is_err() {
-            return;
-        }
-    }
+    let Some(body) = read_frame_body(&mut stream, length, ticket, deadline) else { return };
     let (kind, json_text) = wire::split_frame_body(&body);
-    let Ok(request) = serde_json::from_slice::<Value>(json_text) else {
+    let parsed = serde_json::from_slice::<Value>(json_text);
+    drop(body);
+    ticket.release_handshake();
+    let Ok(request) = parsed else {
         log::debug!("handshake: malformed JSON, closing");
         return;
     };
@@ -72,7 +67,6 @@ pub(super) fn serve_handshake(inner: &Inner, stream: &mut TcpStream) {
     if stream.write_all(&wire::encode_frame(kind, &reply)).is_err() {
         return;
     }
-    drop(charged);
     Stats::bump(&inner.stats.handshakes);
     // Half-close, then let the client close first (bounded by the deadline).
     let _ = stream.inner().shutdown(Shutdown::Write);
@@ -80,24 +74,31 @@ pub(super) fn serve_handshake(inner: &Inner, stream: &mut TcpStream) {
     while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
 }
 
-/// Handshake bytes charged to the budget, refunded when dropped.
-struct Charged<'a> {
-    budget: &'a super::super::budget::Budget,
-    bytes: std::cell::Cell<usize>,
-}
-
-impl Charged<'_> {
-    fn charge(&self, n: usize) -> bool {
-        let ok = self.budget.charge_handshake(n);
-        if ok {
-            self.bytes.set(self.bytes.get() + n);
+/// Read a frame body of `length` bytes as they come, each read's bytes
+/// charged to the engine-wide budget once they have arrived (never the
+/// announced length): the buffer grows with them (at most doubling, never
+/// past `length`). `None` if the peer stops, the deadline passes, or this
+/// connection lost its place in the budget to a faster one.
+fn read_frame_body(stream: &mut impl Read, length: usize, ticket: &Ticket, deadline: Instant) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    let mut chunk = [0u8; READ_CHUNK];
+    while body.len() < length {
+        let want = (length - body.len()).min(READ_CHUNK);
+        let n = match stream.read(&mut chunk[..want]) {
+            Ok(0) => return None,
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(_) => return None,
+        };
+        if !ticket.charge_handshake(n, deadline) {
+            log::debug!("handshake: closed to keep the handshake byte budget (evicted or past its deadline)");
+            return None;
         }
-        ok
+        if body.capacity() - body.len() < n {
+            let grown = (body.capacity() * 2).max(body.len() + n).max(1024).min(length);
+            body.reserve_exact(grown - body.len());
+        }
+        body.extend_from_slice(&chunk[..n]);
     }
-}
-
-impl Drop for Charged<'_> {
-    fn drop(&mut self) {
-        self.budget.refund_handshake(self.bytes.get());
-    }
+    Some(body)
 }

@@ -113,9 +113,9 @@ pub fn accept_loop(inner: Arc<Inner>, listener: TcpListener, plane: Plane) {
                 Plane::Handshake => {
                     let mut stream = stream;
                     // Declared after the stream: dropped (unlisted) before it closes.
-                    let Some(_ticket) = inner2.budget.admit(plane, ip, stream.as_raw_fd()) else { return };
+                    let Some(ticket) = inner2.budget.admit(plane, ip, stream.as_raw_fd()) else { return };
                     let Some(_tracked) = inner2.registry.track(&stream) else { return };
-                    handshake::serve_handshake(&inner2, &mut stream);
+                    handshake::serve_handshake(&inner2, &mut stream, &ticket);
                 }
                 Plane::Data => {
                     let t = inner2.settings.progress_timeout;
