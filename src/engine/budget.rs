@@ -296,8 +296,9 @@ impl Ticket {
                 budget.changed.notify_all(); // an evicted holder may be waiting to charge
             }
             if coming < short {
-                // Only this connection's own bytes are left: more than one
-                // frame can be (the frame limit is a quarter of the budget).
+                // Nothing left to take but this connection's own bytes: it
+                // would hold more than the whole budget, which one frame (at
+                // most a quarter of it) never does.
                 return false;
             }
             if budget.changed.wait_until(&mut st, deadline).timed_out() {
