@@ -753,6 +753,14 @@ pdx_status pdx_engine_init_with(const char *hostname,
  * every engine thread is joined before this returns. NULL (and an already
  * freed engine) is ignored. Other threads must not use the engine after
  * this call starts; calls already inside it finish with an error.
+ *
+ * From the log callback running on one of this engine's own threads (see
+ * `pdx_set_log_callback`), it cannot wait for that thread: the engine is
+ * freed and stops at once as above (the handle is invalid when this
+ * returns), and its threads end shortly after without being waited for
+ * here, that thread once the callback has returned and it has left pdx.
+ * All of them end within the engine's deadlines (seconds), joined by a
+ * short-lived `pdx-reaper` thread. Nothing is reported as an error.
  */
 void pdx_engine_free(pdx_engine *engine);
 
@@ -1299,7 +1307,9 @@ void pdx_ib_validation_free(pdx_ib_validation *validation);
  * once. pdx holds none of its locks while it runs, so it may call any pdx
  * function; records that pdx logs on that thread during such a call are
  * dropped (a callback never recurses into itself). It must return normally
- * (no C++ exception or longjmp across pdx).
+ * (no C++ exception or longjmp across pdx). `pdx_engine_free` of the engine
+ * whose thread runs the callback returns without waiting for that thread
+ * (see there).
  *
  * Replacing or removing takes effect at once. Unless called from inside the
  * callback, this returns only after every call of the previous callback
