@@ -664,6 +664,98 @@ static void test_failing_copies(pdx_engine *a, pdx_engine *b) {
   side_free(&hloc);
 }
 
+/* -------------------------------- device faults on the target, as the initiator sees them */
+
+static struct {
+  pthread_mutex_t mu;
+  char text[8][512];
+  int n;
+} warnings = {PTHREAD_MUTEX_INITIALIZER, {{0}}, 0};
+
+static void keep_warnings(void *ud, int32_t level, const char *module, size_t module_len, const char *msg,
+                          size_t msg_len) {
+  (void)ud, (void)module, (void)module_len;
+  if (level < PDX_LOG_WARNING || strstr(msg, "failed on this side") == NULL) return;
+  pthread_mutex_lock(&warnings.mu);
+  snprintf(warnings.text[warnings.n % 8], sizeof warnings.text[0], "%.*s", (int)msg_len, msg);
+  warnings.n++;
+  pthread_mutex_unlock(&warnings.mu);
+}
+
+/* 1 once a kept warning contains `what` (waits up to 5 s: the target logs
+ * after it sent the reject). */
+static int warned(const char *what) {
+  for (int spin = 0; spin < 500; spin++) {
+    pthread_mutex_lock(&warnings.mu);
+    int found = 0;
+    for (int i = 0; i < 8 && !found; i++) found = strstr(warnings.text[i], what) != NULL;
+    pthread_mutex_unlock(&warnings.mu);
+    if (found) return 1;
+    usleep(10000);
+  }
+  return 0;
+}
+
+/* A driver call failing on the target (pinned buffer, stream, the copy
+ * call, the synchronize that reports a copy's fault): the initiator gets
+ * PDX_ERR_REMOTE_REJECTED (all the wire can say) with a text that does not
+ * claim a range error; the target logs the failed call and counts it in
+ * served_device_failures, not in requests_refused. */
+static void test_target_device_faults(void) {
+  if (real) return;
+  static const struct {
+    const char *inject, *call;
+    int code;
+  } faults[] = {
+      {"cuMemHostAlloc", "cuMemHostAlloc", 2},
+      {"cuStreamCreate", "cuStreamCreate", 2},
+      {"copy_call", "cuMemcpy", 700},
+      {"copy", "cuStreamSynchronize", 700},
+  };
+  CHECK_OK(pdx_set_log_callback(keep_warnings, NULL, PDX_LOG_WARNING));
+  pdx_engine *init = start_engine();
+  unsigned char *h = malloc(1 << 16);
+  fill(h, 1 << 16);
+  for (size_t k = 0; k < sizeof faults / sizeof faults[0]; k++) {
+    /* A fresh target: no pinned buffer or stream cached yet. */
+    pdx_engine *t = start_engine();
+    struct side rem;
+    side_init(&rem, t, dev_hi, 1 << 20);
+    const char *st = pdx_engine_session_id(t);
+    for (int read = 0; read < 2; read++) {
+      pdx_stats before = stats_of(t);
+      memset(warnings.text, 0, sizeof warnings.text);
+      cu.inject(faults[k].inject, 0, 1, faults[k].code);
+      pdx_status s = read ? pdx_transfer_sync_read(init, st, h, rem.dptr, 4096)
+                          : pdx_transfer_sync_write(init, st, h, rem.dptr, 4096);
+      const char *msg = pdx_last_error_message();
+      CHECK(s == PDX_ERR_REMOTE_REJECTED);
+      CHECK(strstr(msg, "not inside") == NULL);
+      CHECK(strstr(msg, "serving it failed on its side (a device fault") != NULL);
+      if (s != PDX_ERR_REMOTE_REJECTED || strstr(msg, "not inside") != NULL)
+        fprintf(stderr, "  %s (%s): %s: %s\n", faults[k].inject, read ? "read" : "write", pdx_status_str(s), msg);
+      CHECK(warned(faults[k].call));
+      pdx_stats after = stats_of(t);
+      CHECK(after.served_device_failures == before.served_device_failures + 1);
+      CHECK(after.requests_refused == before.requests_refused);
+    }
+    /* Afterwards the same transfers work. */
+    CHECK_OK(pdx_transfer_sync_write(init, st, h, rem.dptr, 4096));
+    CHECK_OK(pdx_transfer_sync_read(init, st, h + 4096, rem.dptr, 4096));
+    CHECK(memcmp(h, h + 4096, 4096) == 0);
+    /* A range outside every region is still called that. */
+    CHECK_STATUS(pdx_transfer_sync_write(init, st, h, rem.dptr + (1 << 20), 16), PDX_ERR_REMOTE_REJECTED);
+    CHECK(strstr(pdx_last_error_message(), "is not inside one region it advertised") != NULL);
+    pdx_stats after = stats_of(t);
+    CHECK(after.served_device_failures == 2 && after.requests_refused == 1);
+    side_free(&rem);
+    pdx_engine_free(t);
+  }
+  CHECK_OK(pdx_set_log_callback(NULL, NULL, 0));
+  free(h);
+  pdx_engine_free(init);
+}
+
 /* ----------------------------------------- contexts and the right device */
 
 static void test_contexts(const struct cuda_double_stats *start, pdx_engine *a, pdx_engine *b) {
@@ -721,6 +813,7 @@ int main(int argc, char **argv) {
   test_round_trips(a, b);
   test_pages(a, b);
   test_failing_copies(a, b);
+  test_target_device_faults();
   test_unregister_during_transfer(a, b);
   test_contexts(&start, a, b);
   pdx_engine_free(a);

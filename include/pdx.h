@@ -287,7 +287,8 @@ typedef struct {
    */
   uint64_t served_reads;
   /**
-   * Requests of peers refused (range not inside one registered region).
+   * Requests of peers refused because their range is not inside one
+   * registered region (`served_device_failures` counts the other reason).
    */
   uint64_t requests_refused;
   /**
@@ -319,6 +320,14 @@ typedef struct {
    * 99th percentile of the same.
    */
   uint64_t latency_p99_us;
+  /**
+   * Requests of peers that failed while being served because a CUDA
+   * driver call failed on this engine (a copy, a synchronize, a pinned
+   * buffer or a stream): the wire can only reject them, so the peer sees
+   * the same reject as for a bad range; this engine logs a warning naming
+   * the call. Native engine only.
+   */
+  uint64_t served_device_failures;
 } pdx_stats;
 
 /**

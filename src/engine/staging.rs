@@ -806,8 +806,18 @@ pub(crate) fn serve_device(
             false
         }
         Err(Failure::Device(e)) => {
+            // The wire can only reject: the peer cannot tell this from a bad
+            // range, so it is logged and, for a driver fault, counted here.
+            if e.kind() == ErrorKind::Device {
+                crate::transfer::stats::Stats::bump(&inner.stats.served_device_failures);
+            }
             if !inner.registry.stopping() {
-                log::warn!("data connection: staging for {dev:?} failed: {e}");
+                log::warn!(
+                    "data connection: a peer's {} of {} bytes at {:#x} ({dev:?}) failed on this side and is rejected: {e}",
+                    header.direction.name(),
+                    header.size,
+                    header.addr
+                );
             }
             false
         }
@@ -886,6 +896,8 @@ fn small_run(
     let staging = &inner.staging;
     let lease = match staging.lease(Side::Inbound, dev, 1, revoked) {
         Ok(l) => l,
+        // A driver call failed (pinned buffer, stream): refuse this request.
+        Err(e) if e.kind() == ErrorKind::Device => return Err(reject(conn, acks, first.acknowledged, e)),
         // No buffer in time (or stopping): close, the initiator retries.
         Err(e) => return Err(Failure::Io(io::Error::new(io::ErrorKind::TimedOut, e.to_string()))),
     };
