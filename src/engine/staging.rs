@@ -39,7 +39,8 @@ use crate::transfer::{Direction, Request};
 
 /// Default cap on pinned staging memory per engine.
 pub const DEFAULT_STAGING_BYTES: usize = 64 << 20;
-/// The smallest cap accepted (smaller values are raised to it).
+/// The smallest cap: smaller values of `PDX_CUDA_STAGING_BYTES` or the engine
+/// option `cuda_staging_bytes` are raised to it, with a warning.
 pub const MIN_STAGING_BYTES: usize = 64 << 10;
 /// Largest staging buffer.
 const MAX_CHUNK: usize = 2 << 20;
