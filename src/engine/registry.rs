@@ -155,3 +155,34 @@ impl Registry {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// A thread of the registry knows it is one, and joining every thread
+    /// from it skips itself instead of failing to join itself.
+    #[test]
+    fn join_all_from_an_own_thread_skips_it() {
+        let registry = Arc::new(Registry::default());
+        let other = Arc::new(Registry::default());
+        assert!(!registry.is_own_thread());
+        let (tx, rx) = mpsc::channel();
+        let r2 = registry.clone();
+        registry
+            .spawn("pdx-test-sibling".to_owned(), || std::thread::sleep(std::time::Duration::from_millis(50)))
+            .unwrap();
+        registry
+            .spawn("pdx-test-self".to_owned(), move || {
+                let own = (r2.is_own_thread(), other.is_own_thread());
+                r2.join_all();
+                tx.send(own).unwrap();
+            })
+            .unwrap();
+        let own = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("join_all returned");
+        assert_eq!(own, (true, false));
+        registry.join_all();
+        assert!(registry.threads.lock().is_empty());
+    }
+}
