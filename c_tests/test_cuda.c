@@ -280,6 +280,108 @@ static void side_get(struct side *s, size_t off, void *dst, size_t n) {
     dev_read(s->dev, dst, s->dptr + off, n);
 }
 
+/* ------------------------------------ unregistered device memory as local */
+
+static pdx_stats stats_of(pdx_engine *e) {
+  pdx_stats s;
+  memset(&s, 0, sizeof s);
+  s.size = sizeof s;
+  CHECK_OK(pdx_engine_stats(e, &s));
+  return s;
+}
+
+/* A batch of `n` entries of `len` bytes between `local` (stride len) and
+ * `remote`: refused before anything moves, naming a device range. */
+static void refused_batch(pdx_engine *e, const char *session, int opcode, uint64_t local, uint64_t remote, size_t n,
+                          size_t len) {
+  void **locals = malloc(n * sizeof *locals);
+  uint64_t *remotes = malloc(n * sizeof *remotes);
+  size_t *lens = malloc(n * sizeof *lens);
+  for (size_t i = 0; i < n; i++) {
+    locals[i] = (void *)(uintptr_t)(local + i * len);
+    remotes[i] = remote + i * len;
+    lens[i] = len;
+  }
+  pdx_status st = opcode == PDX_OPCODE_READ ? pdx_batch_transfer_sync_read(e, session, locals, remotes, lens, n)
+                                            : pdx_batch_transfer_sync_write(e, session, locals, remotes, lens, n);
+  CHECK(st == PDX_ERR_ADDRESS_NOT_REGISTERED);
+  char want[96];
+  snprintf(want, sizeof want, "local range %#llx+%zu is device memory (cuda:", (unsigned long long)local, len);
+  CHECK(strstr(pdx_last_error_message(), want) != NULL);
+  if (st != PDX_ERR_ADDRESS_NOT_REGISTERED || strstr(pdx_last_error_message(), want) == NULL)
+    fprintf(stderr, "  %s %zu x %zu: %s: %s\n", opcode == PDX_OPCODE_READ ? "read" : "write", n, len,
+            pdx_status_str(st), pdx_last_error_message());
+  /* The asynchronous form refuses at submission. */
+  uint64_t id = 0;
+  CHECK_STATUS(pdx_batch_submit(e, session, opcode, locals, remotes, lens, n, NULL, NULL, &id),
+               PDX_ERR_ADDRESS_NOT_REGISTERED);
+  CHECK(id == 0);
+  free(locals);
+  free(remotes);
+  free(lens);
+}
+
+/* Device memory this engine has not registered, as the local buffer of a
+ * read or a write: refused with PDX_ERR_ADDRESS_NOT_REGISTERED before any
+ * byte moves (reading into it would make the CPU write device memory),
+ * whether the engine has device regions of its own or not, and also when
+ * another engine registered it. Host memory nobody registered still moves. */
+static void test_unregistered_device_locals(void) {
+  pdx_engine *target = start_engine(), *c = start_engine();
+  const char *st = pdx_engine_session_id(target);
+  struct side remote;
+  side_init(&remote, target, -1, 1 << 20);
+  memset(remote.host, 0x5a, 1 << 20);
+  const size_t n_big = 100000;
+  CUdeviceptr d = dev_alloc(0, n_big * 4);
+  pdx_stats before = stats_of(target);
+  /* c has no region at all: the driver's pointer query finds the device memory. */
+  static const size_t shapes[][2] = {{64, 16}, {1, 1}, {100000, 4}};
+  for (size_t k = 0; k < 3; k++) {
+    refused_batch(c, st, PDX_OPCODE_READ, d, (uint64_t)(uintptr_t)remote.host, shapes[k][0], shapes[k][1]);
+    refused_batch(c, st, PDX_OPCODE_WRITE, d, (uint64_t)(uintptr_t)remote.host, shapes[k][0], shapes[k][1]);
+  }
+  /* A range that ends in device memory (its start is not) is refused too. */
+  CHECK_STATUS(pdx_transfer_sync_read(c, st, (void *)(uintptr_t)(d - 100), (uint64_t)(uintptr_t)remote.host, 200),
+               PDX_ERR_ADDRESS_NOT_REGISTERED);
+  CHECK(strstr(pdx_last_error_message(), "is device memory (cuda:0") != NULL);
+  /* Registered on the target engine (same process), used as c's local. */
+  CHECK_OK(pdx_register_memory_at(target, (void *)(uintptr_t)d, n_big * 4, "cuda:0"));
+  refused_batch(c, st, PDX_OPCODE_READ, d, (uint64_t)(uintptr_t)remote.host, 64, 16);
+  refused_batch(c, st, PDX_OPCODE_WRITE, d + 16, (uint64_t)(uintptr_t)remote.host, 1, 1);
+  CHECK_OK(pdx_unregister_memory(target, (void *)(uintptr_t)d));
+  /* An engine with device regions of its own, and a device pointer outside them. */
+  struct side own;
+  side_init(&own, c, 0, 1 << 20);
+  refused_batch(c, st, PDX_OPCODE_READ, d, (uint64_t)(uintptr_t)remote.host, 64, 16);
+  refused_batch(c, st, PDX_OPCODE_WRITE, d, (uint64_t)(uintptr_t)remote.host, 64, 16);
+  /* Nothing reached the target, nothing changed there. */
+  pdx_stats after = stats_of(target);
+  CHECK(after.served_reads == before.served_reads && after.served_writes == before.served_writes);
+  int untouched = 1;
+  for (size_t i = 0; i < (1u << 20); i++) untouched &= remote.host[i] == 0x5a;
+  CHECK(untouched);
+  /* The same transfers from registered device memory, and from host memory
+   * nobody registered, work. */
+  unsigned char *plain = malloc(4096);
+  memset(plain, 0x11, 4096);
+  CHECK_OK(pdx_transfer_sync_write(c, st, plain, (uint64_t)(uintptr_t)remote.host, 4096));
+  CHECK(remote.host[0] == 0x11 && remote.host[4095] == 0x11);
+  memset(plain, 0, 4096);
+  CHECK_OK(pdx_transfer_sync_read(c, st, plain, (uint64_t)(uintptr_t)remote.host + 1, 4095));
+  CHECK(plain[0] == 0x11 && plain[4094] == 0x11);
+  CHECK_OK(pdx_transfer_sync_read(c, st, (void *)(uintptr_t)own.dptr, (uint64_t)(uintptr_t)remote.host, 4096));
+  unsigned char got[4096];
+  side_get(&own, 0, got, sizeof got);
+  CHECK(got[0] == 0x11 && got[4095] == 0x11);
+  free(plain);
+  side_free(&own);
+  side_free(&remote);
+  CHECK(cu.free(d) == 0);
+  pdx_engine_free(c);
+  pdx_engine_free(target);
+}
+
 /* Write `n` bytes local → remote, read them back into another place of the
  * local side, and check both landings. */
 static void round_trip(struct side *loc, struct side *rem, const char *session, size_t n, int label_dev) {
@@ -562,6 +664,98 @@ static void test_failing_copies(pdx_engine *a, pdx_engine *b) {
   side_free(&hloc);
 }
 
+/* -------------------------------- device faults on the target, as the initiator sees them */
+
+static struct {
+  pthread_mutex_t mu;
+  char text[8][512];
+  int n;
+} warnings = {PTHREAD_MUTEX_INITIALIZER, {{0}}, 0};
+
+static void keep_warnings(void *ud, int32_t level, const char *module, size_t module_len, const char *msg,
+                          size_t msg_len) {
+  (void)ud, (void)module, (void)module_len;
+  if (level < PDX_LOG_WARNING || strstr(msg, "failed on this side") == NULL) return;
+  pthread_mutex_lock(&warnings.mu);
+  snprintf(warnings.text[warnings.n % 8], sizeof warnings.text[0], "%.*s", (int)msg_len, msg);
+  warnings.n++;
+  pthread_mutex_unlock(&warnings.mu);
+}
+
+/* 1 once a kept warning contains `what` (waits up to 5 s: the target logs
+ * after it sent the reject). */
+static int warned(const char *what) {
+  for (int spin = 0; spin < 500; spin++) {
+    pthread_mutex_lock(&warnings.mu);
+    int found = 0;
+    for (int i = 0; i < 8 && !found; i++) found = strstr(warnings.text[i], what) != NULL;
+    pthread_mutex_unlock(&warnings.mu);
+    if (found) return 1;
+    usleep(10000);
+  }
+  return 0;
+}
+
+/* A driver call failing on the target (pinned buffer, stream, the copy
+ * call, the synchronize that reports a copy's fault): the initiator gets
+ * PDX_ERR_REMOTE_REJECTED (all the wire can say) with a text that does not
+ * claim a range error; the target logs the failed call and counts it in
+ * served_device_failures, not in requests_refused. */
+static void test_target_device_faults(void) {
+  if (real) return;
+  static const struct {
+    const char *inject, *call;
+    int code;
+  } faults[] = {
+      {"cuMemHostAlloc", "cuMemHostAlloc", 2},
+      {"cuStreamCreate", "cuStreamCreate", 2},
+      {"copy_call", "cuMemcpy", 700},
+      {"copy", "cuStreamSynchronize", 700},
+  };
+  CHECK_OK(pdx_set_log_callback(keep_warnings, NULL, PDX_LOG_WARNING));
+  pdx_engine *init = start_engine();
+  unsigned char *h = malloc(1 << 16);
+  fill(h, 1 << 16);
+  for (size_t k = 0; k < sizeof faults / sizeof faults[0]; k++) {
+    /* A fresh target: no pinned buffer or stream cached yet. */
+    pdx_engine *t = start_engine();
+    struct side rem;
+    side_init(&rem, t, dev_hi, 1 << 20);
+    const char *st = pdx_engine_session_id(t);
+    for (int read = 0; read < 2; read++) {
+      pdx_stats before = stats_of(t);
+      memset(warnings.text, 0, sizeof warnings.text);
+      cu.inject(faults[k].inject, 0, 1, faults[k].code);
+      pdx_status s = read ? pdx_transfer_sync_read(init, st, h, rem.dptr, 4096)
+                          : pdx_transfer_sync_write(init, st, h, rem.dptr, 4096);
+      const char *msg = pdx_last_error_message();
+      CHECK(s == PDX_ERR_REMOTE_REJECTED);
+      CHECK(strstr(msg, "not inside") == NULL);
+      CHECK(strstr(msg, "serving it failed on its side (a device fault") != NULL);
+      if (s != PDX_ERR_REMOTE_REJECTED || strstr(msg, "not inside") != NULL)
+        fprintf(stderr, "  %s (%s): %s: %s\n", faults[k].inject, read ? "read" : "write", pdx_status_str(s), msg);
+      CHECK(warned(faults[k].call));
+      pdx_stats after = stats_of(t);
+      CHECK(after.served_device_failures == before.served_device_failures + 1);
+      CHECK(after.requests_refused == before.requests_refused);
+    }
+    /* Afterwards the same transfers work. */
+    CHECK_OK(pdx_transfer_sync_write(init, st, h, rem.dptr, 4096));
+    CHECK_OK(pdx_transfer_sync_read(init, st, h + 4096, rem.dptr, 4096));
+    CHECK(memcmp(h, h + 4096, 4096) == 0);
+    /* A range outside every region is still called that. */
+    CHECK_STATUS(pdx_transfer_sync_write(init, st, h, rem.dptr + (1 << 20), 16), PDX_ERR_REMOTE_REJECTED);
+    CHECK(strstr(pdx_last_error_message(), "is not inside one region it advertised") != NULL);
+    pdx_stats after = stats_of(t);
+    CHECK(after.served_device_failures == 2 && after.requests_refused == 1);
+    side_free(&rem);
+    pdx_engine_free(t);
+  }
+  CHECK_OK(pdx_set_log_callback(NULL, NULL, 0));
+  free(h);
+  pdx_engine_free(init);
+}
+
 /* ----------------------------------------- contexts and the right device */
 
 static void test_contexts(const struct cuda_double_stats *start, pdx_engine *a, pdx_engine *b) {
@@ -615,9 +809,11 @@ int main(int argc, char **argv) {
   test_stand_in();
   pdx_engine *a = start_engine(), *b = start_engine();
   test_refusals(a);
+  test_unregistered_device_locals();
   test_round_trips(a, b);
   test_pages(a, b);
   test_failing_copies(a, b);
+  test_target_device_faults();
   test_unregister_during_transfer(a, b);
   test_contexts(&start, a, b);
   pdx_engine_free(a);

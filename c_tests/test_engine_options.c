@@ -248,6 +248,76 @@ static void test_shared_engine_device_from_args(void) {
   pdx_args_free(a);
 }
 
+/* Warnings logged (kept while a test looks for one). */
+static char warnings[16][512];
+static int n_warnings;
+
+static void keep_warning(void *ud, int32_t level, const char *module, size_t module_len, const char *msg,
+                         size_t msg_len) {
+  (void)ud, (void)module, (void)module_len;
+  if (level >= PDX_LOG_WARNING && n_warnings < 16)
+    snprintf(warnings[n_warnings++], sizeof warnings[0], "%.*s", (int)msg_len, msg);
+}
+
+static int warned(const char *text) {
+  for (int i = 0; i < n_warnings; i++)
+    if (strstr(warnings[i], text) != NULL) return 1;
+  return 0;
+}
+
+static void check_kept(pdx_engine_options *o, const char *key, const char *given, const char *kept) {
+  const char *got = NULL;
+  CHECK_OK(pdx_engine_options_set(o, key, given));
+  CHECK_OK(pdx_engine_options_get(o, key, &got));
+  CHECK_STR(got, kept);
+}
+
+/* An option keeps its value in the normal spelling and takes exactly the
+ * texts its variable takes; cuda_staging_bytes and PDX_CUDA_STAGING_BYTES
+ * below the minimum are both raised to it with a warning. */
+static void test_normal_spelling_and_variable_forms(void) {
+  clear_env();
+  pdx_engine_options *o = NULL;
+  CHECK_OK(pdx_engine_options_new(&o));
+  check_kept(o, "tcp_lanes", "+5", "5");
+  check_kept(o, "tcp_lanes", "05", "5");
+  check_kept(o, "gpu_id", "+3", "3");
+  check_kept(o, "transfer_timeout", "7.50", "7.5");
+  check_kept(o, "transfer_timeout", " +30 ", "30");
+  check_kept(o, "connect_timeout_ms", "+250", "250");
+  check_kept(o, "ascend_npu_phy_id", "1_0", "10"); /* read with Python's int(), as ASCEND_NPU_PHY_ID is */
+  /* MC_TRANSFER_TIMEOUT takes decimal seconds, no exponent: neither does its option. */
+  CHECK_STATUS(pdx_engine_options_set(o, "transfer_timeout", "1e3"), PDX_ERR_INVALID_VALUE);
+  CHECK_STATUS(pdx_engine_options_set(o, "tcp_lanes", "1_0"), PDX_ERR_INVALID_VALUE);
+  pdx_engine_options_free(o);
+
+  CHECK_OK(pdx_set_log_callback(keep_warning, NULL, PDX_LOG_WARNING));
+  n_warnings = 0;
+  setenv("MC_TRANSFER_TIMEOUT", "1e3", 1);
+  pdx_engine *e = NULL;
+  CHECK_OK(pdx_engine_init("127.0.0.1", "tcp", NULL, &e));
+  pdx_engine_free(e);
+  unsetenv("MC_TRANSFER_TIMEOUT");
+  CHECK(warned("ignoring MC_TRANSFER_TIMEOUT=\"1e3\""));
+
+  /* The staging minimum: the same rule from the option and the variable. */
+  n_warnings = 0;
+  CHECK_OK(pdx_engine_options_new(&o));
+  check_kept(o, "cuda_staging_bytes", "4096", "4096");
+  CHECK_OK(pdx_engine_init_with("127.0.0.1", "tcp", NULL, o, &e));
+  pdx_engine_free(e);
+  pdx_engine_options_free(o);
+  CHECK(warned("is 4096, below the minimum 65536; using 65536"));
+  n_warnings = 0;
+  setenv("PDX_CUDA_STAGING_BYTES", "1", 1);
+  CHECK_OK(pdx_engine_init("127.0.0.1", "tcp", NULL, &e));
+  pdx_engine_free(e);
+  unsetenv("PDX_CUDA_STAGING_BYTES");
+  CHECK(warned("is 1, below the minimum 65536; using 65536"));
+  CHECK_OK(pdx_set_log_callback(NULL, NULL, 0));
+  for (int i = 0; i < n_warnings; i++) printf("  warning: %s\n", warnings[i]);
+}
+
 int main(void) {
   test_null_and_freed();
   test_unknown_keys_and_bad_values();
@@ -255,5 +325,6 @@ int main(void) {
   test_remote_instance_rule();
   test_options_feed_settings();
   test_shared_engine_device_from_args();
+  test_normal_spelling_and_variable_forms();
   return pdx_test_finish("test_engine_options");
 }

@@ -5,6 +5,7 @@
  * A watchdog alarm turns a deadlock into a failure instead of a hang. */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -390,6 +391,90 @@ static void test_reentrant_callback(void) {
   pdx_engine_free(r.engine);
 }
 
+
+/* ------------------------------------- free from the callback, on pdx's thread */
+
+/* Threads of this process besides the main one (all of them pdx's here:
+ * engine threads and the reaper; names are set late, so not counted by name). */
+static int other_threads(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/task");
+  if (d == NULL) return -1;
+  struct dirent *t;
+  char self[32];
+  snprintf(self, sizeof self, "%ld", (long)getpid());
+  while ((t = readdir(d)) != NULL)
+    if (t->d_name[0] != '.' && strcmp(t->d_name, self) != 0) n++;
+  closedir(d);
+  return n;
+}
+
+static struct {
+  pdx_engine *victim;  /* freed by the first record logged off the main thread */
+  int freed;
+  char last_error[512];
+} freeing;
+
+static void freeing_call(void *userdata, int32_t level, const char *module, size_t module_len, const char *message,
+                         size_t message_len) {
+  (void)userdata, (void)level, (void)module, (void)module_len, (void)message, (void)message_len;
+  if (pthread_equal(pthread_self(), main_thread)) return;
+  pdx_engine *e = __atomic_exchange_n(&freeing.victim, NULL, __ATOMIC_SEQ_CST);
+  if (e == NULL) return;
+  pdx_engine_free(e);
+  const char *err = pdx_last_error_message();
+  snprintf(freeing.last_error, sizeof freeing.last_error, "%s", err ? err : "");
+  __atomic_store_n(&freeing.freed, 1, __ATOMIC_SEQ_CST);
+}
+
+/* pdx_engine_free from the callback while it runs on one of that engine's
+ * own threads (its handshake thread): no panic, no error, nothing on
+ * stderr, and every engine thread ends within 10 s. */
+static void test_free_from_own_thread(void) {
+  CHECK(other_threads() == 0); /* engines of the earlier tests are gone */
+  pdx_engine *e = start_engine();
+  CHECK(other_threads() > 0);
+  /* stderr into a file for the duration (a panic would print there). */
+  char path[] = "/tmp/pdx_test_log_stderr_XXXXXX";
+  int capture = mkstemp(path);
+  int saved = dup(2);
+  CHECK(capture >= 0 && saved >= 0);
+  fflush(stderr);
+  dup2(capture, 2);
+  freeing.victim = e;
+  freeing.freed = 0;
+  CHECK_OK(pdx_set_log_callback(freeing_call, NULL, PDX_LOG_TRACE));
+  send_bad_handshake(e);
+  for (int spin = 0; spin < 10000 && !__atomic_load_n(&freeing.freed, __ATOMIC_SEQ_CST); spin++) sleep_us(1000);
+  double t0 = now_s();
+  int left = other_threads();
+  while (left != 0 && now_s() - t0 < 10.0) {
+    sleep_us(10000);
+    left = other_threads();
+  }
+  double took = now_s() - t0;
+  CHECK_OK(pdx_set_log_callback(NULL, NULL, 0));
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char seen[4096] = {0};
+  ssize_t got = pread(capture, seen, sizeof seen - 1, 0);
+  close(capture);
+  unlink(path);
+  CHECK(freeing.freed == 1);
+  CHECK(strstr(freeing.last_error, "panic") == NULL);
+  if (strstr(freeing.last_error, "panic") != NULL) fprintf(stderr, "last error in the callback: %s\n", freeing.last_error);
+  CHECK(got == 0);
+  if (got > 0) fprintf(stderr, "stderr during the test:\n%s\n", seen);
+  CHECK(left == 0);
+  printf("  engine freed from its own handshake thread: its threads ended %.2f s later (%d left)\n", took, left);
+  /* The handle is gone; a new engine works. */
+  CHECK(pdx_engine_session_id(e) == NULL);
+  pdx_engine *again = start_engine();
+  failed_write(again);
+  pdx_engine_free(again);
+}
+
 int main(void) {
   main_thread = pthread_self();
   alarm(120); /* a deadlock fails the test instead of hanging it */
@@ -404,6 +489,7 @@ int main(void) {
   test_remove_waits_for_calls_in_flight();
   test_called_from_pdx_threads();
   test_reentrant_callback();
+  test_free_from_own_thread();
   close(dead_fd);
   return pdx_test_finish("test_log");
 }

@@ -41,7 +41,8 @@
 #define DEFAULT_STAGING_BYTES (64 << 20)
 
 /**
- * The smallest cap accepted (smaller values are raised to it).
+ * The smallest cap: smaller values of `PDX_CUDA_STAGING_BYTES` or the engine
+ * option `cuda_staging_bytes` are raised to it, with a warning.
  */
 #define MIN_STAGING_BYTES (64 << 10)
 
@@ -287,7 +288,8 @@ typedef struct {
    */
   uint64_t served_reads;
   /**
-   * Requests of peers refused (range not inside one registered region).
+   * Requests of peers refused because their range is not inside one
+   * registered region (`served_device_failures` counts the other reason).
    */
   uint64_t requests_refused;
   /**
@@ -319,6 +321,14 @@ typedef struct {
    * 99th percentile of the same.
    */
   uint64_t latency_p99_us;
+  /**
+   * Requests of peers that failed while being served because a CUDA
+   * driver call failed on this engine (a copy, a synchronize, a pinned
+   * buffer or a stream): the wire can only reject them, so the peer sees
+   * the same reject as for a bad range; this engine logs a warning naming
+   * the call. Native engine only.
+   */
+  uint64_t served_device_failures;
 } pdx_stats;
 
 /**
@@ -753,6 +763,14 @@ pdx_status pdx_engine_init_with(const char *hostname,
  * every engine thread is joined before this returns. NULL (and an already
  * freed engine) is ignored. Other threads must not use the engine after
  * this call starts; calls already inside it finish with an error.
+ *
+ * From the log callback running on one of this engine's own threads (see
+ * `pdx_set_log_callback`), it cannot wait for that thread: the engine is
+ * freed and stops at once as above (the handle is invalid when this
+ * returns), and its threads end shortly after without being waited for
+ * here, that thread once the callback has returned and it has left pdx.
+ * All of them end within the engine's deadlines (seconds), joined by a
+ * short-lived `pdx-reaper` thread. Nothing is reported as an error.
  */
 void pdx_engine_free(pdx_engine *engine);
 
@@ -1120,7 +1138,12 @@ void pdx_engine_options_free(pdx_engine_options *options);
  * `device_source` (`shared`, `remote_instance`), and one key per setting
  * the engine reads at start, named after its variable (`tcp_lanes` for
  * `PDX_TCP_LANES`, `transfer_timeout` for `MC_TRANSFER_TIMEOUT`, ...); such
- * an option takes its variable's place and wins over it.
+ * an option takes its variable's place and wins over it, and takes exactly
+ * the texts its variable takes (integers in decimal with an optional sign,
+ * seconds in decimal notation without an exponent, surrounding whitespace
+ * ignored), within the range the README's table gives; values below the
+ * minimum of `cuda_staging_bytes` are raised to it when the engine starts,
+ * with a warning, as for `PDX_CUDA_STAGING_BYTES`.
  *
  * Errors (the object is unchanged): `PDX_ERR_NULL_ARGUMENT` (options or
  * key NULL), `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INVALID_UTF8`,
@@ -1139,7 +1162,9 @@ pdx_status pdx_engine_options_set(pdx_engine_options *options, const char *key, 
  * Read one option as text (same keys as `pdx_engine_options_set`).
  *
  * On success `*out` is NULL when the option is not set, else the value as
- * stored (trimmed), owned by `options` and valid until the next successful
+ * stored: in its normal spelling, which the engine reads as the same value
+ * (`" +05 "` is kept as `"5"`, `"7.50"` as `"7.5"`), owned by `options` and
+ * valid until the next successful
  * `pdx_engine_options_set` on it or `pdx_engine_options_free`.
  *
  * Errors (`*out` untouched): `PDX_ERR_NULL_ARGUMENT`,
@@ -1299,7 +1324,9 @@ void pdx_ib_validation_free(pdx_ib_validation *validation);
  * once. pdx holds none of its locks while it runs, so it may call any pdx
  * function; records that pdx logs on that thread during such a call are
  * dropped (a callback never recurses into itself). It must return normally
- * (no C++ exception or longjmp across pdx).
+ * (no C++ exception or longjmp across pdx). `pdx_engine_free` of the engine
+ * whose thread runs the callback returns without waiting for that thread
+ * (see there).
  *
  * Replacing or removing takes effect at once. Unless called from inside the
  * callback, this returns only after every call of the previous callback

@@ -14,5 +14,5 @@
 pub mod loader;
 pub mod types;
 
-pub use loader::{load_cached, Api, CudaError, LoadError, DEFAULT_LIB, REQUIRED_SYMBOLS};
+pub use loader::{load_cached, resident, Api, CudaError, LoadError, DEFAULT_LIB, REQUIRED_SYMBOLS};
 pub use types::*;

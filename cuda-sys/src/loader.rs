@@ -197,6 +197,44 @@ pub fn load_cached(path: &str) -> Result<Arc<Api>, LoadError> {
     map.entry(path.to_owned()).or_insert_with(|| Api::load(path).map(Arc::new)).clone()
 }
 
+/// The driver at `path` if [`load_cached`] already loaded it, or if the
+/// process already has that library mapped (the application uses CUDA), in
+/// which case it is loaded (and cached) now; `None` otherwise: a process
+/// that never used the driver does not get it loaded by this call.
+pub fn resident(path: &str) -> Option<Arc<Api>> {
+    let map = LOADED.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(outcome) = map.lock().unwrap_or_else(|p| p.into_inner()).get(path) {
+        return outcome.clone().ok();
+    }
+    if !is_mapped(path) {
+        return None;
+    }
+    load_cached(path).ok()
+}
+
+/// `dlopen`'s `RTLD_NOLOAD`: find a library already mapped, never map one.
+#[cfg(target_os = "linux")]
+const RTLD_NOLOAD: c_int = 0x4;
+#[cfg(target_os = "macos")]
+const RTLD_NOLOAD: c_int = 0x10;
+
+/// True if the library `path` names is mapped into this process already.
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+fn is_mapped(path: &str) -> bool {
+    if path.is_empty() {
+        return false;
+    }
+    // SAFETY: with RTLD_NOLOAD nothing is loaded, so no initializer runs;
+    // the handle only raises the count of a library already mapped, and
+    // dropping it lowers it again.
+    unsafe { libloading::os::unix::Library::open(Some(path), RTLD_NOLOAD | libloading::os::unix::RTLD_LAZY) }.is_ok()
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+fn is_mapped(_path: &str) -> bool {
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,6 +247,15 @@ mod tests {
         assert!(text.contains("'/nonexistent/dir/libcuda.so.1'"), "{text}");
         assert_eq!(load_cached("/nonexistent/dir/libcuda.so.1").unwrap_err(), e);
         assert!(matches!(Api::load(""), Err(LoadError::Open { .. })));
+    }
+
+    #[test]
+    fn resident_never_loads_a_library_the_process_lacks() {
+        assert!(resident("/nonexistent/dir/libcuda-resident.so.1").is_none());
+        assert!(resident("").is_none());
+        // libc is mapped, but it is no driver: the failed load is cached.
+        assert!(resident("libc.so.6").is_none());
+        assert!(matches!(load_cached("libc.so.6"), Err(LoadError::MissingSymbol { .. })));
     }
 
     #[test]

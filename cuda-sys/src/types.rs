@@ -26,6 +26,9 @@ pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
 
 /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`: writes a `CUmemorytype` (u32).
 pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CUpointerAttribute = 2;
+/// `CU_POINTER_ATTRIBUTE_IS_MANAGED`: writes an `int` (non-zero: managed
+/// memory, which the CPU may touch).
+pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: CUpointerAttribute = 8;
 /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`: writes an `int`.
 pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: CUpointerAttribute = 9;
 

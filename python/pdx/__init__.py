@@ -545,7 +545,7 @@ STATS_FIELDS = (
     "failed_shutdown", "failed_protocol", "failed_other",
     "served_bytes_written", "served_bytes_read", "served_writes", "served_reads", "requests_refused",
     "handshakes", "inbound_connections", "inbound_connections_open", "peers_connected",
-    "notification_bytes_queued", "latency_p50_us", "latency_p99_us",
+    "notification_bytes_queued", "latency_p50_us", "latency_p99_us", "served_device_failures",
 )
 
 
@@ -933,7 +933,8 @@ class Engine:
         """The engine's counters since it started, by `pdx_stats` field name:
         bytes and tasks written/read as initiator, failures by kind, requests
         served as target, handshakes, connections, peers, queued notification
-        bytes, and p50/p99 task latency in microseconds."""
+        bytes, p50/p99 task latency in microseconds, and requests that failed
+        as target on a device (CUDA) call."""
         out = Stats()
         out.size = ctypes.sizeof(Stats)
         check(lib.pdx_engine_stats(self._h, ctypes.byref(out)))

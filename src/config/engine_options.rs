@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-use super::env::{vars, Env, Ty, Var};
+use super::env::{parse_as_read, vars, Env, Ty, Var};
 use super::py;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -155,35 +155,27 @@ impl OptionSpec {
         }
     }
 
-    /// Check `value`; returns the text to keep.
+    /// Check `value`; returns the text to keep: the value in its normal
+    /// spelling (`+05` → `5`). A variable's option takes exactly the forms
+    /// its variable's reader takes ([`parse_as_read`]), within the declared
+    /// range.
     fn check(&self, value: &str) -> Result<String> {
         let text = py::strip(value);
-        let ok = match self.kind {
-            OptionKind::GpuId => text.parse::<i64>().is_ok_and(|g| (0..=MAX_GPU_ID).contains(&g)),
-            OptionKind::DeviceSource => DeviceRule::from_name(text).is_some(),
-            OptionKind::Var(var) => match var.ty {
-                Ty::Presence => true,
-                Ty::Bool => super::env::parse_bool(text).is_ok(),
-                Ty::Int { min, max } => text.parse::<i64>().is_ok_and(|v| (min..=max).contains(&v)),
-                Ty::Seconds { min, max } => {
-                    text.parse::<f64>().is_ok_and(|v| v.is_finite() && (min..=max).contains(&v))
-                }
-                Ty::Millis { min, max } | Ty::Micros { min, max } => {
-                    text.parse::<u64>().is_ok_and(|v| (min..=max).contains(&v))
-                }
-                Ty::Text => !text.is_empty(),
-                Ty::Choice(words) => words.contains(&text),
-            },
+        let kept = match self.kind {
+            OptionKind::GpuId => {
+                text.parse::<i64>().ok().filter(|g| (0..=MAX_GPU_ID).contains(g)).map(|g| g.to_string())
+            }
+            OptionKind::DeviceSource => DeviceRule::from_name(text).map(|r| r.name().to_owned()),
+            OptionKind::Var(var) => parse_as_read(&var, value).filter(|p| p.in_range(var.ty)).map(|p| p.normal_text()),
         };
-        if ok {
-            Ok(text.to_owned())
-        } else {
-            Err(Error::invalid_value(format!(
+        match kept {
+            Some(kept) => Ok(kept),
+            None => Err(Error::invalid_value(format!(
                 "invalid value for engine option '{}': {}; allowed values: {}",
                 self.key,
                 py::repr_str(value),
                 self.allowed()
-            )))
+            ))),
         }
     }
 }
@@ -382,6 +374,113 @@ mod tests {
             o.check().unwrap_err().message(),
             "engine options min_port=20000 and max_port=19000 give an empty port range"
         );
+    }
+
+    #[test]
+    fn options_keep_the_normal_spelling() {
+        let mut o = EngineOptions::new();
+        for (key, given, kept) in [
+            ("tcp_lanes", "+5", "5"),
+            ("tcp_lanes", "05", "5"),
+            ("tcp_lanes", " 7 ", "7"),
+            ("gpu_id", "+3", "3"),
+            ("gpu_id", "007", "7"),
+            ("transfer_timeout", "7.50", "7.5"),
+            ("transfer_timeout", "+30", "30"),
+            ("transfer_timeout", "30.", "30"),
+            ("connect_timeout_ms", "+250", "250"),
+            ("ascend_npu_phy_id", "1_0", "10"),
+            ("cuda_staging_bytes", "4096", "4096"),
+            ("tcp_proto", " 1 ", "1"),
+            ("bind_address", " 10.0.0.1 ", "10.0.0.1"),
+        ] {
+            o.set(key, Some(given)).unwrap();
+            assert_eq!(o.get(key).unwrap(), Some(kept), "{key}={given:?}");
+        }
+        for (key, given) in [
+            ("transfer_timeout", "1e3"),
+            ("transfer_timeout", "inf"),
+            ("transfer_timeout", "NaN"),
+            ("transfer_timeout", "1..5"),
+            ("tcp_lanes", "1_0"),
+            ("tcp_lanes", "0x5"),
+            ("connect_timeout_ms", "-5"),
+            ("tcp_proto", "01"),
+        ] {
+            assert_eq!(o.set(key, Some(given)).unwrap_err().kind(), ErrorKind::InvalidValue, "{key}={given:?}");
+        }
+    }
+
+    /// What an engine reads for `var` from `env`, as text (`None`: unset or ignored).
+    fn as_read(env: &dyn Env, var: &Var) -> Option<String> {
+        use crate::config::env::{get_int, read_choice};
+        use std::time::Duration;
+        match var.ty {
+            Ty::Int { .. } if var.name == vars::ASCEND_NPU_PHY_ID.name => {
+                get_int(env, var.name, None).value.map(|v| v.to_string())
+            }
+            Ty::Int { .. } => read::<i64>(env, var).map(|v| v.to_string()),
+            Ty::Seconds { .. } | Ty::Millis { .. } | Ty::Micros { .. } => {
+                read::<Duration>(env, var).map(|d| format!("{d:?}"))
+            }
+            Ty::Choice(_) => read_choice(env, var).ok().flatten().map(str::to_owned),
+            _ => read::<String>(env, var),
+        }
+    }
+
+    /// For every option variable, the option takes a text exactly when its
+    /// variable's reader reads it as a value in range, and the text the
+    /// option keeps reads as that same value.
+    #[test]
+    fn an_option_takes_exactly_its_variables_forms() {
+        let samples = [
+            "5",
+            "+5",
+            "05",
+            " 5 ",
+            "-1",
+            "0",
+            "1e3",
+            "7.5",
+            ".5",
+            "5.",
+            "1_0",
+            "abc",
+            "",
+            " ",
+            "1",
+            "2",
+            "+1",
+            "native",
+            "mooncake",
+            " native",
+            "65536",
+            "4096",
+            "30",
+            "99999999999999",
+            "10.0.0.1",
+        ];
+        for var in OPTION_VARS {
+            let key = option_key(var);
+            for raw in samples {
+                let env = MapEnv::from_pairs(&[(var.name, raw)]);
+                let from_env = as_read(&env, var);
+                let in_range = crate::config::env::parse_as_read(var, raw).is_some_and(|p| p.in_range(var.ty));
+                let mut o = EngineOptions::new();
+                match o.set(&key, Some(raw)) {
+                    Ok(()) => {
+                        assert!(in_range, "{key}={raw:?} taken but {} would not read it in range", var.name);
+                        let seen = OptionsEnv { base: &MapEnv::new(), options: &o };
+                        assert_eq!(as_read(&seen, var), from_env, "{key}={raw:?} kept as {:?}", o.get(&key));
+                        assert!(from_env.is_some(), "{key}={raw:?}");
+                    }
+                    Err(e) => {
+                        assert_eq!(e.kind(), ErrorKind::InvalidValue);
+                        assert!(!in_range, "{key}={raw:?} refused but {} reads it in range", var.name);
+                    }
+                }
+            }
+        }
     }
 
     #[test]

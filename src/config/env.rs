@@ -276,8 +276,8 @@ vars! {
     PDX_TCP_ENGINE: Ty::Choice(&["native", "mooncake"]), "native", "Which engine serves `tcp`.";
     PDX_MOONCAKE_LIB: Ty::Text, "libtransfer_engine.so", "Mooncake's Transfer Engine library (C API) to load.";
     PDX_CUDA_LIB: Ty::Text, "libcuda.so.1", "The CUDA driver library to load (device memory; see docs/gpu.md).";
-    PDX_CUDA_STAGING_BYTES: Ty::Int { min: 65536, max: 1 << 40 }, "67108864",
-        "Pinned host memory per engine for staging device memory (bytes).";
+    PDX_CUDA_STAGING_BYTES: Ty::Int { min: 0, max: 1 << 40 }, "67108864",
+        "Pinned host memory per engine for staging device memory (bytes); values below 65536 are raised to it, with a warning.";
     RUST_LOG: Ty::Text, "warn", "Log filter (`env_logger` syntax).";
     MOONCAKE_DEVICE: Ty::Text, "\"\"",
         "The device of an engine under the remote-instance rule (`device_source=remote_instance`) started without a device; read only then.";
@@ -300,6 +300,98 @@ pub mod names {
     pub(crate) const ASCEND_NPU_PHY_ID: &str = vars::ASCEND_NPU_PHY_ID.name;
     pub(crate) const SGLANG_DISAGG_STAGING_BUFFER: &str = vars::SGLANG_DISAGG_STAGING_BUFFER.name;
     pub(crate) const MOONCAKE_DEVICE: &str = vars::MOONCAKE_DEVICE.name;
+}
+
+/// The variables read under SGLang's rules (`get_bool`, `get_int`,
+/// `get_str`) rather than pdx's own readers ([`FromVar`], [`read_choice`]).
+const SGLANG_RULES: &[&str] = &[
+    names::MC_FORCE_TCP,
+    names::MOONCAKE_PROTOCOL,
+    names::ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE,
+    names::ASCEND_NPU_PHY_ID,
+    names::SGLANG_DISAGG_STAGING_BUFFER,
+    names::MOONCAKE_DEVICE,
+];
+
+/// A variable's value as its reader understands it, before any range check.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Parsed {
+    /// [`Ty::Int`].
+    Int(i64),
+    /// [`Ty::Seconds`].
+    Seconds(f64),
+    /// [`Ty::Millis`] and [`Ty::Micros`].
+    Whole(u64),
+    /// Everything else, as the reader keeps it.
+    Text(String),
+}
+
+/// Seconds as pdx reads them: plain decimal notation, an optional sign,
+/// digits with at most one `.` (`30`, `7.5`, `.5`); no exponent, no
+/// `inf`/`nan`.
+fn parse_seconds(text: &str) -> Option<f64> {
+    let body = text.strip_prefix(['+', '-']).unwrap_or(text);
+    let digits = body.bytes().filter(u8::is_ascii_digit).count();
+    let dots = body.bytes().filter(|&b| b == b'.').count();
+    if digits == 0 || dots > 1 || digits + dots != body.len() {
+        return None;
+    }
+    text.parse::<f64>().ok().filter(|v| v.is_finite())
+}
+
+/// What `var`'s reader makes of the raw text `raw`, before range checks:
+/// `None` where it would ignore the text (it does not parse; for pdx's own
+/// readers also empty text, which counts as unset). The engine options
+/// accept exactly these forms, so an option and its variable take the same
+/// texts. pdx's readers trim surrounding whitespace; integers are decimal
+/// with an optional sign (`+5` and `05` are 5), whole numbers the same
+/// without `-`; seconds as [`parse_seconds`] says. Variables under SGLang's
+/// rules take SGLang's forms (Python's `int()`, `EnvBool`, raw text).
+pub fn parse_as_read(var: &Var, raw: &str) -> Option<Parsed> {
+    if SGLANG_RULES.contains(&var.name) {
+        return match var.ty {
+            Ty::Int { .. } => py::parse_int(raw).map(Parsed::Int),
+            Ty::Bool => parse_bool(raw).ok().map(|b| Parsed::Text(if b { "true" } else { "false" }.to_owned())),
+            _ => Some(Parsed::Text(raw.to_owned())),
+        };
+    }
+    let text = raw.trim();
+    if text.is_empty() {
+        return None;
+    }
+    match var.ty {
+        Ty::Presence => Some(Parsed::Text(raw.to_owned())),
+        Ty::Bool => parse_bool(raw).ok().map(|b| Parsed::Text(if b { "true" } else { "false" }.to_owned())),
+        Ty::Int { .. } => text.parse::<i64>().ok().map(Parsed::Int),
+        Ty::Seconds { .. } => parse_seconds(text).map(Parsed::Seconds),
+        Ty::Millis { .. } | Ty::Micros { .. } => text.parse::<u64>().ok().map(Parsed::Whole),
+        Ty::Text => Some(Parsed::Text(text.to_owned())),
+        Ty::Choice(words) => words.iter().find(|w| **w == text).map(|w| Parsed::Text((*w).to_owned())),
+    }
+}
+
+impl Parsed {
+    /// Whether the value lies in `ty`'s declared range (text always does).
+    pub fn in_range(&self, ty: Ty) -> bool {
+        match (self, ty) {
+            (Parsed::Int(v), Ty::Int { min, max }) => (min..=max).contains(v),
+            (Parsed::Seconds(v), Ty::Seconds { min, max }) => (min..=max).contains(v),
+            (Parsed::Whole(v), Ty::Millis { min, max } | Ty::Micros { min, max }) => (min..=max).contains(v),
+            (Parsed::Text(_), _) => true,
+            _ => false,
+        }
+    }
+
+    /// The value in its one normal spelling (`+05` → `5`, `7.50` → `7.5`),
+    /// which its reader takes back to the same value.
+    pub fn normal_text(&self) -> String {
+        match self {
+            Parsed::Int(v) => v.to_string(),
+            Parsed::Seconds(v) => v.to_string(),
+            Parsed::Whole(v) => v.to_string(),
+            Parsed::Text(t) => t.clone(),
+        }
+    }
 }
 
 /// A value pdx reads for itself (not under SGLang's rules): unset or empty
@@ -342,9 +434,9 @@ impl FromVar for i64 {
     fn from_var(env: &dyn Env, var: &Var) -> Option<i64> {
         let text = present(env, var)?;
         let Ty::Int { min, max } = var.ty else { return misdeclared(var, "an integer") };
-        match text.parse::<i64>() {
-            Ok(v) => Some(clamp_warn(var, &text, v, min, max)),
-            Err(_) => {
+        match parse_as_read(var, &text) {
+            Some(Parsed::Int(v)) => Some(clamp_warn(var, &text, v, min, max)),
+            _ => {
                 unparsable(var, &text, "an integer");
                 None
             }
@@ -369,15 +461,15 @@ impl FromVar for std::time::Duration {
         use std::time::Duration;
         let text = present(env, var)?;
         match var.ty {
-            Ty::Seconds { min, max } => match text.parse::<f64>() {
-                Ok(v) if v.is_finite() => Some(Duration::from_secs_f64(clamp_warn(var, &text, v, min, max))),
+            Ty::Seconds { min, max } => match parse_as_read(var, &text) {
+                Some(Parsed::Seconds(v)) => Some(Duration::from_secs_f64(clamp_warn(var, &text, v, min, max))),
                 _ => {
-                    unparsable(var, &text, "a number of seconds");
+                    unparsable(var, &text, "a number of seconds (decimal notation)");
                     None
                 }
             },
-            Ty::Millis { min, max } | Ty::Micros { min, max } => match text.parse::<u64>() {
-                Ok(v) => {
+            Ty::Millis { min, max } | Ty::Micros { min, max } => match parse_as_read(var, &text) {
+                Some(Parsed::Whole(v)) => {
                     let v = clamp_warn(var, &text, v, min, max);
                     Some(if matches!(var.ty, Ty::Millis { .. }) {
                         Duration::from_millis(v)
@@ -385,7 +477,7 @@ impl FromVar for std::time::Duration {
                         Duration::from_micros(v)
                     })
                 }
-                Err(_) => {
+                _ => {
                     unparsable(var, &text, "a whole number");
                     None
                 }

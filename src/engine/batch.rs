@@ -237,12 +237,34 @@ impl BatchRun {
         }
     }
 
+    /// The error of piece `i`, which the target rejected. The wire's reject
+    /// says no more than that: Mooncake sends it for a range outside its
+    /// registered memory, a pdx target also when serving failed on its side
+    /// (a device copy, synchronize, pinned buffer or stream); it logs which
+    /// and counts device faults in its statistics. The peer's advertised
+    /// regions tell the two apart where they can.
     fn rejected(&self, i: usize) -> Error {
         let r = &self.pieces[i];
+        let (start, end) = (r.remote, r.remote.saturating_add(r.len as u64));
+        let advertised = self.peer.get().and_then(|p| p.as_ref().ok()).map(|p| p.descriptor());
+        let why = match advertised {
+            Some(d) if d.buffers.iter().any(|b| b.addr <= start && end <= b.addr.saturating_add(b.length)) => {
+                "the range lies inside a region it advertised, so serving it failed on its side (a device fault, or \
+                 the region was being unregistered); its log says which"
+            }
+            Some(d) if !d.buffers.is_empty() => {
+                "the range is not inside one region it advertised (as of its descriptor; a fault on its side is \
+                 rejected the same way: see its log)"
+            }
+            _ => {
+                "a range outside the memory it registered, or a fault on its side while serving it (the reject does \
+                 not say which: see its log)"
+            }
+        };
         Error::new(
             ErrorKind::RemoteRejected,
             format!(
-                "{} rejected {} of {} bytes at remote address {:#x}: the range is not inside one region it registered",
+                "{} rejected {} of {} bytes at remote address {:#x}: {why}",
                 self.session,
                 self.direction.name(),
                 r.len,

@@ -41,6 +41,44 @@ pub fn driver() -> Result<Arc<Api>> {
     })
 }
 
+/// The driver `PDX_CUDA_LIB` names if pdx loaded it already or the process
+/// has it mapped (the application uses CUDA); never loads it otherwise.
+pub fn resident_driver() -> Option<Arc<Api>> {
+    cuda_sys::resident(&driver_path())
+}
+
+/// Where an address the CPU may not touch lives: `Some("cuda:N")` when the
+/// driver says `addr` is device memory that is not managed (managed memory
+/// is reachable from the CPU), `None` for host memory and for addresses the
+/// driver does not know (pageable memory).
+fn device_memory_at(api: &Api, addr: u64) -> Option<String> {
+    if memory_type(api, addr).ok()? != cuda_sys::CU_MEMORYTYPE_DEVICE {
+        return None;
+    }
+    let mut managed = 0i32;
+    // SAFETY: IS_MANAGED writes one int.
+    let rc = unsafe {
+        (api.pointer_get_attribute)(
+            (&mut managed as *mut i32).cast::<c_void>(),
+            cuda_sys::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+            addr,
+        )
+    };
+    if rc == cuda_sys::CUDA_SUCCESS && managed != 0 {
+        return None;
+    }
+    Some(device_ordinal(api, addr).map_or_else(|_| "device memory".to_owned(), |o| format!("cuda:{o}")))
+}
+
+/// Whether `[addr, addr+len)` (not empty) is, at its first or last byte,
+/// device memory the CPU cannot touch (see [`device_memory_at`]). Host and
+/// device memory never share a page, so a range within one page is asked
+/// about once.
+pub fn device_memory_in(api: &Api, addr: u64, len: u64) -> Option<String> {
+    let last = addr.saturating_add(len.max(1) - 1);
+    device_memory_at(api, addr).or_else(|| (last >> 12 != addr >> 12).then(|| device_memory_at(api, last)).flatten())
+}
+
 /// One device's retained primary context.
 pub struct Device {
     pub api: Arc<Api>,

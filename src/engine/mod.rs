@@ -367,6 +367,11 @@ impl TransferBackend for Engine {
     }
 
     /// Stop listeners, fail in-flight work, join every thread. Idempotent.
+    ///
+    /// Called on one of the engine's own threads (a log callback that frees
+    /// the engine), it cannot wait for that thread: everything is told to
+    /// stop as usual, and a short-lived `pdx-reaper` thread joins the
+    /// engine's threads, the caller's once it has returned out of pdx.
     fn stop(&self) {
         let listeners = std::mem::take(&mut *self.listeners.lock());
         if listeners.is_empty() {
@@ -378,8 +383,25 @@ impl TransferBackend for Engine {
             listen::wake_listener(l);
         }
         self.inner.workers.close();
+        let session = self.inner.identity.session_id.clone();
+        if self.inner.registry.is_own_thread() {
+            let (registry, name) = (self.inner.registry.clone(), session.clone());
+            let reaper = std::thread::Builder::new().name("pdx-reaper".to_owned()).spawn(move || {
+                registry.join_all();
+                log::info!("pdx tcp engine {name} stopped");
+            });
+            match reaper {
+                Ok(_) => return,
+                // No thread to wait with: join the others here (this one
+                // ends on its own once it leaves pdx).
+                Err(e) => log::warn!("cannot start a thread to join the engine's threads ({e}); joining here"),
+            }
+            self.inner.registry.join_all();
+            log::info!("pdx tcp engine {session} stopped (but for the thread that stopped it)");
+            return;
+        }
         self.inner.registry.join_all();
-        log::info!("pdx tcp engine {} stopped", self.inner.identity.session_id);
+        log::info!("pdx tcp engine {session} stopped");
     }
 }
 

@@ -4,6 +4,7 @@
 //! a duplicate (one fd per connection); a guard must drop before its
 //! socket closes, so a listed descriptor is always open.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
@@ -13,9 +14,17 @@ use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 
+/// Registries get process-unique ids (never 0), so a thread can say whose it is.
+static NEXT_REGISTRY: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// The id of the registry that spawned this thread (0: none).
+    static OWNER: Cell<u64> = const { Cell::new(0) };
+}
+
 /// Live sockets (for shutdown) and spawned threads (for join).
-#[derive(Default)]
 pub struct Registry {
+    id: u64,
     stopping: AtomicBool,
     next_id: AtomicU64,
     sockets: Mutex<HashMap<u64, RawFd>>,
@@ -46,7 +55,25 @@ impl Drop for OwnedSocketGuard {
     }
 }
 
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            id: NEXT_REGISTRY.fetch_add(1, Ordering::Relaxed),
+            stopping: AtomicBool::new(false),
+            next_id: AtomicU64::new(0),
+            sockets: Mutex::new(HashMap::new()),
+            threads: Mutex::new(Vec::new()),
+        }
+    }
+}
+
 impl Registry {
+    /// True when the calling thread is one this registry spawned (it cannot
+    /// join itself: stopping from it must not wait for it).
+    pub fn is_own_thread(&self) -> bool {
+        OWNER.try_with(Cell::get).is_ok_and(|owner| owner == self.id)
+    }
+
     /// True once `stop` began.
     pub fn stopping(&self) -> bool {
         self.stopping.load(Ordering::Acquire)
@@ -78,7 +105,13 @@ impl Registry {
     /// Spawn a named thread that `stop` will join. Finished threads are
     /// reaped here so the list stays short.
     pub fn spawn(&self, name: String, body: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
-        let handle = std::thread::Builder::new().name(name).spawn(body)?;
+        let id = self.id;
+        // Marked before its body runs: the thread may log (and a log callback
+        // may stop the engine) before its handle is listed below.
+        let handle = std::thread::Builder::new().name(name).spawn(move || {
+            let _ = OWNER.try_with(|owner| owner.set(id));
+            body();
+        })?;
         let mut threads = self.threads.lock();
         let mut i = 0;
         while i < threads.len() {
@@ -105,16 +138,51 @@ impl Registry {
     }
 
     /// Join every thread spawned through `spawn` (including ones spawned
-    /// while joining). Must not be called from one of those threads.
+    /// while joining). Called from one of them, that thread's own handle is
+    /// dropped instead (a thread cannot join itself): it ends on its own.
     pub fn join_all(&self) {
+        let me = std::thread::current().id();
         loop {
             let batch: Vec<JoinHandle<()>> = std::mem::take(&mut *self.threads.lock());
             if batch.is_empty() {
                 return;
             }
             for h in batch {
-                let _ = h.join();
+                if h.thread().id() != me {
+                    let _ = h.join();
+                }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// A thread of the registry knows it is one, and joining every thread
+    /// from it skips itself instead of failing to join itself.
+    #[test]
+    fn join_all_from_an_own_thread_skips_it() {
+        let registry = Arc::new(Registry::default());
+        let other = Arc::new(Registry::default());
+        assert!(!registry.is_own_thread());
+        let (tx, rx) = mpsc::channel();
+        let r2 = registry.clone();
+        registry
+            .spawn("pdx-test-sibling".to_owned(), || std::thread::sleep(std::time::Duration::from_millis(50)))
+            .unwrap();
+        registry
+            .spawn("pdx-test-self".to_owned(), move || {
+                let own = (r2.is_own_thread(), other.is_own_thread());
+                r2.join_all();
+                tx.send(own).unwrap();
+            })
+            .unwrap();
+        let own = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("join_all returned");
+        assert_eq!(own, (true, false));
+        registry.join_all();
+        assert!(registry.threads.lock().is_empty());
     }
 }

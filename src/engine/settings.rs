@@ -114,9 +114,25 @@ impl Settings {
             max_request_bytes: read(env, &PDX_MAX_REQUEST_BYTES).unwrap_or(1 << 40),
             notify_queue_bytes: read(env, &PDX_NOTIFY_QUEUE_BYTES).unwrap_or(8 << 20),
             max_connections_per_address: read(env, &PDX_MAX_CONNECTIONS_PER_ADDRESS).unwrap_or(256),
-            staging_bytes: read(env, &PDX_CUDA_STAGING_BYTES).unwrap_or(super::staging::DEFAULT_STAGING_BYTES),
+            staging_bytes: staging_bytes(env),
         }
     }
+}
+
+/// `PDX_CUDA_STAGING_BYTES` (or its engine option `cuda_staging_bytes`; both
+/// take 0 and up): values below the smallest pool are raised to it, with a
+/// warning.
+fn staging_bytes(env: &dyn Env) -> usize {
+    use super::staging::{DEFAULT_STAGING_BYTES, MIN_STAGING_BYTES};
+    let bytes = read(env, &PDX_CUDA_STAGING_BYTES).unwrap_or(DEFAULT_STAGING_BYTES);
+    if bytes < MIN_STAGING_BYTES {
+        log::warn!(
+            "PDX_CUDA_STAGING_BYTES (or engine option cuda_staging_bytes) is {bytes}, below the minimum \
+             {MIN_STAGING_BYTES}; using {MIN_STAGING_BYTES}"
+        );
+        return MIN_STAGING_BYTES;
+    }
+    bytes
 }
 
 #[cfg(test)]
@@ -181,5 +197,23 @@ mod tests {
         let base = MapEnv::from_pairs(&[("PDX_CUDA_STAGING_BYTES", "999999")]);
         let s = Settings::from(&OptionsEnv { base: &base, options: &o });
         assert_eq!((s.staging_bytes, s.notify_queue_bytes), (131072, 65536));
+    }
+
+    /// One rule for the variable and the option: below the minimum is
+    /// raised to it (the header's MIN_STAGING_BYTES says so).
+    #[test]
+    fn staging_bytes_below_the_minimum_are_raised_from_either_source() {
+        use crate::config::engine_options::{EngineOptions, OptionsEnv};
+        use crate::engine::staging::MIN_STAGING_BYTES;
+        for text in ["0", "1", "4096", "65535"] {
+            let env = MapEnv::from_pairs(&[("PDX_CUDA_STAGING_BYTES", text)]);
+            assert_eq!(Settings::from(&env).staging_bytes, MIN_STAGING_BYTES, "{text}");
+            let mut o = EngineOptions::new();
+            o.set("cuda_staging_bytes", Some(text)).unwrap();
+            let s = Settings::from(&OptionsEnv { base: &MapEnv::new(), options: &o });
+            assert_eq!(s.staging_bytes, MIN_STAGING_BYTES, "{text}");
+        }
+        let env = MapEnv::from_pairs(&[("PDX_CUDA_STAGING_BYTES", "+65537")]);
+        assert_eq!(Settings::from(&env).staging_bytes, 65537);
     }
 }

@@ -39,7 +39,8 @@ use crate::transfer::{Direction, Request};
 
 /// Default cap on pinned staging memory per engine.
 pub const DEFAULT_STAGING_BYTES: usize = 64 << 20;
-/// The smallest cap accepted (smaller values are raised to it).
+/// The smallest cap: smaller values of `PDX_CUDA_STAGING_BYTES` or the engine
+/// option `cuda_staging_bytes` are raised to it, with a warning.
 pub const MIN_STAGING_BYTES: usize = 64 << 10;
 /// Largest staging buffer.
 const MAX_CHUNK: usize = 2 << 20;
@@ -806,8 +807,18 @@ pub(crate) fn serve_device(
             false
         }
         Err(Failure::Device(e)) => {
+            // The wire can only reject: the peer cannot tell this from a bad
+            // range, so it is logged and, for a driver fault, counted here.
+            if e.kind() == ErrorKind::Device {
+                crate::transfer::stats::Stats::bump(&inner.stats.served_device_failures);
+            }
             if !inner.registry.stopping() {
-                log::warn!("data connection: staging for {dev:?} failed: {e}");
+                log::warn!(
+                    "data connection: a peer's {} of {} bytes at {:#x} ({dev:?}) failed on this side and is rejected: {e}",
+                    header.direction.name(),
+                    header.size,
+                    header.addr
+                );
             }
             false
         }
@@ -886,6 +897,8 @@ fn small_run(
     let staging = &inner.staging;
     let lease = match staging.lease(Side::Inbound, dev, 1, revoked) {
         Ok(l) => l,
+        // A driver call failed (pinned buffer, stream): refuse this request.
+        Err(e) if e.kind() == ErrorKind::Device => return Err(reject(conn, acks, first.acknowledged, e)),
         // No buffer in time (or stopping): close, the initiator retries.
         Err(e) => return Err(Failure::Io(io::Error::new(io::ErrorKind::TimedOut, e.to_string()))),
     };
@@ -1019,25 +1032,43 @@ pub(crate) fn piece_limit(inner: &Inner, r: &Request, default: usize) -> usize {
     }
 }
 
-/// Refuse local ranges that are partly device memory (they can be neither
-/// staged as one region nor touched by the CPU).
+/// Refuse local ranges the CPU must not touch and staging cannot move,
+/// before anything is read or written: ranges partly inside a device
+/// region of this engine, and (when the CUDA driver is loaded in this
+/// process) ranges outside every region of this engine that the driver
+/// says are device memory, such as device memory never registered, or
+/// registered on another engine only. Ranges inside one registered region
+/// ask the driver nothing.
 pub(crate) fn check_locals(inner: &Inner, reqs: &[Request]) -> Result<()> {
-    if !inner.regions.has_device_regions() {
+    let has_devices = inner.regions.has_device_regions();
+    let driver = super::cuda::resident_driver();
+    if !has_devices && driver.is_none() {
         return Ok(());
     }
     for (i, r) in reqs.iter().enumerate().filter(|(_, r)| r.len > 0) {
-        let whole = inner.regions.lookup(r.local as u64, r.len as u64);
-        if whole.is_none() {
-            if let Some(dev) = inner.regions.device_overlapping(r.local as u64, r.len as u64) {
-                return Err(Error::new(
-                    ErrorKind::AddressNotRegistered,
-                    format!(
-                        "request {i}: local range {:#x}+{} is not inside device region {:#x}+{} ({}) \
-                         it overlaps; device memory is moved only within one registered region",
-                        r.local, r.len, dev.start, dev.len, dev.location
-                    ),
-                ));
-            }
+        let (addr, len) = (r.local as u64, r.len as u64);
+        if inner.regions.lookup(addr, len).is_some() {
+            continue;
+        }
+        if let Some(dev) = has_devices.then(|| inner.regions.device_overlapping(addr, len)).flatten() {
+            return Err(Error::new(
+                ErrorKind::AddressNotRegistered,
+                format!(
+                    "request {i}: local range {addr:#x}+{len} is not inside device region {:#x}+{} ({}) \
+                     it overlaps; device memory is moved only within one registered region",
+                    dev.start, dev.len, dev.location
+                ),
+            ));
+        }
+        if let Some(location) = driver.as_ref().and_then(|api| super::cuda::device_memory_in(api, addr, len)) {
+            return Err(Error::new(
+                ErrorKind::AddressNotRegistered,
+                format!(
+                    "request {i}: local range {addr:#x}+{len} is device memory ({location}, says the CUDA driver) \
+                     that this engine has not registered; register it with this engine (location \"*\" or \
+                     its cuda:N; a registration with another engine does not count) so that it is staged"
+                ),
+            ));
         }
     }
     Ok(())

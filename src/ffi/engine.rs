@@ -204,6 +204,14 @@ unsafe fn init_with(
 /// every engine thread is joined before this returns. NULL (and an already
 /// freed engine) is ignored. Other threads must not use the engine after
 /// this call starts; calls already inside it finish with an error.
+///
+/// From the log callback running on one of this engine's own threads (see
+/// `pdx_set_log_callback`), it cannot wait for that thread: the engine is
+/// freed and stops at once as above (the handle is invalid when this
+/// returns), and its threads end shortly after without being waited for
+/// here, that thread once the callback has returned and it has left pdx.
+/// All of them end within the engine's deadlines (seconds), joined by a
+/// short-lived `pdx-reaper` thread. Nothing is reported as an error.
 #[no_mangle]
 pub extern "C" fn pdx_engine_free(engine: *mut pdx_engine) {
     guard_or("pdx_engine_free", (), || {

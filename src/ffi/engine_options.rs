@@ -94,7 +94,12 @@ pub extern "C" fn pdx_engine_options_free(options: *mut pdx_engine_options) {
 /// `device_source` (`shared`, `remote_instance`), and one key per setting
 /// the engine reads at start, named after its variable (`tcp_lanes` for
 /// `PDX_TCP_LANES`, `transfer_timeout` for `MC_TRANSFER_TIMEOUT`, ...); such
-/// an option takes its variable's place and wins over it.
+/// an option takes its variable's place and wins over it, and takes exactly
+/// the texts its variable takes (integers in decimal with an optional sign,
+/// seconds in decimal notation without an exponent, surrounding whitespace
+/// ignored), within the range the README's table gives; values below the
+/// minimum of `cuda_staging_bytes` are raised to it when the engine starts,
+/// with a warning, as for `PDX_CUDA_STAGING_BYTES`.
 ///
 /// Errors (the object is unchanged): `PDX_ERR_NULL_ARGUMENT` (options or
 /// key NULL), `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INVALID_UTF8`,
@@ -128,7 +133,9 @@ pub unsafe extern "C" fn pdx_engine_options_set(
 /// Read one option as text (same keys as `pdx_engine_options_set`).
 ///
 /// On success `*out` is NULL when the option is not set, else the value as
-/// stored (trimmed), owned by `options` and valid until the next successful
+/// stored: in its normal spelling, which the engine reads as the same value
+/// (`" +05 "` is kept as `"5"`, `"7.50"` as `"7.5"`), owned by `options` and
+/// valid until the next successful
 /// `pdx_engine_options_set` on it or `pdx_engine_options_free`.
 ///
 /// Errors (`*out` untouched): `PDX_ERR_NULL_ARGUMENT`,

@@ -55,7 +55,9 @@ pub type pdx_log_callback = Option<
 /// once. pdx holds none of its locks while it runs, so it may call any pdx
 /// function; records that pdx logs on that thread during such a call are
 /// dropped (a callback never recurses into itself). It must return normally
-/// (no C++ exception or longjmp across pdx).
+/// (no C++ exception or longjmp across pdx). `pdx_engine_free` of the engine
+/// whose thread runs the callback returns without waiting for that thread
+/// (see there).
 ///
 /// Replacing or removing takes effect at once. Unless called from inside the
 /// callback, this returns only after every call of the previous callback

@@ -54,7 +54,8 @@ pub struct pdx_stats {
     pub served_writes: u64,
     /// Read requests of peers served.
     pub served_reads: u64,
-    /// Requests of peers refused (range not inside one registered region).
+    /// Requests of peers refused because their range is not inside one
+    /// registered region (`served_device_failures` counts the other reason).
     pub requests_refused: u64,
     /// Handshake requests answered (metadata, probe, notify, ...).
     pub handshakes: u64,
@@ -71,6 +72,12 @@ pub struct pdx_stats {
     pub latency_p50_us: u64,
     /// 99th percentile of the same.
     pub latency_p99_us: u64,
+    /// Requests of peers that failed while being served because a CUDA
+    /// driver call failed on this engine (a copy, a synchronize, a pinned
+    /// buffer or a stream): the wire can only reject them, so the peer sees
+    /// the same reject as for a bad range; this engine logs a warning naming
+    /// the call. Native engine only.
+    pub served_device_failures: u64,
 }
 
 fn to_c(s: &StatsSnapshot) -> pdx_stats {
@@ -102,6 +109,7 @@ fn to_c(s: &StatsSnapshot) -> pdx_stats {
         notification_bytes_queued: s.gauges.notification_bytes_queued,
         latency_p50_us: s.latency_p50_us,
         latency_p99_us: s.latency_p99_us,
+        served_device_failures: s.served_device_failures,
     }
 }
 
@@ -144,6 +152,6 @@ mod tests {
     #[test]
     fn the_size_field_comes_first_and_fields_are_u64() {
         assert_eq!(std::mem::offset_of!(pdx_stats, size), 0);
-        assert_eq!(std::mem::size_of::<pdx_stats>(), 8 + 24 * 8, "fields are only added at the end");
+        assert_eq!(std::mem::size_of::<pdx_stats>(), 8 + 25 * 8, "fields are only added at the end");
     }
 }

@@ -93,6 +93,9 @@ pub struct Stats {
     pub served_writes: AtomicU64,
     pub served_reads: AtomicU64,
     pub requests_refused: AtomicU64,
+    /// Requests of peers that failed on a device (CUDA) call while being
+    /// served: rejected on the wire like a bad range, counted apart here.
+    pub served_device_failures: AtomicU64,
     pub handshakes: AtomicU64,
     pub inbound_connections: AtomicU64,
     /// Inbound connections open now.
@@ -148,6 +151,7 @@ impl Stats {
             served_writes: l(&self.served_writes),
             served_reads: l(&self.served_reads),
             requests_refused: l(&self.requests_refused),
+            served_device_failures: l(&self.served_device_failures),
             handshakes: l(&self.handshakes),
             inbound_connections: l(&self.inbound_connections),
             latency_p50_us: self.latency.quantile_us(0.50),
@@ -179,6 +183,7 @@ pub struct StatsSnapshot {
     pub served_writes: u64,
     pub served_reads: u64,
     pub requests_refused: u64,
+    pub served_device_failures: u64,
     pub handshakes: u64,
     pub inbound_connections: u64,
     pub latency_p50_us: u64,
