@@ -65,8 +65,7 @@ impl Mutator {
 }
 
 fn seeds() -> Vec<Vec<u8>> {
-    let desc =
-        encode_descriptor("127.0.0.1:1", "00ff", "127.0.0.1", 2, &[AdvertisedBuffer { addr: 4096, length: 64 }]);
+    let desc = encode_descriptor("127.0.0.1:1", "00ff", "127.0.0.1", 2, &[AdvertisedBuffer { addr: 4096, length: 64 }]);
     vec![
         wire::encode_frame(FrameType::Metadata, &desc),
         wire::encode_frame(FrameType::Probe, "{}"),

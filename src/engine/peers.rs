@@ -246,11 +246,12 @@ impl Peer {
     /// again first (unless fetched since the last lane was opened). When
     /// the cached descriptor turns out stale (nothing listens at its data
     /// port, or another engine does), it is fetched once more and the
-    /// connection tried again. All of it runs under one bound, the connect
-    /// timeout plus the handshake timeout, however many steps it takes.
+    /// connection tried again; a peer that is merely slow to answer (a
+    /// timeout) is not. All of it runs under one bound, the longer of the
+    /// connect and handshake timeouts, however many steps it takes.
     fn open_lane(&self, inner: &Inner) -> Result<Lane> {
         let s = &inner.settings;
-        let by = Instant::now() + s.connect_timeout + s.handshake_timeout;
+        let by = Instant::now() + s.connect_timeout.max(s.handshake_timeout);
         let mut desc = self.descriptor();
         let trusted = self.unused_fetch.swap(false, Ordering::AcqRel);
         let fetched_here = desc.instance.is_none() && !trusted;
@@ -259,13 +260,14 @@ impl Peer {
         }
         let stream = match self.connect_to(inner, &desc, by) {
             Ok(stream) => stream,
-            Err(first) if fetched_here => return Err(first),
+            Err(first) if fetched_here || first.kind() == ErrorKind::Timeout => return Err(first),
             Err(first) => {
                 // A peer that restarted under the same name has new ports.
                 let fresh = self
                     .fetch_and_cache(inner, Some(by))
                     .map_err(|e| first.clone().context(format!("re-fetching the descriptor failed too ({e})")))?;
-                if (&fresh.data_host, fresh.data_port, &fresh.instance) == (&desc.data_host, desc.data_port, &desc.instance)
+                if (&fresh.data_host, fresh.data_port, &fresh.instance)
+                    == (&desc.data_host, desc.data_port, &desc.instance)
                 {
                     return Err(first);
                 }
@@ -474,7 +476,10 @@ impl Peers {
         let forgotten = before - map.len();
         drop(map);
         if !closed.is_empty() || forgotten > 0 {
-            log::debug!("peer sweep: dropped {} lanes their peers closed; forgot {forgotten} unused peers", closed.len());
+            log::debug!(
+                "peer sweep: dropped {} lanes their peers closed; forgot {forgotten} unused peers",
+                closed.len()
+            );
         }
         drop(closed); // closed outside the cache's lock
     }
