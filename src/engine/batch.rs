@@ -316,14 +316,21 @@ impl BatchRun {
             }
             match out.broken {
                 None => lane = Some(l),
-                Some(_) => {
+                Some(e) => {
                     peer.release(l, false);
+                    if !out.rejected && e.kind() == ErrorKind::ConnectionLost {
+                        // The peer closed the lane (it may have restarted): its
+                        // other pooled lanes are as stale, and the retry below
+                        // runs on a fresh connection, the peer re-validated.
+                        peer.discard_idle();
+                    }
+                    let broken = Some(e);
                     let mut next = out.confirmed;
                     if out.rejected {
                         self.complete(inner, idx[next], Err(self.rejected(idx[next])));
                         next += 1;
                     }
-                    self.retry_each(inner, &peer, &stall, &idx[next..], out.broken);
+                    self.retry_each(inner, &peer, &stall, &idx[next..], broken);
                 }
             }
         }

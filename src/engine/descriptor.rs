@@ -24,6 +24,9 @@ pub struct PeerDescriptor {
     /// when absent.
     pub notify_name: String,
     pub buffers: Vec<AdvertisedBuffer>,
+    /// `pdx_instance`: the engine instance of a pdx peer, which its data
+    /// port confirms (see [`super::hello`]); `None` for a Mooncake peer.
+    pub instance: Option<String>,
 }
 
 /// Our descriptor as it goes on the wire: fields in Mooncake's (sorted) order.
@@ -31,6 +34,7 @@ pub struct PeerDescriptor {
 struct OwnDescriptor<'a> {
     buffers: Vec<OwnBuffer<'a>>,
     name: &'a str,
+    pdx_instance: &'a str,
     protocol: &'static str,
     rdma_server_name: &'static str,
     tcp_data_host: &'a str,
@@ -54,6 +58,7 @@ struct PeerFields {
     tcp_proto_version: Option<u64>,
     tcp_data_host: Option<String>,
     name: Option<String>,
+    pdx_instance: Option<String>,
     buffers: Option<Vec<PeerBuffer>>,
 }
 
@@ -68,10 +73,19 @@ struct PeerBuffer {
 ///
 /// `buffers` may be cut short by the caller to keep the frame under the
 /// handshake limit; the list is optional for peers.
-pub fn encode_descriptor(name: &str, data_host: &str, data_port: u16, buffers: &[AdvertisedBuffer]) -> String {
+/// `instance` is this engine's (see [`super::hello`]); a Mooncake peer ignores
+/// the field.
+pub fn encode_descriptor(
+    name: &str,
+    instance: &str,
+    data_host: &str,
+    data_port: u16,
+    buffers: &[AdvertisedBuffer],
+) -> String {
     let own = OwnDescriptor {
         buffers: buffers.iter().map(|b| OwnBuffer { addr: b.addr, length: b.length, name }).collect(),
         name,
+        pdx_instance: instance,
         protocol: "tcp",
         rdma_server_name: "",
         tcp_data_host: data_host,
@@ -118,12 +132,18 @@ pub fn parse_descriptor(text: &[u8], session_name: &str, session_host: &str) -> 
             }
         })
         .collect::<Result<Vec<_>>>()?;
+    let instance = match d.pdx_instance {
+        Some(i) if !i.is_empty() && i.len() <= 64 && i.bytes().all(|b| b.is_ascii_hexdigit()) => Some(i),
+        Some(_) => return Err(corrupted("\"pdx_instance\" is not 1 to 64 hex digits")),
+        None => None,
+    };
     Ok(PeerDescriptor {
         data_host: non_empty(d.tcp_data_host, session_host),
         data_port,
         proto_version: d.tcp_proto_version.unwrap_or(0),
         notify_name: non_empty(d.name, session_name),
         buffers,
+        instance,
     })
 }
 
@@ -132,7 +152,7 @@ pub(crate) fn own(inner: &super::Inner) -> String {
     let id = &inner.identity;
     let mut buffers = inner.regions.advertised();
     loop {
-        let text = encode_descriptor(&id.session_id, &id.data_host, id.data_port, &buffers);
+        let text = encode_descriptor(&id.session_id, &id.instance, &id.data_host, id.data_port, &buffers);
         if text.len() + 2 <= inner.settings.handshake_max_len || buffers.is_empty() {
             return text;
         }
@@ -159,12 +179,15 @@ mod tests {
 
     #[test]
     fn our_descriptor_round_trips_and_is_sorted() {
-        let text = encode_descriptor("h:1", "h", 2, &[AdvertisedBuffer { addr: 4096, length: 10 }]);
-        assert!(
-            text.starts_with(r#"{"buffers":[{"addr":4096,"length":10,"name":"h:1"}],"name":"h:1","protocol":"tcp""#)
-        );
+        let text = encode_descriptor("h:1", "0a1b", "h", 2, &[AdvertisedBuffer { addr: 4096, length: 10 }]);
+        assert!(text.starts_with(
+            r#"{"buffers":[{"addr":4096,"length":10,"name":"h:1"}],"name":"h:1","pdx_instance":"0a1b","protocol":"tcp""#
+        ));
         let d = parse_descriptor(text.as_bytes(), "x:9", "x").unwrap();
         assert_eq!((d.data_host.as_str(), d.data_port, d.proto_version), ("h", 2, 2));
+        assert_eq!(d.instance.as_deref(), Some("0a1b"));
+        // Mooncake's descriptor has no instance.
+        assert_eq!(parse_descriptor(CAPTURED.as_bytes(), "a:1", "a").unwrap().instance, None);
     }
 
     #[test]
@@ -179,6 +202,8 @@ mod tests {
             br#"{"protocol":"tcp","tcp_data_port":7,"buffers":[{"addr":"1","length":1,"name":"n"}]}"#,
             br#"{"protocol":"tcp","tcp_data_port":7,"buffers":[{"addr":0,"length":1,"name":"n"}]}"#,
             br#"{"protocol":"tcp","tcp_data_port":7,"tcp_proto_version":-1}"#,
+            br#"{"protocol":"tcp","tcp_data_port":7,"pdx_instance":"not hex"}"#,
+            br#"{"protocol":"tcp","tcp_data_port":7,"pdx_instance":""}"#,
             br#"[1]"#,
             b"\xff{",
         ] {

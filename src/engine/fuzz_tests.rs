@@ -65,7 +65,7 @@ impl Mutator {
 }
 
 fn seeds() -> Vec<Vec<u8>> {
-    let desc = encode_descriptor("127.0.0.1:1", "127.0.0.1", 2, &[AdvertisedBuffer { addr: 4096, length: 64 }]);
+    let desc = encode_descriptor("127.0.0.1:1", "00ff", "127.0.0.1", 2, &[AdvertisedBuffer { addr: 4096, length: 64 }]);
     vec![
         wire::encode_frame(FrameType::Metadata, &desc),
         wire::encode_frame(FrameType::Probe, "{}"),
@@ -75,6 +75,8 @@ fn seeds() -> Vec<Vec<u8>> {
         RequestHeader { size: 16, addr: 4096, direction: Direction::Write, acknowledged: true }.encode().to_vec(),
         RequestHeader { size: 16, addr: 4096, direction: Direction::Read, acknowledged: false }.encode().to_vec(),
         wire::encode_status(0).to_vec(),
+        super::hello::encode_request("00ff"),
+        super::hello::encode_reply("00ff"),
         desc.into_bytes(),
     ]
 }
@@ -94,10 +96,19 @@ fn decoders_never_panic() {
                 let _ = parse_descriptor(json, "s:1", "s");
             }
             let _ = wire::decode_status(prefix);
+            if let Some(n) = super::hello::reply_body_len(prefix) {
+                let _ = super::hello::decode_body(&input[8..input.len().min(8 + n)]);
+            }
         }
         if input.len() >= wire::HEADER_LEN {
-            let h = RequestHeader::decode(input[..wire::HEADER_LEN].try_into().unwrap());
+            let header: &[u8; wire::HEADER_LEN] = input[..wire::HEADER_LEN].try_into().unwrap();
+            let h = RequestHeader::decode(header);
             assert_eq!(RequestHeader::decode(&h.encode()), h);
+            if super::hello::is_hello(header) {
+                if let Some(n) = super::hello::request_body_len(header) {
+                    let _ = super::hello::decode_body(&input[wire::HEADER_LEN..input.len().min(wire::HEADER_LEN + n)]);
+                }
+            }
         }
         let _ = parse_descriptor(&input, "s:1", "s");
         let _ = parse_session(&String::from_utf8_lossy(&input), 12001);

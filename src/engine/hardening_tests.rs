@@ -154,7 +154,8 @@ impl Freezable {
         let rpc = TcpListener::bind("127.0.0.1:0").unwrap();
         let session = format!("127.0.0.1:{}", rpc.local_addr().unwrap().port());
         let buffers = [AdvertisedBuffer { addr: addr(region), length: region.len() as u64 }];
-        let desc = encode_descriptor(&session, "127.0.0.1", data.local_addr().unwrap().port(), &buffers);
+        let instance = &target.inner.identity.instance;
+        let desc = encode_descriptor(&session, instance, "127.0.0.1", data.local_addr().unwrap().port(), &buffers);
         let frozen = Arc::new(AtomicBool::new(false));
         let f2 = frozen.clone();
         std::thread::spawn(move || serve_fake_handshakes(rpc, desc, f2));

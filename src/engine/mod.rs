@@ -12,6 +12,7 @@ mod budget;
 mod conn;
 pub mod cuda;
 mod deadline;
+mod hello;
 // The codecs are public only for the fuzz targets (feature `fuzzing`); the
 // engine's API is `Engine` and `Settings`.
 #[cfg(feature = "fuzzing")]
@@ -39,6 +40,8 @@ mod workers;
 mod fuzz_tests;
 #[cfg(test)]
 mod hardening_tests;
+#[cfg(test)]
+mod lifecycle_tests;
 #[cfg(test)]
 mod tests;
 
@@ -71,6 +74,9 @@ pub(crate) struct Identity {
     pub data_host: String,
     pub rpc_port: u16,
     pub data_port: u16,
+    /// This engine's instance id, advertised in the descriptor and
+    /// confirmed on every data connection (see [`hello`]).
+    pub instance: String,
 }
 
 /// State shared by the engine's threads.
@@ -143,6 +149,7 @@ impl Engine {
             data_host: host,
             rpc_port,
             data_port,
+            instance: hello::new_instance(),
         };
         let workers = Arc::new(Workers::default());
         let inner = Arc::new(Inner {
@@ -173,6 +180,11 @@ impl Engine {
                 .spawn(name.to_owned(), move || server::accept_loop(inner2, listener, plane))
                 .map_err(|e| Error::io(format!("cannot start listener thread: {e}")))?;
         }
+        let inner2 = inner.clone();
+        inner
+            .registry
+            .spawn("pdx-peer-sweep".to_owned(), move || inner2.peers.sweep_until_stopped(&inner2.registry))
+            .map_err(|e| Error::io(format!("cannot start the peer sweeper: {e}")))?;
         let (total, handshakes, data, per_ip) = inner.budget.caps();
         log::info!(
             "pdx tcp engine {} up (data port {data_port}; inbound connections: {total} in all, {handshakes} handshake, \

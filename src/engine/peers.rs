@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::Value;
@@ -63,11 +64,21 @@ fn resolve_with(
     Ok(addrs)
 }
 
-/// Connect to `host:port` within the connect timeout, trying each address.
-pub fn connect(settings: &Settings, host: &str, port: u16) -> Result<TcpStream> {
+/// Connect to `host:port` within the connect timeout, trying each address,
+/// and by `by` when given (name lookup included).
+pub fn connect_by(settings: &Settings, host: &str, port: u16, by: Option<Instant>) -> Result<TcpStream> {
+    let bound = || match by {
+        Some(by) => settings.connect_timeout.min(by.saturating_duration_since(Instant::now())),
+        None => settings.connect_timeout,
+    };
     let mut last = String::new();
-    for addr in resolve(host, port, settings.connect_timeout)? {
-        match TcpStream::connect_timeout(&addr, settings.connect_timeout) {
+    for addr in resolve(host, port, bound())? {
+        let left = bound();
+        if left.is_zero() {
+            last = format!("{addr}: the connect bound passed");
+            break;
+        }
+        match TcpStream::connect_timeout(&addr, left) {
             Ok(s) => return Ok(s),
             Err(e) => last = format!("{addr}: {e}"),
         }
@@ -90,7 +101,7 @@ pub fn exchange_by(
     by: Option<Instant>,
 ) -> Result<Vec<u8>> {
     let settings = &inner.settings;
-    let mut stream = connect(settings, &addr.host, addr.port)?;
+    let mut stream = connect_by(settings, &addr.host, addr.port, by)?;
     // Tracked so that stopping the engine interrupts a peer that never answers.
     let _tracked =
         inner.registry.track(&stream).ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
@@ -144,16 +155,22 @@ pub struct Peer {
     pub session: String,
     addr: SessionAddr,
     descriptor: RwLock<Arc<PeerDescriptor>>,
+    /// A descriptor fetched outside [`Peer::open_lane`] and not yet used for
+    /// a lane: the next lane to a Mooncake peer (which cannot confirm who
+    /// it is on a data connection) uses it instead of fetching again.
+    unused_fetch: AtomicBool,
     /// When bytes last moved to or from this peer (the tasks' stall clock).
     pub progress: Arc<Progress>,
     lanes: Mutex<LaneState>,
     lane_freed: Condvar,
 }
 
-#[derive(Default)]
 struct LaneState {
     idle: Vec<Lane>,
+    /// Lanes idle or in use.
     open: usize,
+    /// When a lane was last asked for (evicting unused peers).
+    last_used: Instant,
 }
 
 /// A data connection to a peer, tracked for shutdown.
@@ -171,16 +188,23 @@ impl Peer {
         self.descriptor.read().clone()
     }
 
-    fn fetch(inner: &Inner, addr: &SessionAddr, session: &str) -> Result<PeerDescriptor> {
-        let body = exchange(inner, addr, FrameType::Metadata, &super::descriptor::own(inner))
+    fn fetch(inner: &Inner, addr: &SessionAddr, session: &str, by: Option<Instant>) -> Result<PeerDescriptor> {
+        let body = exchange_by(inner, addr, FrameType::Metadata, &super::descriptor::own(inner), by)
             .map_err(|e| e.context(format!("cannot open session {session}")))?;
         parse_descriptor(&body, session, &addr.host)
     }
 
+    /// Fetch the descriptor again (by `by`) and cache it.
+    fn fetch_and_cache(&self, inner: &Inner, by: Option<Instant>) -> Result<Arc<PeerDescriptor>> {
+        let fresh = Arc::new(Self::fetch(inner, &self.addr, &self.session, by)?);
+        *self.descriptor.write() = fresh.clone();
+        Ok(fresh)
+    }
+
     /// Fetch the descriptor again (the peer may have restarted with new ports).
     pub fn refresh(&self, inner: &Inner) -> Result<Arc<PeerDescriptor>> {
-        let fresh = Arc::new(Self::fetch(inner, &self.addr, &self.session)?);
-        *self.descriptor.write() = fresh.clone();
+        let fresh = self.fetch_and_cache(inner, None)?;
+        self.unused_fetch.store(true, Ordering::Release);
         Ok(fresh)
     }
 
@@ -202,21 +226,61 @@ impl Peer {
         }
     }
 
+    /// Connect to the data port `desc` names and, for a pdx peer, have the
+    /// engine there confirm it is the instance `desc` names (see
+    /// [`super::hello`]), all by `by`.
+    fn connect_to(&self, inner: &Inner, desc: &PeerDescriptor, by: Instant) -> Result<TcpStream> {
+        let mut stream = connect_by(&inner.settings, &desc.data_host, desc.data_port, Some(by))?;
+        if let Some(instance) = &desc.instance {
+            let what = format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session);
+            let by = by.min(Instant::now() + inner.settings.handshake_timeout);
+            super::hello::confirm(&mut stream, instance, by, &what)?;
+        }
+        Ok(stream)
+    }
+
+    /// A new data connection to the engine this peer's descriptor names.
+    ///
+    /// A transfer never lands in another engine: a pdx peer confirms its
+    /// instance on the connection; a Mooncake peer's descriptor is fetched
+    /// again first (unless fetched since the last lane was opened). When
+    /// the cached descriptor turns out stale (nothing listens at its data
+    /// port, or another engine does), it is fetched once more and the
+    /// connection tried again; a peer that is merely slow to answer (a
+    /// timeout) is not. All of it runs under one bound, the longer of the
+    /// connect and handshake timeouts, however many steps it takes.
     fn open_lane(&self, inner: &Inner) -> Result<Lane> {
+        let s = &inner.settings;
+        let by = Instant::now() + s.connect_timeout.max(s.handshake_timeout);
         let mut desc = self.descriptor();
-        let stream = match connect(&inner.settings, &desc.data_host, desc.data_port) {
-            Ok(s) => s,
+        let trusted = self.unused_fetch.swap(false, Ordering::AcqRel);
+        let fetched_here = desc.instance.is_none() && !trusted;
+        if fetched_here {
+            desc = self.fetch_and_cache(inner, Some(by))?;
+        }
+        let stream = match self.connect_to(inner, &desc, by) {
+            Ok(stream) => stream,
+            Err(first) if fetched_here || first.kind() == ErrorKind::Timeout => return Err(first),
             Err(first) => {
                 // A peer that restarted under the same name has new ports.
-                let fresh = self.refresh(inner).map_err(|_| first.clone())?;
-                if (fresh.data_host.as_str(), fresh.data_port) == (desc.data_host.as_str(), desc.data_port) {
+                let fresh = self
+                    .fetch_and_cache(inner, Some(by))
+                    .map_err(|e| first.clone().context(format!("re-fetching the descriptor failed too ({e})")))?;
+                if (&fresh.data_host, fresh.data_port, &fresh.instance)
+                    == (&desc.data_host, desc.data_port, &desc.instance)
+                {
                     return Err(first);
                 }
+                log::info!(
+                    "{}: the cached descriptor was stale ({first}); now at data port {}:{}",
+                    self.session,
+                    fresh.data_host,
+                    fresh.data_port
+                );
                 desc = fresh;
-                connect(&inner.settings, &desc.data_host, desc.data_port)?
+                self.connect_to(inner, &desc, by)?
             }
         };
-        let s = &inner.settings;
         let stall = Stall::new(self.progress.clone());
         let mut conn = Conn::paced(stream, stall, s.progress_timeout, recv_limit(s))
             .map_err(|e| Error::io(format!("configuring a data connection: {e}")))?;
@@ -229,6 +293,18 @@ impl Peer {
         Ok(Lane { conn, proto_version: desc.proto_version, _tracked: tracked })
     }
 
+    /// Close the idle lanes: after one broke with a connection error, the
+    /// others to the same engine are likely dead too, and the next lane is
+    /// opened (and the peer re-validated) afresh.
+    pub fn discard_idle(&self) {
+        let mut state = self.lanes.lock();
+        let idle = std::mem::take(&mut state.idle);
+        state.open -= idle.len();
+        drop(state);
+        drop(idle);
+        self.lane_freed.notify_all();
+    }
+
     /// A lane to this peer: an idle live one, a new one while under the
     /// per-peer limit, or the next one released (bounded wait: the lane
     /// wait timeout, and the task's stall clock while the peer is silent).
@@ -236,6 +312,7 @@ impl Peer {
         let deadline = Instant::now() + inner.settings.lane_wait_timeout;
         let limit = recv_limit(&inner.settings);
         let mut state = self.lanes.lock();
+        state.last_used = Instant::now();
         loop {
             if stall.expired(limit) {
                 return Err(stalled(&self.session, limit));
@@ -294,24 +371,40 @@ pub fn stalled(session: &str, limit: std::time::Duration) -> Error {
     Error::timeout(format!("{session} made no progress for {limit:?}"))
 }
 
-/// The descriptor cache: one [`Peer`] per session name.
+/// Most peers cached at once. Past it, the least recently used peer with no
+/// lane in use is forgotten (its idle lanes closed) to make room.
+pub(crate) const MAX_PEERS: usize = 1024;
+/// How often the sweeper looks at the cache.
+pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_millis(500);
+/// A peer with no lane open and no use for this long is forgotten.
+pub(crate) const PEER_IDLE: Duration = Duration::from_secs(1);
+
+/// The descriptor cache: one [`Peer`] per session name, bounded by
+/// [`MAX_PEERS`], swept of closed lanes and unused peers (see
+/// [`Peers::sweep`]) so that what an engine holds does not grow with the
+/// number of peers it has talked to over its life.
 #[derive(Default)]
 pub struct Peers {
     map: Mutex<HashMap<String, Arc<Peer>>>,
+    /// Wakes the sweeper when the engine stops.
+    sweeper: (Mutex<()>, Condvar),
 }
 
 impl Peers {
-    /// Wake every thread waiting for a lane (they see the stop and leave).
     /// Peers with a known descriptor.
     pub fn len(&self) -> usize {
         self.map.lock().len()
     }
 
+    /// Wake every thread waiting for a lane, and the sweeper (they see the
+    /// stop and leave).
     pub fn wake_all(&self) {
         for p in self.map.lock().values() {
             let _guard = p.lanes.lock();
             p.lane_freed.notify_all();
         }
+        let _guard = self.sweeper.0.lock();
+        self.sweeper.1.notify_all();
     }
 
     /// The peer for `session` if its descriptor is cached.
@@ -325,16 +418,87 @@ impl Peers {
             return Ok(p.clone());
         }
         let addr = parse_session(session, inner.settings.default_handshake_port)?;
-        let desc = Peer::fetch(inner, &addr, session)?;
+        let desc = Peer::fetch(inner, &addr, session, None)?;
         let peer = Arc::new(Peer {
             session: session.to_owned(),
             addr,
             descriptor: RwLock::new(Arc::new(desc)),
+            unused_fetch: AtomicBool::new(true),
             progress: Arc::new(Progress::default()),
-            lanes: Mutex::new(LaneState::default()),
+            lanes: Mutex::new(LaneState { idle: Vec::new(), open: 0, last_used: Instant::now() }),
             lane_freed: Condvar::new(),
         });
-        Ok(self.map.lock().entry(session.to_owned()).or_insert(peer).clone())
+        let mut map = self.map.lock();
+        if map.len() >= MAX_PEERS && !map.contains_key(session) {
+            Self::evict_least_recent(&mut map);
+        }
+        Ok(map.entry(session.to_owned()).or_insert(peer).clone())
+    }
+
+    /// Forget the least recently used peer that no task holds and that has
+    /// no lane in use, closing its idle lanes.
+    fn evict_least_recent(map: &mut HashMap<String, Arc<Peer>>) {
+        let victim = map
+            .iter()
+            .filter(|(_, p)| Arc::strong_count(p) == 1)
+            .filter_map(|(k, p)| {
+                let st = p.lanes.lock();
+                (st.open == st.idle.len()).then(|| (st.last_used, k.clone()))
+            })
+            .min()
+            .map(|(_, k)| k);
+        if let Some(k) = victim {
+            log::debug!("peer cache full ({MAX_PEERS}); forgetting {k}");
+            map.remove(&k);
+        }
+    }
+
+    /// Close idle lanes the peer has closed (or broken), and forget peers
+    /// that no task holds, with no lane open, unused for `idle`.
+    pub fn sweep(&self, idle: Duration) {
+        let now = Instant::now();
+        let mut closed = Vec::new();
+        let mut map = self.map.lock();
+        let before = map.len();
+        map.retain(|_, p| {
+            let mut st = p.lanes.lock();
+            let mut k = 0;
+            while k < st.idle.len() {
+                if st.idle[k].conn.idle_and_alive() {
+                    k += 1;
+                } else {
+                    closed.push(st.idle.swap_remove(k));
+                    st.open -= 1;
+                }
+            }
+            st.open > 0 || now.saturating_duration_since(st.last_used) < idle || Arc::strong_count(p) > 1
+        });
+        let forgotten = before - map.len();
+        drop(map);
+        if !closed.is_empty() || forgotten > 0 {
+            log::debug!(
+                "peer sweep: dropped {} lanes their peers closed; forgot {forgotten} unused peers",
+                closed.len()
+            );
+        }
+        drop(closed); // closed outside the cache's lock
+    }
+
+    /// The sweeper's loop: every [`SWEEP_INTERVAL`] until the engine stops.
+    pub fn sweep_until_stopped(&self, registry: &super::registry::Registry) {
+        loop {
+            {
+                let mut guard = self.sweeper.0.lock();
+                if registry.stopping() {
+                    return;
+                }
+                self.sweeper.1.wait_for(&mut guard, SWEEP_INTERVAL);
+                if registry.stopping() {
+                    return;
+                }
+            }
+            self.sweep(PEER_IDLE);
+        }
     }
 }
 

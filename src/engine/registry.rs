@@ -102,6 +102,12 @@ impl Registry {
         Some(OwnedSocketGuard { registry: self.clone(), id })
     }
 
+    /// Sockets listed now.
+    #[cfg(test)]
+    pub fn socket_count(&self) -> usize {
+        self.sockets.lock().len()
+    }
+
     /// Spawn a named thread that `stop` will join. Finished threads are
     /// reaped here so the list stays short.
     pub fn spawn(&self, name: String, body: impl FnOnce() + Send + 'static) -> std::io::Result<()> {

@@ -4,6 +4,7 @@
 use std::io;
 
 use super::super::conn::{Conn, MAX_IO_CHUNK};
+use super::super::hello;
 use super::super::wire::{self, RequestHeader, HEADER_LEN};
 use super::super::Inner;
 use crate::transfer::stats::Stats;
@@ -18,12 +19,52 @@ impl Drop for IdleAgain<'_> {
     }
 }
 
+/// Answer a hello with our instance; true if the initiator expects us
+/// (the connection then serves requests), false to close it.
+fn answer_hello(inner: &Inner, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> bool {
+    let Some(len) = hello::request_body_len(header) else {
+        log::debug!("data connection: hello with a body length out of bounds; closing");
+        return false;
+    };
+    let mut body = vec![0u8; len];
+    if let Err(e) = conn.recv_exact(&mut body) {
+        log::debug!("data connection: hello: {e}");
+        return false;
+    }
+    let own = &inner.identity.instance;
+    let expected = hello::decode_body(&body);
+    if let Err(e) = conn.send_all(&hello::encode_reply(own)) {
+        log::debug!("data connection: hello reply: {e}");
+        return false;
+    }
+    match expected {
+        Some(e) if e == *own => true,
+        Some(e) => {
+            log::info!("data connection: a peer expected engine instance {e} at this port (we are {own}); closing");
+            false
+        }
+        None => {
+            log::debug!("data connection: malformed hello body; closing");
+            false
+        }
+    }
+}
+
 pub(super) fn serve_data(inner: &Inner, conn: &mut Conn, ticket: &super::super::budget::Ticket) {
     conn.set_spin(inner.settings.spin);
     let mut pending_acks: Vec<u8> = Vec::with_capacity(256);
     let stopping = || inner.registry.stopping();
+    let mut first = true;
     loop {
         let header = match conn.recv_header_idle::<HEADER_LEN>(&stopping) {
+            // Only a connection's first request may be a hello.
+            Ok(Some(h)) if first && hello::is_hello(&h) => {
+                first = false;
+                if answer_hello(inner, conn, &h) {
+                    continue;
+                }
+                break;
+            }
             Ok(Some(h)) => RequestHeader::decode(&h),
             Ok(None) => break,
             Err(e) => {
@@ -31,6 +72,7 @@ pub(super) fn serve_data(inner: &Inner, conn: &mut Conn, ticket: &super::super::
                 break;
             }
         };
+        first = false;
         // In flight: never evicted until served.
         ticket.set_busy(true);
         let _idle_again = IdleAgain(ticket);

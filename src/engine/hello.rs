@@ -1,0 +1,187 @@
+//! The pdx-only opening of a data connection ("hello"): before its first
+//! request, an initiator that planned against a pdx descriptor asks the
+//! engine behind the data port to confirm it is the instance named there.
+//! A port reused by another process (a restarted peer's old data port taken
+//! by someone else) answers with another instance, or not at all, and the
+//! initiator fetches the descriptor again instead of writing into it.
+//!
+//! A Mooncake peer never sees a hello: pdx sends one only to a peer whose
+//! descriptor carries `pdx_instance`, a field Mooncake does not write (and
+//! ignores when reading ours). Should a hello reach a server that does not
+//! know it, it reads as a v1 read of an address no region can hold (beyond
+//! the 47-bit user address space), which every server refuses by closing
+//! the connection: nothing is read or written.
+//!
+//! Frames (all integers little-endian):
+//! - request: a 24-byte data header with `size` = body length (at most
+//!   [`MAX_BODY`]), `addr` = [`HELLO_ADDR`], opcode [`OP_HELLO`]; then the
+//!   body, JSON `{"instance":"<32 hex>"}` (the instance expected);
+//! - reply: u64 `REPLY_MAGIC << 32 | body length`, then JSON
+//!   `{"instance":"<32 hex>"}` (the instance answering). A server whose
+//!   instance is not the one expected replies and closes the connection.
+//!
+//! The JSON bodies leave room for what later extensions of the connection
+//! (a same-host link, peer authentication) need to say; unknown fields are
+//! ignored.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::deadline::BoundedStream;
+use super::wire::HEADER_LEN;
+use crate::error::{Error, ErrorKind, Result};
+
+/// Opcode of a hello: not a Mooncake opcode (after masking bit 7 it is not
+/// a write, so a server that does not know it treats it as a v1 read).
+pub(crate) const OP_HELLO: u8 = 0x50;
+/// The `addr` field of a hello ("pdxhello"): far outside any user address
+/// space, so no registered region can contain it.
+pub(crate) const HELLO_ADDR: u64 = u64::from_le_bytes(*b"pdxhello");
+/// Largest hello body either side accepts.
+pub(crate) const MAX_BODY: usize = 4096;
+/// "PDXH": the upper half of the reply's length word.
+const REPLY_MAGIC: u32 = 0x5044_5848;
+
+/// An engine instance: 128 random bits drawn when the engine starts, as 32
+/// lowercase hex digits. A restarted engine (or one in a forked process)
+/// never reuses one.
+pub(crate) fn new_instance() -> String {
+    let mut bytes = [0u8; 16];
+    // SAFETY: `bytes` is writable for its length; getrandom writes at most that.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got != bytes.len() as isize {
+        // No kernel entropy call: mix what differs between processes and
+        // instants (fastrand's own state is copied by fork).
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        let mix = fastrand::u128(..) ^ nanos ^ (u128::from(std::process::id()) << 64);
+        bytes = mix.to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[derive(Serialize, Deserialize)]
+struct Body<'a> {
+    instance: &'a str,
+}
+
+/// True if `header` opens a hello; its `size` is the body length.
+pub(crate) fn is_hello(header: &[u8; HEADER_LEN]) -> bool {
+    header[16] == OP_HELLO && header[8..16] == HELLO_ADDR.to_le_bytes()
+}
+
+/// The request: header and body asking for `expected`.
+pub(crate) fn encode_request(expected: &str) -> Vec<u8> {
+    let body = serde_json::to_vec(&Body { instance: expected }).unwrap_or_default();
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    out.extend_from_slice(&HELLO_ADDR.to_le_bytes());
+    out.push(OP_HELLO);
+    out.extend_from_slice(&[0u8; HEADER_LEN - 17]);
+    out.extend_from_slice(&body);
+    out
+}
+
+/// The body length a hello header announces, if acceptable.
+pub(crate) fn request_body_len(header: &[u8; HEADER_LEN]) -> Option<usize> {
+    let len = u64::from_le_bytes(header[0..8].try_into().ok()?);
+    usize::try_from(len).ok().filter(|&l| l > 0 && l <= MAX_BODY)
+}
+
+/// The instance a request body asks for.
+pub(crate) fn decode_body(body: &[u8]) -> Option<String> {
+    let parsed: Body<'_> = serde_json::from_slice(body).ok()?;
+    Some(parsed.instance.to_owned())
+}
+
+/// The reply naming `own`.
+pub(crate) fn encode_reply(own: &str) -> Vec<u8> {
+    let body = serde_json::to_vec(&Body { instance: own }).unwrap_or_default();
+    let mut out = Vec::with_capacity(8 + body.len());
+    out.extend_from_slice(&((u64::from(REPLY_MAGIC) << 32) | body.len() as u64).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// The body length of a reply prefix, if it is a hello reply.
+pub(crate) fn reply_body_len(prefix: [u8; 8]) -> Option<usize> {
+    let word = u64::from_le_bytes(prefix);
+    let len = (word & 0xffff_ffff) as usize;
+    ((word >> 32) as u32 == REPLY_MAGIC && len > 0 && len <= MAX_BODY).then_some(len)
+}
+
+/// Ask the engine behind `stream` to confirm it is `expected`, all by
+/// `deadline`. `what` names the connection for error texts. Anything but a
+/// well-formed reply naming `expected` is an error: the caller then treats
+/// its descriptor as stale.
+pub(crate) fn confirm(stream: &mut TcpStream, expected: &str, deadline: Instant, what: &str) -> Result<()> {
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            Error::timeout(format!("{what}: no answer to the pdx hello within the connect bound"))
+        }
+        // A server that does not know hello closes without a word.
+        std::io::ErrorKind::UnexpectedEof => {
+            Error::new(ErrorKind::PeerUnreachable, format!("{what}: closed at the pdx hello (not a pdx engine)"))
+        }
+        _ => Error::new(ErrorKind::PeerUnreachable, format!("{what}: {e}")),
+    };
+    let not_the_peer = |why: &str| Error::new(ErrorKind::PeerUnreachable, format!("{what}: {why}"));
+    let mut bounded = BoundedStream::new(stream, deadline);
+    bounded.write_all(&encode_request(expected)).map_err(io)?;
+    let mut prefix = [0u8; 8];
+    bounded.read_exact(&mut prefix).map_err(io)?;
+    let len = reply_body_len(prefix).ok_or_else(|| not_the_peer("answered the pdx hello with a malformed reply"))?;
+    let mut body = vec![0u8; len];
+    bounded.read_exact(&mut body).map_err(io)?;
+    let instance = decode_body(&body).ok_or_else(|| not_the_peer("answered the pdx hello with a malformed body"))?;
+    if instance != expected {
+        return Err(not_the_peer(&format!("is engine instance {instance}, not {expected} (the port was reused)")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::Direction;
+
+    #[test]
+    fn a_hello_is_recognised_and_reads_as_a_refused_read_elsewhere() {
+        let req = encode_request("00112233445566778899aabbccddeeff");
+        let header: [u8; HEADER_LEN] = req[..HEADER_LEN].try_into().unwrap();
+        assert!(is_hello(&header));
+        assert_eq!(request_body_len(&header), Some(req.len() - HEADER_LEN));
+        assert_eq!(decode_body(&req[HEADER_LEN..]).as_deref(), Some("00112233445566778899aabbccddeeff"));
+        // What a server that does not know hello sees: a v1 read at an
+        // address above every user address space.
+        let seen = super::super::wire::RequestHeader::decode(&header);
+        assert_eq!((seen.direction, seen.acknowledged), (Direction::Read, false));
+        assert!(seen.addr > 1 << 56, "{:#x}", seen.addr);
+        // A real request is never a hello.
+        let mut other = header;
+        other[16] = super::super::wire::OP_READ_V1;
+        assert!(!is_hello(&other));
+    }
+
+    #[test]
+    fn replies_round_trip_and_bad_ones_are_refused() {
+        let reply = encode_reply("ab");
+        let len = reply_body_len(reply[..8].try_into().unwrap()).unwrap();
+        assert_eq!(decode_body(&reply[8..8 + len]).as_deref(), Some("ab"));
+        assert_eq!(reply_body_len([0; 8]), None);
+        assert_eq!(reply_body_len(((u64::from(REPLY_MAGIC) << 32) | (MAX_BODY as u64 + 1)).to_le_bytes()), None);
+        assert_eq!(decode_body(b"{\"instance\":3}"), None);
+        let mut header = [0u8; HEADER_LEN];
+        header[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(request_body_len(&header), None);
+    }
+
+    #[test]
+    fn instances_differ() {
+        let a = new_instance();
+        assert_eq!(a.len(), 32);
+        assert_ne!(a, new_instance());
+    }
+}
