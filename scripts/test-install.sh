@@ -41,7 +41,8 @@ done | tar --null --no-recursion -T - -cf - | tar -xf - -C "$src"
 [ -f "$src/CMakeLists.txt" ] && [ ! -e "$src/target" ] && [ ! -e "$src/build" ] || fail "the copy is not a clean tree"
 listing "$src" >"$tmp/src.before"
 build=$tmp/build
-quiet cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPDX_BUILD_TESTS=OFF -DPDX_CARGO_TARGET_DIR="$cargo_target"
+quiet cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPDX_BUILD_TESTS=OFF \
+  -DPDX_CARGO_TARGET_DIR="$cargo_target"
 quiet cmake --build "$build" -j 2
 soname=$(readelf -d "$build/pdx-lib/libpdx.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 
@@ -63,7 +64,8 @@ echo "ok: $(basename "$real") SONAME $got, $(stat -c %s "$real") bytes; pkg-conf
 echo "== C, pkg-config, shared"
 exe=$tmp/c_shared
 # A non-standard prefix needs an rpath (or ldconfig / LD_LIBRARY_PATH).
-"$cc" "${cflags[@]}" "$src"/c_tests/consumers/loopback.c -o "$exe" $(pkg-config --cflags --libs pdx) -Wl,-rpath,"$libdir"
+"$cc" "${cflags[@]}" "$src/c_tests/consumers/loopback.c" -o "$exe" $(pkg-config --cflags --libs pdx) \
+  -Wl,-rpath,"$libdir"
 needed "$exe" | grep -qx "$soname" || fail "c_shared does not record NEEDED $soname: $(needed "$exe" | tr '\n' ' ')"
 [ "$(runpath "$exe")" = "$libdir" ] || fail "c_shared run path is '$(runpath "$exe")'"
 "$exe"
@@ -74,13 +76,14 @@ cmake --install "$build" --prefix "$sprefix" --component Static >/dev/null
 cmake --install "$build" --prefix "$sprefix" --component Development >/dev/null
 ls "$sprefix"/lib*/libpdx.so* >/dev/null 2>&1 && fail "the static-only prefix has a libpdx.so"
 exe=$tmp/c_static
-"$cc" "${cflags[@]}" "$src"/c_tests/consumers/loopback.c -o "$exe" \
+"$cc" "${cflags[@]}" "$src/c_tests/consumers/loopback.c" -o "$exe" \
   $(PKG_CONFIG_PATH=$(dirname "$(find "$sprefix" -name pdx.pc)") pkg-config --static --cflags --libs pdx)
 needed "$exe" | grep -q libpdx && fail "c_static still needs libpdx.so"
 "$exe"
 
 echo "== C++17, find_package(pdx)"
-cmake -S "$src"/c_tests/consumers/find_package -B "$tmp/fp" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+quiet cmake -S "$src/c_tests/consumers/find_package" -B "$tmp/fp" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_BUILD_TYPE=Release
 quiet cmake --build "$tmp/fp" -j 2
 needed "$tmp/fp/consumer_shared" | grep -qx "$soname" || fail "consumer_shared does not need $soname"
 needed "$tmp/fp/consumer_static" | grep -q libpdx && fail "consumer_static still needs libpdx.so"
@@ -89,8 +92,8 @@ needed "$tmp/fp/consumer_static" | grep -q libpdx && fail "consumer_static still
 "$tmp/fp/consumer_static" "c++ find_package, static"
 
 echo "== C++17, add_subdirectory(pdx)"
-cmake -S "$src"/c_tests/consumers/subdirectory -B "$tmp/sub" -DPDX_SOURCE_DIR="$src" \
-  -DPDX_CARGO_TARGET_DIR="$cargo_target" -DCMAKE_BUILD_TYPE=Release >/dev/null
+quiet cmake -S "$src/c_tests/consumers/subdirectory" -B "$tmp/sub" -DPDX_SOURCE_DIR="$src" \
+  -DPDX_CARGO_TARGET_DIR="$cargo_target" -DCMAKE_BUILD_TYPE=Release
 quiet cmake --build "$tmp/sub" -j 2
 [ ! -e "$tmp/sub/pdx/test_basics" ] || fail "pdx's own tests were built inside a parent project"
 needed "$tmp/sub/consumer_subdir" | grep -qx "$soname" || fail "consumer_subdir does not need $soname"
