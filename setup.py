@@ -2,7 +2,10 @@
 
 setuptools-rust builds the `pdx` crate's cdylib with cargo (release profile;
 CARGO_TARGET_DIR is honoured, so a checkout's `target/` is reused) and copies
-it (debug info stripped) into the package as `pdx/libpdx.abi3.so`, which `pdx` loads with ctypes.
+it (debug info stripped) into the package as `pdx/libpdx.abi3.so`, which `pdx` loads with ctypes
+(`pip install -e .` builds the same release library and copies it into python/pdx/).
+setuptools' own scratch files (its build tree, pdx.egg-info) go to target/python-build/,
+created when needed, so a clone that was never built installs from any directory.
 The library has no Python ABI dependence, so the wheel is tagged
 `cp39-abi3-<platform>`: one wheel for every CPython >= 3.9.
 The opt-in shim's `.pth` file is copied to the top of site-packages.
@@ -14,10 +17,15 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.egg_info import egg_info
 from setuptools_rust import Binding, RustExtension, Strip
 
 ROOT = Path(__file__).resolve().parent
 SHIM_PTH = "pdx-mooncake-shim.pth"
+# setuptools' scratch files, under the checkout's git-ignored target/ (build/ is
+# CMake's). Absolute, so nothing depends on the directory setup.py runs from;
+# in the checkout even when CARGO_TARGET_DIR sends cargo's output elsewhere.
+SCRATCH = ROOT / "target" / "python-build"
 
 
 def cargo_version() -> str:
@@ -27,6 +35,18 @@ def cargo_version() -> str:
     if not match:
         raise RuntimeError("no [package] version in Cargo.toml")
     return match.group(1)
+
+
+class EggInfoInScratch(egg_info):
+    """egg_info writing pdx.egg-info into SCRATCH, which it creates: a fresh
+    clone has no target/ yet, and egg_info refuses an egg_base that does not
+    exist. An egg_base given explicitly (pip's metadata step) is kept."""
+
+    def finalize_options(self) -> None:
+        if self.egg_base is None:
+            SCRATCH.mkdir(parents=True, exist_ok=True)
+            self.egg_base = str(SCRATCH)
+        super().finalize_options()
 
 
 class BuildPyWithShim(build_py):
@@ -48,15 +68,14 @@ setup(
             path="Cargo.toml",
             binding=Binding.NoBinding,
             py_limited_api=True,
+            debug=False,  # release for `pip install -e .` too (setuptools-rust would build in-place ones unoptimised)
             strip=Strip.Debug,  # the release profile keeps line tables for the benchmarks; a wheel needs none
         ),
     ],
-    cmdclass={"build_py": BuildPyWithShim},
+    cmdclass={"build_py": BuildPyWithShim, "egg_info": EggInfoInScratch},
     options={
         "bdist_wheel": {"py_limited_api": "cp39"},
-        # Keep setuptools' scratch files out of the tree (build/ is CMake's).
-        "build": {"build_base": "target/python-build"},
-        "egg_info": {"egg_base": "target"},
+        "build": {"build_base": str(SCRATCH)},
     },
     zip_safe=False,
 )

@@ -19,7 +19,7 @@ cmake --build build -j 2
 ctest --test-dir build --output-on-failure
 
 echo "== install: pkg-config, find_package and add_subdirectory consumers"
-scripts/test-install.sh build
+scripts/test-install.sh
 
 echo "== pytest"
 python3 -m pytest -q python

@@ -1,32 +1,50 @@
 #!/usr/bin/env bash
-# Installs pdx from a CMake build directory (default build/, the one
-# scripts/test-all.sh configures) into fresh temporary prefixes and builds the
-# consumer programs of c_tests/consumers/ against them the ways users do:
+# Builds pdx with CMake from a copy of the repository as a clone has it (the
+# files git tracks, as the working tree has them: no target/, no build/), in a
+# fresh build directory, installs it into fresh temporary prefixes and builds
+# the consumer programs of c_tests/consumers/ against them the ways users do:
 #   - C through `pkg-config --cflags --libs pdx` (shared), and through
 #     `pkg-config --static` against a static-only prefix;
 #   - C++17 through find_package(pdx) (pdx::pdx and pdx::pdx_static);
 #   - C++17 through add_subdirectory(pdx) from a parent project.
 # Each program does a loopback write and read through two tcp engines and
 # runs without LD_LIBRARY_PATH. readelf checks the SONAME, what each program
-# records as NEEDED, and its run path. Reuses the cargo build (no rebuild).
+# records as NEEDED, and its run path. Nothing may be written into the copy.
+# cargo's target directory is the checkout's (CARGO_TARGET_DIR, else target/),
+# passed as PDX_CARGO_TARGET_DIR: after the checkout's own build, cargo has
+# nothing to compile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-build=${1:-build}
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S . -B "$build" >/dev/null
-fi
-cmake --build "$build" --target pdx_cargo >/dev/null
-
-soname=$(readelf -d "$build/pdx-lib/libpdx.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+[ $# -eq 0 ] || { echo "usage: $0 (no arguments; it configures its own build directory)" >&2; exit 2; }
+cargo_target=${CARGO_TARGET_DIR:-$root/target}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 unset LD_LIBRARY_PATH
 fail() { echo "test-install: FAIL: $*" >&2; exit 1; }
 needed() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
 runpath() { readelf -d "$1" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p; s/.*(RPATH).*\[\(.*\)\]/\1/p'; }
+# Every entry under $1 with its type, size and time: any file written, removed or changed shows.
+listing() { find "$1" -printf '%P %y %s %T@\n' | sort; }
+quiet() { "$@" >"$tmp/log" 2>&1 || { tail -n 40 "$tmp/log" >&2; fail "$*"; }; }
 cc=${CC:-cc}
 cflags=(-std=c11 -Wall -Wextra -Wpedantic -Werror)
+
+echo "== configure, build and install from a fresh copy of the tracked files"
+src=$tmp/pdx
+mkdir "$src"
+# Times are kept, so cargo sees the sources as old as the checkout's; files
+# deleted in the working tree are left out, as their next commit has them.
+git ls-files -z | while IFS= read -r -d '' f; do
+  if [ -e "$f" ] || [ -L "$f" ]; then printf '%s\0' "$f"; fi
+done | tar --null --no-recursion -T - -cf - | tar -xf - -C "$src"
+[ -f "$src/CMakeLists.txt" ] && [ ! -e "$src/target" ] && [ ! -e "$src/build" ] || fail "the copy is not a clean tree"
+listing "$src" >"$tmp/src.before"
+build=$tmp/build
+quiet cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPDX_BUILD_TESTS=OFF \
+  -DPDX_CARGO_TARGET_DIR="$cargo_target"
+quiet cmake --build "$build" -j 2
+soname=$(readelf -d "$build/pdx-lib/libpdx.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 
 echo "== install to a fresh prefix"
 prefix=$tmp/prefix
@@ -46,7 +64,8 @@ echo "ok: $(basename "$real") SONAME $got, $(stat -c %s "$real") bytes; pkg-conf
 echo "== C, pkg-config, shared"
 exe=$tmp/c_shared
 # A non-standard prefix needs an rpath (or ldconfig / LD_LIBRARY_PATH).
-"$cc" "${cflags[@]}" c_tests/consumers/loopback.c -o "$exe" $(pkg-config --cflags --libs pdx) -Wl,-rpath,"$libdir"
+"$cc" "${cflags[@]}" "$src/c_tests/consumers/loopback.c" -o "$exe" $(pkg-config --cflags --libs pdx) \
+  -Wl,-rpath,"$libdir"
 needed "$exe" | grep -qx "$soname" || fail "c_shared does not record NEEDED $soname: $(needed "$exe" | tr '\n' ' ')"
 [ "$(runpath "$exe")" = "$libdir" ] || fail "c_shared run path is '$(runpath "$exe")'"
 "$exe"
@@ -57,14 +76,15 @@ cmake --install "$build" --prefix "$sprefix" --component Static >/dev/null
 cmake --install "$build" --prefix "$sprefix" --component Development >/dev/null
 ls "$sprefix"/lib*/libpdx.so* >/dev/null 2>&1 && fail "the static-only prefix has a libpdx.so"
 exe=$tmp/c_static
-"$cc" "${cflags[@]}" c_tests/consumers/loopback.c -o "$exe" \
+"$cc" "${cflags[@]}" "$src/c_tests/consumers/loopback.c" -o "$exe" \
   $(PKG_CONFIG_PATH=$(dirname "$(find "$sprefix" -name pdx.pc)") pkg-config --static --cflags --libs pdx)
 needed "$exe" | grep -q libpdx && fail "c_static still needs libpdx.so"
 "$exe"
 
 echo "== C++17, find_package(pdx)"
-cmake -S c_tests/consumers/find_package -B "$tmp/fp" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$tmp/fp" -j 2 >/dev/null
+quiet cmake -S "$src/c_tests/consumers/find_package" -B "$tmp/fp" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_BUILD_TYPE=Release
+quiet cmake --build "$tmp/fp" -j 2
 needed "$tmp/fp/consumer_shared" | grep -qx "$soname" || fail "consumer_shared does not need $soname"
 needed "$tmp/fp/consumer_static" | grep -q libpdx && fail "consumer_static still needs libpdx.so"
 [ "$(runpath "$tmp/fp/consumer_shared")" = "$libdir" ] || fail "consumer_shared run path is '$(runpath "$tmp/fp/consumer_shared")'"
@@ -72,10 +92,12 @@ needed "$tmp/fp/consumer_static" | grep -q libpdx && fail "consumer_static still
 "$tmp/fp/consumer_static" "c++ find_package, static"
 
 echo "== C++17, add_subdirectory(pdx)"
-cmake -S c_tests/consumers/subdirectory -B "$tmp/sub" -DPDX_SOURCE_DIR="$root" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$tmp/sub" -j 2 >/dev/null
+quiet cmake -S "$src/c_tests/consumers/subdirectory" -B "$tmp/sub" -DPDX_SOURCE_DIR="$src" \
+  -DPDX_CARGO_TARGET_DIR="$cargo_target" -DCMAKE_BUILD_TYPE=Release
+quiet cmake --build "$tmp/sub" -j 2
 [ ! -e "$tmp/sub/pdx/test_basics" ] || fail "pdx's own tests were built inside a parent project"
 needed "$tmp/sub/consumer_subdir" | grep -qx "$soname" || fail "consumer_subdir does not need $soname"
 "$tmp/sub/consumer_subdir" "c++ add_subdirectory"
 
-echo "test-install: all consumers passed ($soname)"
+listing "$src" | diff "$tmp/src.before" - >&2 || fail "the build wrote into the source tree (lines above)"
+echo "test-install: all consumers passed ($soname); the source copy is unchanged"

@@ -1,25 +1,40 @@
-"""The wheel, as a new user gets it: `pip wheel .` once (cargo's target/ is
-reused through CARGO_TARGET_DIR), a fresh venv, `pip install` of that wheel,
-then, from `/` with no pdx environment variable: `import pdx`, a transfer,
-`mypy --strict` over a small typed client (against the installed package and
-its py.typed), and the opt-in mooncake.engine shim (off by default; on with
-PDX_MOONCAKE_SHIM=1; always on after `python -m pdx.mooncake --install-shim`).
+"""The package as a new user installs it: every pip command of docs/python.md
+from a fresh copy of the repository (its tracked files only, as `git clone`
+gives them: no target/, no build/), each into a fresh venv, then, from `/` with
+no pdx variable and no PYTHONPATH: `import pdx` loads the bundled libpdx, and
+a transfer. The first venv also gets `mypy --strict` over a small typed
+client (against the installed package and its py.typed) and the opt-in
+mooncake.engine shim (off by default; on with PDX_MOONCAKE_SHIM=1; always on
+after `python -m pdx.mooncake --install-shim`).
 
-Building the wheel needs setuptools-rust: pip's build isolation fetches it
-from PyPI, or set PDX_WHEEL_NO_ISOLATION=1 to build with the installed one
-(python/requirements-test.txt)."""
+Cost: one cold cargo build, `pip install <clone>` from another directory with
+CARGO_TARGET_DIR unset (the issue 17 case: target/ does not exist yet). The
+other commands (`pip wheel .`, `pip install .`, `pip install -e .`) each start
+from their own fresh copy with CARGO_TARGET_DIR set to that first copy's
+target/, so cargo finds everything built. Every command must leave its copy
+unchanged except for the build folder target/ (and, for `-e`, the library
+copied next to the package). pip's build isolation fetches setuptools and
+setuptools-rust from PyPI."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# What a build may add to a copy: cargo's target/ (setuptools' scratch files go
+# to target/python-build even when CARGO_TARGET_DIR sends cargo elsewhere).
+BUILD_FOLDER = "target/"
+# An editable install copies the library next to the package (ignored by git).
+EDITABLE_LIBRARY = "python/pdx/libpdx.abi3.so"
 
 
 def _run(cmd: list[str], timeout: int = 300, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -29,32 +44,91 @@ def _run(cmd: list[str], timeout: int = 300, **kw: object) -> subprocess.Complet
 
 
 def _user_env(**extra: str) -> dict[str, str]:
-    """A user's environment: no PDX_*, MC_*, MOONCAKE_*, PYTHONPATH or LD_LIBRARY_PATH."""
+    """A user's environment: no PDX_*, MC_*, MOONCAKE_*, CARGO_TARGET_DIR, PYTHONPATH or LD_LIBRARY_PATH."""
     drop = ("PDX_", "MC_", "MOONCAKE_")
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(drop) and k not in ("PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
+        if not k.startswith(drop)
+        and k not in ("PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CARGO_TARGET_DIR")
     }
     env.update(extra)
     return env
 
 
+def fresh_copy(dest: Path) -> Path:
+    """The repository as a clone has it: the files git tracks, as the working
+    tree has them now (so uncommitted edits are tested; deleted ones are left
+    out), with their modification times, and nothing else."""
+    listed = _run(["git", "-C", str(ROOT), "ls-files", "-z"], timeout=60)
+    names = [name for name in listed.stdout.split("\0") if name]
+    assert "setup.py" in names and "Cargo.toml" in names, "not a git checkout of pdx"
+    for name in names:
+        source = ROOT / name
+        if not os.path.lexists(source):
+            continue
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, dest / name, follow_symlinks=False)
+    return dest
+
+
+def _files(tree: Path) -> dict[str, tuple[int, int]]:
+    """Every file and link under `tree`: relative path -> (size, mtime in ns)."""
+    found: dict[str, tuple[int, int]] = {}
+    for directory, _, names in os.walk(tree):
+        for name in names:
+            path = Path(directory, name)
+            st = path.lstat()
+            found[path.relative_to(tree).as_posix()] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def _assert_only_build_outputs(tree: Path, before: dict[str, tuple[int, int]], allowed: tuple[str, ...] = ()) -> None:
+    after = _files(tree)
+    touched = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+    stray = [name for name in touched if not name.startswith(BUILD_FOLDER) and name not in allowed]
+    assert not stray, f"the build changed files outside {BUILD_FOLDER}: {stray[:20]}"
+
+
+def _new_venv(path: Path) -> Path:
+    _run([sys.executable, "-m", "venv", str(path)], timeout=300)
+    return path / "bin" / "python"
+
+
+def _pip(python: Path, args: list[str], cwd: Path, cargo_target_dir: Path | None) -> None:
+    """`pip <args>` with the venv's own pip, in a user's environment."""
+    env = _user_env() if cargo_target_dir is None else _user_env(CARGO_TARGET_DIR=str(cargo_target_dir))
+    _run([str(python), "-m", "pip", "--disable-pip-version-check", *args], timeout=1200, cwd=cwd, env=env)
+
+
+class ColdInstall(NamedTuple):
+    python: Path  # the venv's interpreter
+    target: Path  # the cargo target directory the build filled
+
+
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with the built wheel installed; returns its python."""
-    work = tmp_path_factory.mktemp("wheel")
-    cmd = [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-w", str(work / "dist"), "-q"]
-    if os.environ.get("PDX_WHEEL_NO_ISOLATION") == "1":
-        cmd.append("--no-build-isolation")
-    env = dict(os.environ, CARGO_TARGET_DIR=str(ROOT / "target"))
-    _run(cmd, timeout=900, env=env, cwd=ROOT)
-    wheels = list((work / "dist").glob("pdx-*.whl"))
-    assert len(wheels) == 1, wheels
-    _run([sys.executable, "-m", "venv", str(work / "venv")], timeout=300)
-    python = work / "venv" / "bin" / "python"
-    _run([str(python), "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(wheels[0])], env=_user_env())
-    return python
+def cold(tmp_path_factory: pytest.TempPathFactory) -> ColdInstall:
+    """`pip install <clone>` run from another (empty) directory, CARGO_TARGET_DIR
+    unset: cargo builds everything in the clone's target/, which does not exist
+    when the build starts."""
+    work = tmp_path_factory.mktemp("cold")
+    clone = fresh_copy(work / "pdx")
+    assert not (clone / "target").exists() and not (clone / "build").exists()
+    python = _new_venv(work / "venv")
+    elsewhere = work / "elsewhere"
+    elsewhere.mkdir()
+    before = _files(clone)
+    _pip(python, ["install", str(clone)], cwd=elsewhere, cargo_target_dir=None)
+    _assert_only_build_outputs(clone, before)
+    assert (clone / "target" / "release" / "libpdx.so").is_file()
+    assert not any(elsewhere.iterdir()), list(elsewhere.iterdir())
+    return ColdInstall(python, clone / "target")
+
+
+@pytest.fixture(scope="module")
+def venv(cold: ColdInstall) -> Path:
+    """A fresh venv with pdx installed from a fresh clone; returns its python."""
+    return cold.python
 
 
 TRANSFER = """
@@ -71,16 +145,59 @@ print("transfer ok")
 """
 
 
-def test_import_from_root_and_transfer(venv: Path):
-    done = _run([str(venv), "-c", TRANSFER], cwd="/", env=_user_env())
-    site = venv.parent.parent
+def _check_installed(python: Path, package_dir: Path) -> None:
+    """From `/`, with no pdx variable: `import pdx` loads the library bundled in
+    `package_dir`, a transfer works, and the library's version is the package's."""
+    done = _run([str(python), "-c", TRANSFER], cwd="/", env=_user_env())
     assert "transfer ok" in done.stdout
-    assert f"file {site}" in done.stdout, done.stdout  # the installed copy, not the checkout
-    assert "loaded package directory" in done.stdout and "libpdx.abi3.so" in done.stdout
-    version = _run([str(venv), "-c", "import importlib.metadata as m, pdx; print(m.version('pdx'), pdx.version())"],
-                   cwd="/", env=_user_env())
-    installed, reported = version.stdout.split()
+    assert f"file {package_dir / '__init__.py'}" in done.stdout, done.stdout
+    assert f"loaded package directory ({package_dir / 'libpdx.abi3.so'})" in done.stdout, done.stdout
+    code = ("import importlib.metadata as m, pdx; "
+            "print(m.version('pdx'), pdx.version(), m.metadata('pdx')['License-Expression'])")
+    version = _run([str(python), "-c", code], cwd="/", env=_user_env())
+    installed, reported, license_expression = version.stdout.split()
     assert reported == f"pdx/{installed}"
+    assert license_expression == "Apache-2.0"  # project.license as an SPDX string (a table is deprecated)
+
+
+def _site_packages(python: Path) -> Path:
+    done = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], env=_user_env())
+    return Path(done.stdout.strip())
+
+
+def test_import_from_root_and_transfer(venv: Path):
+    _check_installed(venv, _site_packages(venv) / "pdx")
+
+
+@pytest.mark.parametrize("command", ["pip wheel .", "pip install .", "pip install -e ."])
+def test_pip_command_from_a_fresh_clone(command: str, cold: ColdInstall, tmp_path: Path):
+    """Each command from its own fresh copy, with CARGO_TARGET_DIR (outside the
+    copy) holding the cold build, so cargo has nothing left to compile."""
+    clone = fresh_copy(tmp_path / "pdx")
+    python = _new_venv(tmp_path / "venv")
+    before = _files(clone)
+    allowed: tuple[str, ...] = ()
+    if command == "pip wheel .":
+        dist = tmp_path / "dist"
+        _pip(python, ["wheel", ".", "--no-deps", "-w", str(dist)], cwd=clone, cargo_target_dir=cold.target)
+        wheels = list(dist.glob("pdx-*.whl"))
+        assert len(wheels) == 1 and wheels[0].name.endswith("-cp39-abi3-linux_" + os.uname().machine + ".whl"), wheels
+        names = set(zipfile.ZipFile(wheels[0]).namelist())
+        expected = {"pdx/__init__.py", "pdx/mooncake.py", "pdx/py.typed", "pdx/libpdx.abi3.so",
+                    "pdx_mooncake_shim.py", "pdx-mooncake-shim.pth"}
+        assert expected <= names, expected - names
+        _pip(python, ["install", "--no-index", "--no-deps", str(wheels[0])], cwd=tmp_path, cargo_target_dir=None)
+        package = _site_packages(python) / "pdx"
+    elif command == "pip install .":
+        _pip(python, ["install", "."], cwd=clone, cargo_target_dir=cold.target)
+        package = _site_packages(python) / "pdx"
+    else:
+        _pip(python, ["install", "-e", "."], cwd=clone, cargo_target_dir=cold.target)
+        package = clone / "python" / "pdx"  # the checkout's own package, with the library copied in
+        allowed = (EDITABLE_LIBRARY,)
+    _assert_only_build_outputs(clone, before, allowed)
+    assert not (clone / "target" / "release").exists(), "CARGO_TARGET_DIR was not honoured"
+    _check_installed(python, package)
 
 
 CLIENT = '''
