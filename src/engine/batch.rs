@@ -3,7 +3,6 @@
 //! are reached through a table of ids (index + generation, never a pointer),
 //! so a stale or made-up id is an error, not a crash.
 
-use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -11,9 +10,11 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::deadline::Stall;
+use super::link::Link;
 use super::peers::{recv_limit, stalled, Lane, Peer};
-use super::staging::run_window_any;
-use super::transfer::{WINDOW_BYTES, WINDOW_REQUESTS};
+use super::plan::Plan;
+use super::prepare::Prepared;
+use super::window::{HostMemory, WindowOutcome};
 use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::state::{self, BatchSummary, TaskState, TaskSummary};
@@ -33,13 +34,6 @@ impl Task {
     }
 }
 
-/// Requests larger than this travel as several pieces: windows stay bounded
-/// and a very large entry can spread over several lanes.
-pub(crate) const PIECE_BYTES: usize = 4 << 20;
-
-/// Bytes per extra lane a single batch may use.
-const LANE_FANOUT_BYTES: usize = 64 << 20;
-
 /// A running (or finished) batch.
 pub struct BatchRun {
     session: String,
@@ -47,15 +41,13 @@ pub struct BatchRun {
     /// The longest request (checked against the peer's regions).
     longest: usize,
     /// What crosses the wire: every non-empty request, cut into pieces.
-    pieces: Vec<Request>,
-    /// The task each piece belongs to.
-    piece_task: Vec<usize>,
+    plan: Plan,
+    /// The devices of staged pieces.
+    devices: Vec<Arc<super::cuda::Device>>,
     tasks: Vec<Task>,
-    cursor: AtomicUsize,
     remaining: AtomicUsize,
     abort: Mutex<Option<Error>>,
     peer: OnceLock<Result<Arc<Peer>>>,
-    force_v1: bool,
     notify: Option<(String, String)>,
     notify_error: Mutex<Option<Error>>,
     done: Mutex<bool>,
@@ -65,50 +57,38 @@ pub struct BatchRun {
 }
 
 impl BatchRun {
-    /// A batch of `reqs`. Zero-length requests complete at once (nothing
-    /// crosses the wire for them, as in Mooncake).
+    /// A batch of checked requests. Zero-length requests complete at once
+    /// (nothing crosses the wire for them, as in Mooncake).
     pub fn new(
         inner: &Inner,
         session: &str,
         direction: Direction,
-        reqs: Vec<Request>,
+        prepared: Prepared,
         notify: Option<(String, String)>,
     ) -> Arc<BatchRun> {
-        let mut pieces = Vec::with_capacity(reqs.len());
-        let mut piece_task = Vec::with_capacity(reqs.len());
-        let mut tasks = Vec::with_capacity(reqs.len());
-        for (i, r) in reqs.iter().enumerate() {
-            let mut count = 0;
-            let mut off = 0;
-            // Device memory travels in pieces of one staging buffer.
-            let piece = super::staging::piece_limit(inner, r, PIECE_BYTES);
-            while off < r.len {
-                let len = (r.len - off).min(piece);
-                pieces.push(Request { local: r.local + off, remote: r.remote + off as u64, len });
-                piece_task.push(i);
-                off += len;
-                count += 1;
-            }
-            tasks.push(Task {
-                state: AtomicU8::new(if r.len == 0 { TaskState::Completed } else { TaskState::Pending }.to_u8()),
+        // Device memory travels in pieces of one staging buffer.
+        let plan = Plan::new(&prepared.reqs, &prepared.kinds, inner.staging.chunk());
+        let tasks = plan
+            .task_pieces
+            .iter()
+            .map(|&count| Task {
+                state: AtomicU8::new(if count == 0 { TaskState::Completed } else { TaskState::Pending }.to_u8()),
                 bytes: AtomicU64::new(0),
                 pieces_left: AtomicUsize::new(count),
                 error: Mutex::new(None),
-            });
-        }
-        let pending = reqs.iter().filter(|r| r.len > 0).count();
+            })
+            .collect();
+        let pending = plan.task_pieces.iter().filter(|&&c| c > 0).count();
         Arc::new(BatchRun {
             session: session.to_owned(),
             direction,
-            longest: reqs.iter().map(|r| r.len).max().unwrap_or(0),
-            pieces,
-            piece_task,
+            longest: prepared.reqs.iter().map(|r| r.len).max().unwrap_or(0),
+            plan,
+            devices: prepared.devices,
             tasks,
-            cursor: AtomicUsize::new(0),
             remaining: AtomicUsize::new(pending),
             abort: Mutex::new(None),
             peer: OnceLock::new(),
-            force_v1: inner.settings.force_v1,
             notify,
             notify_error: Mutex::new(None),
             done: Mutex::new(false),
@@ -130,11 +110,7 @@ impl BatchRun {
             self.finish(inner);
             return;
         }
-        let bytes: usize = self.pieces.iter().map(|r| r.len).fold(0usize, usize::saturating_add);
-        // One pipelined lane keeps up with loopback on this class of machine
-        // (measured: 64 KiB x 256 at 5.6 GB/s on one lane, 4.5 on four);
-        // only very large batches fan out, for links one stream cannot fill.
-        let lanes = (bytes / LANE_FANOUT_BYTES).clamp(1, inner.settings.lanes_per_peer);
+        let lanes = self.plan.lanes(inner.settings.lanes_per_peer);
         let on_workers = if on_caller { lanes - 1 } else { lanes };
         for _ in 0..on_workers {
             let run = self.clone();
@@ -143,28 +119,6 @@ impl BatchRun {
         }
         if on_caller {
             self.lane_job(inner);
-        }
-    }
-
-    fn claim(&self) -> Option<Range<usize>> {
-        let n = self.pieces.len();
-        loop {
-            let start = self.cursor.load(Ordering::Acquire);
-            if start >= n {
-                return None;
-            }
-            let mut end = start;
-            let mut bytes = 0usize;
-            while end < n
-                && end - start < WINDOW_REQUESTS
-                && (end == start || bytes + self.pieces[end].len <= WINDOW_BYTES)
-            {
-                bytes += self.pieces[end].len;
-                end += 1;
-            }
-            if self.cursor.compare_exchange(start, end, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                return Some(start..end);
-            }
         }
     }
 
@@ -184,10 +138,10 @@ impl BatchRun {
 
     /// Piece `i` is terminal. Its task is terminal once all its pieces are.
     fn complete(&self, inner: &Inner, i: usize, result: Result<()>) {
-        let task = &self.tasks[self.piece_task[i]];
+        let task = &self.tasks[self.plan.piece_task[i]];
         match result {
             Ok(()) => {
-                task.bytes.fetch_add(self.pieces[i].len as u64, Ordering::AcqRel);
+                task.bytes.fetch_add(self.plan.pieces[i].len as u64, Ordering::AcqRel);
             }
             Err(e) => {
                 // Whatever broke while stopping, the cause is the stop.
@@ -244,7 +198,7 @@ impl BatchRun {
     /// and counts device faults in its statistics. The peer's advertised
     /// regions tell the two apart where they can.
     fn rejected(&self, i: usize) -> Error {
-        let r = &self.pieces[i];
+        let r = &self.plan.pieces[i];
         let (start, end) = (r.remote, r.remote.saturating_add(r.len as u64));
         let advertised = self.peer.get().and_then(|p| p.as_ref().ok()).map(|p| p.descriptor());
         let why = match advertised {
@@ -277,7 +231,7 @@ impl BatchRun {
         let peer = match self.peer(inner) {
             Ok(p) => p,
             Err(e) => {
-                while let Some(w) = self.claim() {
+                while let Some(w) = self.plan.claim() {
                     let idx: Vec<usize> = w.collect();
                     self.fail_all(inner, &idx, &e);
                 }
@@ -285,32 +239,21 @@ impl BatchRun {
             }
         };
         let stall = Stall::since(peer.progress.clone(), self.started);
-        let limit = recv_limit(&inner.settings);
         let mut lane: Option<Lane> = None;
-        while let Some(w) = self.claim() {
+        while let Some(w) = self.plan.claim() {
             let idx: Vec<usize> = w.collect();
-            if stall.expired(limit) {
-                self.set_abort(&stalled(&self.session, limit));
-            }
-            let aborted = self.abort.lock().clone(); // not held while failing (finish logs)
-            if let Some(e) = aborted {
-                self.fail_all(inner, &idx, &e);
-                continue;
-            }
-            let mut l = match lane.take().map(Ok).unwrap_or_else(|| peer.acquire(inner, &stall)) {
+            let next = self.proceed(inner, &stall, None);
+            let mut l = match next.and_then(|()| lane.take().map(Ok).unwrap_or_else(|| self.open(inner, &peer, &stall, None)))
+            {
                 Ok(l) => l,
                 Err(e) => {
-                    self.set_abort(&e);
                     self.fail_all(inner, &idx, &e);
                     continue;
                 }
             };
-            l.conn.set_stall(stall.clone());
-            let v2 = l.proto_version >= 2 && !self.force_v1;
-            let reqs: Vec<Request> = idx.iter().map(|&i| self.pieces[i]).collect();
             // SAFETY: the submitter guarantees local memory stays valid until
             // every task of the batch is terminal.
-            let out = unsafe { run_window_any(inner, &mut l.conn, &self.session, self.direction, v2, &reqs) };
+            let out = unsafe { self.run(inner, &mut l, &idx) };
             for &i in &idx[..out.confirmed] {
                 self.complete(inner, i, Ok(()));
             }
@@ -324,19 +267,75 @@ impl BatchRun {
                         // runs on a fresh connection, the peer re-validated.
                         peer.discard_idle();
                     }
-                    let broken = Some(e);
                     let mut next = out.confirmed;
                     if out.rejected {
                         self.complete(inner, idx[next], Err(self.rejected(idx[next])));
                         next += 1;
                     }
-                    self.retry_each(inner, &peer, &stall, &idx[next..], broken);
+                    self.retry_each(inner, &peer, &stall, &idx[next..], Some(e));
                 }
             }
         }
         if let Some(l) = lane {
             peer.release(l, true);
         }
+    }
+
+    /// Whether the next window may go: not if the batch is aborted or its
+    /// peer has been silent for the limit (then the batch aborts with that).
+    /// `cause` is the failure a retry follows, added to the error.
+    fn proceed(&self, inner: &Inner, stall: &Stall, cause: Option<&Error>) -> Result<()> {
+        let limit = recv_limit(&inner.settings);
+        if stall.expired(limit) {
+            self.set_abort(&after(stalled(&self.session, limit), cause));
+        }
+        match self.abort.lock().clone() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// A lane for the next window; a failure aborts the batch.
+    fn open(&self, inner: &Inner, peer: &Peer, stall: &Stall, cause: Option<&Error>) -> Result<Lane> {
+        match peer.acquire(inner, stall) {
+            Ok(mut l) => {
+                l.conn.set_stall(stall.clone());
+                Ok(l)
+            }
+            Err(e) => {
+                let e = after(e, cause);
+                self.set_abort(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Run the pieces `idx` (one window) on `link`: host memory as it is,
+    /// device memory staged. Connection errors name the peer here, once.
+    ///
+    /// # Safety
+    /// As for the batch: local memory stays valid until every task is terminal.
+    unsafe fn run(&self, inner: &Inner, link: &mut dyn Link, idx: &[usize]) -> WindowOutcome {
+        let reqs: Vec<Request> = idx.iter().map(|&i| self.plan.pieces[i]).collect();
+        let device = idx.iter().find_map(|&i| self.plan.kind(i));
+        let mut out = match device.and_then(|d| self.devices.iter().find(|dev| dev.ordinal == d)) {
+            // SAFETY: forwarded from the caller.
+            None => unsafe { link.run_window(self.direction, &reqs, &mut HostMemory::new(&reqs)) },
+            Some(dev) => {
+                let on_device = idx.iter().map(|&i| self.plan.kind(i).is_some()).collect();
+                let stop = || inner.registry.stopping();
+                match inner.staging.staged(&reqs, on_device, dev, &stop) {
+                    // SAFETY: as above.
+                    Ok(mut memory) => unsafe { link.run_window(self.direction, &reqs, &mut memory) },
+                    Err(e) => WindowOutcome { confirmed: 0, rejected: false, broken: Some(e) },
+                }
+            }
+        };
+        if let Some(e) = out.broken.take() {
+            let named = matches!(e.kind(), ErrorKind::ConnectionLost | ErrorKind::Timeout | ErrorKind::Protocol);
+            out.broken = Some(if named { e.context(format!("{} to {}", link.path(), self.session)) } else { e });
+        }
+        out
     }
 
     /// The slow path after a broken window: each unconfirmed request once
@@ -346,38 +345,18 @@ impl BatchRun {
     /// Retries count against the task's stall clock: once the peer has
     /// been silent for the limit, what is left fails without another try.
     fn retry_each(&self, inner: &Inner, peer: &Peer, stall: &Stall, idx: &[usize], cause: Option<Error>) {
-        let limit = recv_limit(&inner.settings);
         for (k, &i) in idx.iter().enumerate() {
-            if stall.expired(limit) {
-                let e = stalled(&self.session, limit);
-                let e = match &cause {
-                    Some(c) => e.context(format!("after \"{c}\"")),
-                    None => e,
-                };
-                self.set_abort(&e);
-            }
-            let aborted = self.abort.lock().clone(); // not held while failing (finish logs)
-            if let Some(e) = aborted {
-                self.fail_all(inner, &idx[k..], &e);
-                return;
-            }
-            let mut l = match peer.acquire(inner, stall) {
+            let next = self.proceed(inner, stall, cause.as_ref());
+            let mut l = match next.and_then(|()| self.open(inner, peer, stall, cause.as_ref())) {
                 Ok(l) => l,
                 Err(e) => {
-                    let e = match &cause {
-                        Some(c) => e.context(format!("after \"{c}\"")),
-                        None => e,
-                    };
-                    self.set_abort(&e);
                     self.fail_all(inner, &idx[k..], &e);
                     return;
                 }
             };
-            l.conn.set_stall(stall.clone());
-            let v2 = l.proto_version >= 2 && !self.force_v1;
+            let v2 = l.v2;
             // SAFETY: as in `lane_job`.
-            let out =
-                unsafe { run_window_any(inner, &mut l.conn, &self.session, self.direction, v2, &[self.pieces[i]]) };
+            let out = unsafe { self.run(inner, &mut l, &[i]) };
             match out.broken {
                 None => {
                     peer.release(l, true);
@@ -457,5 +436,13 @@ impl BatchRun {
     /// The notification error, if the batch's notification failed.
     pub fn notify_error(&self) -> Option<Error> {
         self.notify_error.lock().clone()
+    }
+}
+
+/// `e`, after the failure `cause` that led to it.
+fn after(e: Error, cause: Option<&Error>) -> Error {
+    match cause {
+        Some(c) => e.context(format!("after \"{c}\"")),
+        None => e,
     }
 }

@@ -5,7 +5,7 @@
 //! refusing it here costs the caller nothing and keeps a bogus length
 //! (`1 << 62`) from planning billions of pieces.
 
-use super::batch::PIECE_BYTES;
+use super::plan::PIECE_BYTES;
 use super::descriptor::PeerDescriptor;
 use super::settings::Settings;
 use crate::error::{Error, Result};

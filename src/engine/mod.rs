@@ -20,20 +20,23 @@ pub mod descriptor;
 #[cfg(not(feature = "fuzzing"))]
 pub(crate) mod descriptor;
 mod limits;
+mod link;
 mod listen;
 mod notify;
 mod peers;
+mod plan;
+mod prepare;
 mod regions;
 mod registry;
 mod server;
 pub mod settings;
 mod spin;
 mod staging;
-mod transfer;
 #[cfg(feature = "fuzzing")]
 pub mod wire;
 #[cfg(not(feature = "fuzzing"))]
 pub(crate) mod wire;
+mod window;
 mod workers;
 
 #[cfg(test)]
@@ -223,16 +226,17 @@ impl Engine {
         Ok(())
     }
 
-    /// Refuse what cannot succeed before allocating for it: too many
-    /// entries, a request over the maximum length, or (for a peer whose
-    /// descriptor is cached) longer than every region it advertised.
-    fn check_limits(&self, session: &str, reqs: &[Request]) -> Result<()> {
-        limits::check_requests(&self.inner.settings, reqs)?;
+    /// Check a batch once, refusing what cannot succeed before allocating
+    /// for it (see [`prepare`]); for a peer whose descriptor is cached, also
+    /// a request longer than every region it advertised.
+    fn prepare(&self, session: &str, reqs: Vec<Request>) -> Result<prepare::Prepared> {
+        self.check_running()?;
+        let prepared = prepare::prepare(&self.inner.settings, &self.inner.regions, reqs)?;
         if let Some(peer) = self.inner.peers.cached(session) {
-            let longest = reqs.iter().map(|r| r.len).max().unwrap_or(0);
+            let longest = prepared.reqs.iter().map(|r| r.len).max().unwrap_or(0);
             peer.check_fits(&self.inner, longest)?;
         }
-        Ok(())
+        Ok(prepared)
     }
 
     /// The failure of a finished batch (`Ok` if all completed).
@@ -285,11 +289,8 @@ impl TransferBackend for Engine {
     /// Move every request and return when each is confirmed at the target
     /// (or failed). Returns the first failure, with a count.
     unsafe fn transfer_sync(&self, session: &str, direction: Direction, reqs: Vec<Request>) -> Result<()> {
-        self.check_running()?;
-        Request::validate_all(&reqs)?;
-        self.check_limits(session, &reqs)?;
-        staging::check_locals(&self.inner, &reqs)?;
-        let run = BatchRun::new(&self.inner, session, direction, reqs, None);
+        let prepared = self.prepare(session, reqs)?;
+        let run = BatchRun::new(&self.inner, session, direction, prepared, None);
         run.start(&self.inner, true);
         run.wait_until(None);
         run.outcome()
@@ -304,11 +305,8 @@ impl TransferBackend for Engine {
         reqs: Vec<Request>,
         notify: Option<(String, String)>,
     ) -> Result<u64> {
-        self.check_running()?;
-        Request::validate_all(&reqs)?;
-        self.check_limits(session, &reqs)?;
-        staging::check_locals(&self.inner, &reqs)?;
-        let run = BatchRun::new(&self.inner, session, direction, reqs, notify);
+        let prepared = self.prepare(session, reqs)?;
+        let run = BatchRun::new(&self.inner, session, direction, prepared, notify);
         let id = self.inner.batches.insert(run.clone())?;
         run.start(&self.inner, false);
         Ok(id)

@@ -178,8 +178,9 @@ pub struct Lane {
     /// Declared first: dropped (unlisted) before `conn` closes the socket.
     _tracked: OwnedSocketGuard,
     pub conn: Conn,
-    /// Protocol version of the descriptor the lane was opened under.
-    pub proto_version: u64,
+    /// Whether requests on this lane use data protocol v2 (decided when the
+    /// lane opens: the peer's descriptor, unless v1 is forced).
+    pub v2: bool,
 }
 
 impl Peer {
@@ -289,8 +290,7 @@ impl Peer {
             .registry
             .track_owned(conn.stream())
             .ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
-        // The protocol version of the descriptor this lane was opened from.
-        Ok(Lane { conn, proto_version: desc.proto_version, _tracked: tracked })
+        Ok(Lane { conn, v2: desc.proto_version >= 2 && !s.force_v1, _tracked: tracked })
     }
 
     /// Close the idle lanes: after one broke with a connection error, the

@@ -432,7 +432,7 @@ fn unregister_withdraws_memory() {
 #[test]
 fn large_entries_travel_as_pieces_and_fail_as_one_task() {
     let (a, b) = (engine(), engine());
-    let len = 3 * batch::PIECE_BYTES + 12345;
+    let len = 3 * plan::PIECE_BYTES + 12345;
     let target = vec![0u8; len];
     b.register(addr(&target), len as u64).unwrap();
     let src = pattern(len, 8);

@@ -5,7 +5,8 @@ use std::io;
 
 use super::super::conn::{Conn, MAX_IO_CHUNK};
 use super::super::hello;
-use super::super::wire::{self, RequestHeader, HEADER_LEN};
+use super::acks::Acks;
+use super::super::wire::{RequestHeader, HEADER_LEN};
 use super::super::Inner;
 use crate::transfer::stats::Stats;
 use crate::transfer::Direction;
@@ -52,7 +53,7 @@ fn answer_hello(inner: &Inner, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> bo
 
 pub(super) fn serve_data(inner: &Inner, conn: &mut Conn, ticket: &super::super::budget::Ticket) {
     conn.set_spin(inner.settings.spin);
-    let mut pending_acks: Vec<u8> = Vec::with_capacity(256);
+    let mut acks = Acks::default();
     let stopping = || inner.registry.stopping();
     let mut first = true;
     loop {
@@ -87,17 +88,14 @@ pub(super) fn serve_data(inner: &Inner, conn: &mut Conn, ticket: &super::super::
                 header.addr
             );
             Stats::bump(&inner.stats.requests_refused);
-            if header.acknowledged {
-                pending_acks.extend_from_slice(&wire::encode_status(wire::STATUS_REJECTED));
-                let _ = conn.send_all(&pending_acks);
-            }
+            acks.reject(conn, header.acknowledged);
             break;
         };
         let region = hold.region();
         let revoked = || region.is_revoked() || inner.registry.stopping();
         if let Some(dev) = region.device.clone() {
             // Device memory: staged, never touched by the CPU.
-            let served = super::super::staging::serve_device(inner, conn, &dev, &header, &mut pending_acks, &revoked);
+            let served = super::device::serve_device(inner, conn, &dev, &header, &mut acks, &revoked);
             drop(hold);
             if !served {
                 break;
@@ -112,27 +110,17 @@ pub(super) fn serve_data(inner: &Inner, conn: &mut Conn, ticket: &super::super::
                 // (not unregistered) until `hold` drops; unregistering shuts
                 // this connection down, which ends the call, and waits.
                 unsafe { conn.recv_raw(ptr, size, &revoked) }.and_then(|()| {
-                    if header.acknowledged {
-                        pending_acks.extend_from_slice(&wire::encode_status(wire::STATUS_OK));
-                    }
-                    // More pipelined requests already here: acknowledge later,
-                    // in one send. The data has landed either way.
-                    if conn.buffered() < HEADER_LEN || pending_acks.len() >= 4096 {
-                        conn.send_all(&pending_acks)?;
-                        pending_acks.clear();
-                    }
-                    Ok(())
+                    // The data has landed: acknowledged now, or with the
+                    // pipelined requests already here.
+                    acks.ok(header.acknowledged);
+                    acks.flush_unless_pipelined(conn)
                 })
             }
             Direction::Read => {
-                if header.acknowledged {
-                    pending_acks.extend_from_slice(&wire::encode_status(wire::STATUS_OK));
-                }
+                acks.ok(header.acknowledged);
                 let first = size.min(MAX_IO_CHUNK);
                 // SAFETY: as above, for reading.
-                let mut result =
-                    unsafe { conn.send_vectored(&[(pending_acks.as_ptr(), pending_acks.len()), (ptr, first)]) };
-                pending_acks.clear();
+                let mut result = unsafe { acks.send_with(conn, &[(ptr.cast_const(), first)]) };
                 let mut done = first;
                 while result.is_ok() && done < size {
                     if revoked() {

@@ -4,7 +4,9 @@
 //! carrying 24-byte requests). Everything a peer sends is bounded and
 //! checked; a bad peer loses its connection, never the engine.
 
+mod acks;
 mod data;
+mod device;
 mod handshake;
 
 use std::io;
