@@ -243,7 +243,8 @@ impl BatchRun {
         while let Some(w) = self.plan.claim() {
             let idx: Vec<usize> = w.collect();
             let next = self.proceed(inner, &stall, None);
-            let mut l = match next.and_then(|()| lane.take().map(Ok).unwrap_or_else(|| self.open(inner, &peer, &stall, None)))
+            let mut l = match next
+                .and_then(|()| lane.take().map(Ok).unwrap_or_else(|| self.open(inner, &peer, &stall, None)))
             {
                 Ok(l) => l,
                 Err(e) => {

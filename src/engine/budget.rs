@@ -29,7 +29,12 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::server::Plane;
+/// Which listener a connection came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plane {
+    Handshake,
+    Data,
+}
 
 /// Descriptors a process has (`RLIMIT_NOFILE`, soft), or `None`.
 pub fn fd_limit() -> Option<u64> {

@@ -137,30 +137,27 @@ pub struct Classified {
     pub device: Option<Arc<Device>>,
 }
 
+/// One 4-byte pointer attribute of `addr` (`name` for errors).
+fn pointer_attribute(
+    api: &Api,
+    attribute: cuda_sys::CUpointerAttribute,
+    name: &'static str,
+    addr: u64,
+) -> std::result::Result<u32, CudaError> {
+    let mut value = 0u32;
+    // SAFETY: MEMORY_TYPE and DEVICE_ORDINAL each write one 4-byte integer.
+    let rc = unsafe { (api.pointer_get_attribute)((&mut value as *mut u32).cast::<c_void>(), attribute, addr) };
+    api.check(rc, name).map(|()| value)
+}
+
 fn memory_type(api: &Api, addr: u64) -> std::result::Result<u32, CudaError> {
-    let mut t = 0u32;
-    // SAFETY: MEMORY_TYPE writes one unsigned int.
-    let rc = unsafe {
-        (api.pointer_get_attribute)(
-            (&mut t as *mut u32).cast::<c_void>(),
-            cuda_sys::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            addr,
-        )
-    };
-    api.check(rc, "cuPointerGetAttribute(MEMORY_TYPE)").map(|()| t)
+    pointer_attribute(api, cuda_sys::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, "cuPointerGetAttribute(MEMORY_TYPE)", addr)
 }
 
 fn device_ordinal(api: &Api, addr: u64) -> std::result::Result<u32, CudaError> {
-    let mut o = 0i32;
-    // SAFETY: DEVICE_ORDINAL writes one int.
-    let rc = unsafe {
-        (api.pointer_get_attribute)(
-            (&mut o as *mut i32).cast::<c_void>(),
-            cuda_sys::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            addr,
-        )
-    };
-    api.check(rc, "cuPointerGetAttribute(DEVICE_ORDINAL)").map(|()| o.max(0) as u32)
+    // An int on the wire of the API; a negative one means none.
+    pointer_attribute(api, cuda_sys::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, "cuPointerGetAttribute(DEVICE_ORDINAL)", addr)
+        .map(|o| (o as i32).max(0) as u32)
 }
 
 /// Decide where `[addr, addr+len)` lives. `"cpu:N"` is taken as given and

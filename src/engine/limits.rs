@@ -5,13 +5,11 @@
 //! refusing it here costs the caller nothing and keeps a bogus length
 //! (`1 << 62`) from planning billions of pieces.
 
-use super::plan::PIECE_BYTES;
 use super::descriptor::PeerDescriptor;
+use super::plan::PIECE_BYTES;
 use super::settings::Settings;
 use crate::error::{Error, Result};
 use crate::transfer::Request;
-
-pub(crate) use crate::transfer::backend::DEFAULT_MAX_BATCH_ENTRIES;
 
 /// A batch may be cut into at most this many pieces per allowed entry.
 const PIECES_PER_ENTRY: usize = 4;

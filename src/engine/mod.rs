@@ -32,11 +32,11 @@ mod server;
 pub mod settings;
 mod spin;
 mod staging;
+mod window;
 #[cfg(feature = "fuzzing")]
 pub mod wire;
 #[cfg(not(feature = "fuzzing"))]
 pub(crate) mod wire;
-mod window;
 mod workers;
 
 #[cfg(test)]
@@ -62,11 +62,11 @@ use crate::transfer::location::Requested;
 use crate::transfer::stats::{Gauges, Stats, StatsSnapshot};
 use crate::transfer::{state, BatchSummary, Direction, Request, TaskSummary, TransferBackend};
 use batch::BatchRun;
+use budget::Plane;
 use notify::Notifications;
 use peers::Peers;
 use regions::Regions;
 use registry::Registry;
-use server::Plane;
 use settings::Settings;
 use wire::FrameType;
 use workers::Workers;

@@ -160,7 +160,9 @@ mod tests {
             windows.push(w);
         }
         assert_eq!(windows.iter().map(|w| w.len()).sum::<usize>(), big.pieces.len());
-        assert!(windows.iter().all(|w| w.len() == 1 || big.pieces[w.clone()].iter().map(|r| r.len).sum::<usize>() <= WINDOW_BYTES));
+        assert!(windows
+            .iter()
+            .all(|w| w.len() == 1 || big.pieces[w.clone()].iter().map(|r| r.len).sum::<usize>() <= WINDOW_BYTES));
         // Host pieces ride with the device run before or after them.
         let kinds = [None, Some(0), None, Some(0), Some(3), None, Some(3)];
         let mixed = Plan::new(&[req(1); 7], &kinds, 4096);

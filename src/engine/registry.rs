@@ -165,16 +165,14 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::mpsc;
 
     /// A thread of the registry knows it is one, and joining every thread
     /// from it skips itself instead of failing to join itself.
     #[test]
     fn join_all_from_an_own_thread_skips_it() {
-        let registry = Arc::new(Registry::default());
-        let other = Arc::new(Registry::default());
+        let (registry, other) = (Arc::new(Registry::default()), Arc::new(Registry::default()));
         assert!(!registry.is_own_thread());
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = std::sync::mpsc::channel();
         let r2 = registry.clone();
         registry
             .spawn("pdx-test-sibling".to_owned(), || std::thread::sleep(std::time::Duration::from_millis(50)))

@@ -110,7 +110,8 @@ impl Settings {
             workers: read(env, &PDX_WORKERS).unwrap_or(8),
             spin: read(env, &PDX_SPIN_US).unwrap_or(Duration::from_micros(50)),
             bind_address: read(env, &PDX_BIND_ADDRESS),
-            max_batch_entries: read(env, &PDX_MAX_BATCH_ENTRIES).unwrap_or(super::limits::DEFAULT_MAX_BATCH_ENTRIES),
+            max_batch_entries: read(env, &PDX_MAX_BATCH_ENTRIES)
+                .unwrap_or(crate::transfer::backend::DEFAULT_MAX_BATCH_ENTRIES),
             max_request_bytes: read(env, &PDX_MAX_REQUEST_BYTES).unwrap_or(1 << 40),
             notify_queue_bytes: read(env, &PDX_NOTIFY_QUEUE_BYTES).unwrap_or(8 << 20),
             max_connections_per_address: read(env, &PDX_MAX_CONNECTIONS_PER_ADDRESS).unwrap_or(256),

@@ -168,7 +168,9 @@ fn take_acks(conn: &mut Conn, want: usize, got: &mut usize, blocking: bool) -> s
         match wire::decode_status(frame) {
             Some(wire::STATUS_OK) => *got += 1,
             Some(wire::STATUS_REJECTED) => return Err((true, None)),
-            Some(code) => return Err((false, Some(Error::protocol(format!("the peer sent unknown status code {code}"))))),
+            Some(code) => {
+                return Err((false, Some(Error::protocol(format!("the peer sent unknown status code {code}")))))
+            }
             None => {
                 let e = Error::protocol("the peer sent a malformed status frame (it likely speaks only protocol v1)");
                 return Err((false, Some(e)));
@@ -292,7 +294,8 @@ unsafe fn read(conn: &mut Conn, v2: bool, reqs: &[Request], memory: &mut dyn Loc
             if v2 {
                 let mut one = 0;
                 if let Err((rejected, err)) = take_acks(conn, 1, &mut one, true) {
-                    failure = Some((rejected, err.unwrap_or_else(|| Error::new(ErrorKind::RemoteRejected, "rejected"))));
+                    failure =
+                        Some((rejected, err.unwrap_or_else(|| Error::new(ErrorKind::RemoteRejected, "rejected"))));
                     break;
                 }
             }

@@ -5,9 +5,9 @@ use std::io;
 
 use super::super::conn::{Conn, MAX_IO_CHUNK};
 use super::super::hello;
-use super::acks::Acks;
 use super::super::wire::{RequestHeader, HEADER_LEN};
 use super::super::Inner;
+use super::acks::Acks;
 use crate::transfer::stats::Stats;
 use crate::transfer::Direction;
 
@@ -95,7 +95,8 @@ pub(super) fn serve_data(inner: &Inner, conn: &mut Conn, ticket: &super::super::
         let revoked = || region.is_revoked() || inner.registry.stopping();
         if let Some(dev) = region.device.clone() {
             // Device memory: staged, never touched by the CPU.
-            let served = super::device::serve_device(inner, conn, &dev, &header, &mut acks, &revoked);
+            let io = super::device::Inbound { conn: &mut *conn, acks: &mut acks, revoked: &revoked };
+            let served = super::device::serve_device(inner, &dev, &header, io);
             drop(hold);
             if !served {
                 break;

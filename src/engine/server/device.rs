@@ -16,6 +16,14 @@ use super::acks::Acks;
 use crate::error::{Error, ErrorKind};
 use crate::transfer::Direction;
 
+/// The connection a device request arrived on, its acknowledgements, and
+/// when to stop (the region withdrawn, or the engine stopping).
+pub(crate) struct Inbound<'a> {
+    pub conn: &'a mut Conn,
+    pub acks: &'a mut Acks,
+    pub revoked: &'a dyn Fn() -> bool,
+}
+
 /// Why a staged request on a server connection stopped.
 pub enum Failure {
     /// The socket failed or the region was withdrawn: close the connection.
@@ -45,21 +53,30 @@ impl From<Error> for Failure {
 /// one synchronize, one send. A failed driver call answers REJECTED for the
 /// request it concerns where requests are acknowledged, after confirming
 /// the ones before it, and closes the connection (`false`).
-pub(crate) fn serve_device(
-    inner: &Inner,
-    conn: &mut Conn,
-    dev: &Arc<Device>,
-    header: &RequestHeader,
-    acks: &mut Acks,
-    revoked: &dyn Fn() -> bool,
-) -> bool {
+pub(crate) fn serve_device(inner: &Inner, dev: &Arc<Device>, header: &RequestHeader, io: Inbound<'_>) -> bool {
+    let Inbound { conn, acks, revoked } = io;
     let size = header.size as usize;
     let staging = &inner.staging;
-    let result = if size > staging.chunk() {
-        large(staging, conn, dev, header, acks, revoked).inspect(|()| inner.stats.served(header.direction, header.size))
-    } else {
-        small_run(inner, conn, dev, header, acks, revoked)
+    let result = match header.direction {
+        // One request larger than a staging buffer, pipelined in chunks.
+        Direction::Write if size > staging.chunk() => {
+            match recv_to_device(staging, conn, dev, header.addr, size, revoked) {
+                Ok(()) => {
+                    acks.ok(header.acknowledged);
+                    acks.flush_unless_pipelined(conn).map_err(Failure::Io)
+                }
+                Err(Failure::Device(e)) => Err(reject(conn, acks, header.acknowledged, e)),
+                Err(f) => Err(f),
+            }
+        }
+        Direction::Read if size > staging.chunk() => {
+            send_from_device(staging, conn, dev, header.addr, size, acks, header.acknowledged, revoked)
+        }
+        _ => small_run(inner, dev, header, Inbound { conn, acks, revoked }),
     };
+    if size > staging.chunk() && result.is_ok() {
+        inner.stats.served(header.direction, header.size);
+    }
     match result {
         Ok(()) => true,
         Err(Failure::Io(e)) => {
@@ -90,31 +107,6 @@ fn reject(conn: &Conn, acks: &mut Acks, acknowledged: bool, e: Error) -> Failure
     Failure::Device(e)
 }
 
-/// One request larger than a staging buffer, pipelined in chunks.
-fn large(
-    staging: &Staging,
-    conn: &mut Conn,
-    dev: &Arc<Device>,
-    header: &RequestHeader,
-    acks: &mut Acks,
-    revoked: &dyn Fn() -> bool,
-) -> std::result::Result<(), Failure> {
-    let size = header.size as usize;
-    match header.direction {
-        Direction::Write => {
-            match recv_to_device(staging, conn, dev, header.addr, size, revoked) {
-                Ok(()) => {}
-                Err(Failure::Device(e)) => return Err(reject(conn, acks, header.acknowledged, e)),
-                Err(f) => return Err(f),
-            }
-            acks.ok(header.acknowledged);
-            acks.flush_unless_pipelined(conn)?;
-            Ok(())
-        }
-        Direction::Read => send_from_device(staging, conn, dev, header.addr, size, acks, header.acknowledged, revoked),
-    }
-}
-
 /// The next pipelined request, if it can join a run of small requests in
 /// direction `d` on `dev` with `room` bytes left in the buffer.
 fn next_small(inner: &Inner, conn: &Conn, d: Direction, dev: &Device, room: usize) -> Option<(RequestHeader, Hold)> {
@@ -133,12 +125,11 @@ fn next_small(inner: &Inner, conn: &Conn, d: Direction, dev: &Device, room: usiz
 /// A run of small requests staged in one buffer with one synchronize.
 fn small_run(
     inner: &Inner,
-    conn: &mut Conn,
     dev: &Arc<Device>,
     first: &RequestHeader,
-    acks: &mut Acks,
-    revoked: &dyn Fn() -> bool,
+    io: Inbound<'_>,
 ) -> std::result::Result<(), Failure> {
+    let Inbound { conn, acks, revoked } = io;
     let staging = &inner.staging;
     let lease = match staging.lease(Side::Inbound, dev, 1, revoked) {
         Ok(l) => l,

@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::budget::Plane;
 use super::conn::Conn;
 use super::Inner;
 use crate::transfer::stats::Stats;
@@ -35,13 +36,6 @@ impl Drop for OpenConnection<'_> {
     fn drop(&mut self) {
         self.0.inbound_open.fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-/// Which listener an accept loop serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Plane {
-    Handshake,
-    Data,
 }
 
 /// Logs accept failures at most once a second and backs off between them

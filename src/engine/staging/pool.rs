@@ -61,7 +61,6 @@ pub struct Staging {
     owner: Mutex<Option<Arc<Device>>>,
 }
 
-
 impl Staging {
     /// A pool capped at `cap` bytes (raised to [`MIN_STAGING_BYTES`]); a
     /// request waits at most `wait` for a buffer. Allocates nothing yet.

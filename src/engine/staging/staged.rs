@@ -137,7 +137,8 @@ impl LocalMemory for StagedMemory<'_> {
 
     fn ready_out(&mut self, g: usize) -> Result<Cow<'_, [Request]>> {
         let b = self.buffer_of(g);
-        let view = self.views[b].take().ok_or_else(|| Error::new(ErrorKind::Panic, "staging group was not prepared"))?;
+        let view =
+            self.views[b].take().ok_or_else(|| Error::new(ErrorKind::Panic, "staging group was not prepared"))?;
         self.lease.sync(b)?;
         Ok(Cow::Owned(view))
     }
@@ -161,7 +162,8 @@ impl LocalMemory for StagedMemory<'_> {
         let mut result = Ok(());
         for (k, i) in self.groups[g].clone().enumerate().take(got) {
             if self.on_device[i] {
-                result = self.lease.h2d_from(b, self.reqs[i].local as u64, view[k].local as *const u8, self.reqs[i].len);
+                result =
+                    self.lease.h2d_from(b, self.reqs[i].local as u64, view[k].local as *const u8, self.reqs[i].len);
                 if result.is_err() {
                     break;
                 }
