@@ -14,15 +14,7 @@ use crate::transfer::Request;
 /// A batch may be cut into at most this many pieces per allowed entry.
 const PIECES_PER_ENTRY: usize = 4;
 
-/// Refuse a batch with more entries than the engine allows.
-pub fn check_entry_count(n: usize, max: usize) -> Result<()> {
-    if n > max {
-        return Err(Error::invalid_argument(format!(
-            "a batch of {n} entries is over the limit of {max} (PDX_MAX_BATCH_ENTRIES); split it"
-        )));
-    }
-    Ok(())
-}
+pub use crate::transfer::backend::check_entry_count;
 
 /// The checks that need no peer: entry count, request length, piece count.
 pub fn check_requests(settings: &Settings, reqs: &[Request]) -> Result<()> {

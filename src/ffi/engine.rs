@@ -23,6 +23,7 @@ use super::boundary::{
 use super::engine_options::{options_of, pdx_engine_options};
 use super::status::{pdx_status, status_of, PDX_OK};
 use crate::error::{Error, ErrorKind, Result};
+use crate::transfer::backend::check_entry_count;
 use crate::transfer::{Direction, Request, TaskState, TransferBackend};
 
 /// Opaque transfer engine. Made by `pdx_engine_init`, released by
@@ -384,38 +385,34 @@ pub unsafe extern "C" fn pdx_batch_unregister_memory(
     })
 }
 
+/// The entries of a batch call, copied from C once the entry bound holds
+/// (nothing proportional to `n` is read or allocated before).
 unsafe fn requests(
-    engine: *mut pdx_engine,
+    h: &EngineHandle,
     locals: *const *mut c_void,
     remotes: *const u64,
     lens: *const usize,
     n: usize,
 ) -> Result<Vec<Request>> {
-    // The entry bound comes before any copy proportional to `n` (a bad
-    // handle is reported by the caller, as before).
-    if let Ok(h) = ENGINES.get(engine) {
-        let max = h.engine.max_batch_entries();
-        if n > max {
-            return Err(Error::invalid_argument(format!(
-                "a batch of {n} entries is over the limit of {max} (PDX_MAX_BATCH_ENTRIES); split it"
-            )));
-        }
-    }
+    check_entry_count(n, h.engine.max_batch_entries())?;
     let locals = c_slice(locals, n, "locals")?;
     let remotes = c_slice(remotes, n, "remotes")?;
     let lens = c_slice(lens, n, "lens")?;
     Ok((0..n).map(|i| Request { local: locals[i] as usize, remote: remotes[i], len: lens[i] }).collect())
 }
 
+/// A synchronous call: the handle looked up once, then the session, then
+/// the requests `reqs` makes from it.
 unsafe fn sync(
     engine: *mut pdx_engine,
     session: *const c_char,
     dir: Direction,
-    reqs: Result<Vec<Request>>,
+    reqs: impl FnOnce(&EngineHandle) -> Result<Vec<Request>>,
 ) -> Result<()> {
     let h = ENGINES.get(engine)?;
     let session = c_str(session, "session")?;
-    h.engine.transfer_sync(session, dir, reqs?)
+    let reqs = reqs(&h)?;
+    h.engine.transfer_sync(session, dir, reqs)
 }
 
 /// Write `len` bytes from `local` to `remote_addr` in the peer `session`
@@ -438,7 +435,7 @@ pub unsafe extern "C" fn pdx_transfer_sync_write(
 ) -> pdx_status {
     guard("pdx_transfer_sync_write", || {
         let r = Request { local: local as usize, remote: remote_addr, len };
-        sync(engine, session, Direction::Write, Ok(vec![r]))
+        sync(engine, session, Direction::Write, |_| Ok(vec![r]))
     })
 }
 
@@ -459,7 +456,7 @@ pub unsafe extern "C" fn pdx_transfer_sync_read(
 ) -> pdx_status {
     guard("pdx_transfer_sync_read", || {
         let r = Request { local: local as usize, remote: remote_addr, len };
-        sync(engine, session, Direction::Read, Ok(vec![r]))
+        sync(engine, session, Direction::Read, |_| Ok(vec![r]))
     })
 }
 
@@ -484,7 +481,7 @@ pub unsafe extern "C" fn pdx_batch_transfer_sync_write(
     n: usize,
 ) -> pdx_status {
     guard("pdx_batch_transfer_sync_write", || {
-        sync(engine, session, Direction::Write, requests(engine, locals, remotes, lens, n))
+        sync(engine, session, Direction::Write, |h| requests(h, locals, remotes, lens, n))
     })
 }
 
@@ -507,7 +504,7 @@ pub unsafe extern "C" fn pdx_batch_transfer_sync_read(
     n: usize,
 ) -> pdx_status {
     guard("pdx_batch_transfer_sync_read", || {
-        sync(engine, session, Direction::Read, requests(engine, locals, remotes, lens, n))
+        sync(engine, session, Direction::Read, |h| requests(h, locals, remotes, lens, n))
     })
 }
 
@@ -558,7 +555,7 @@ pub unsafe extern "C" fn pdx_batch_submit(
             (None, None) => None,
             _ => return Err(Error::invalid_argument("notify_name and notify_msg must both be NULL or both be set")),
         };
-        let id = h.engine.submit(session, dir, requests(engine, locals, remotes, lens, n)?, notify)?;
+        let id = h.engine.submit(session, dir, requests(&h, locals, remotes, lens, n)?, notify)?;
         *out = id;
         Ok(())
     })

@@ -12,6 +12,16 @@ use crate::error::{Error, Result};
 /// The default bound on entries per batch (`PDX_MAX_BATCH_ENTRIES`).
 pub(crate) const DEFAULT_MAX_BATCH_ENTRIES: usize = 1 << 20;
 
+/// Refuse a batch with more entries than the backend allows (`max`).
+pub fn check_entry_count(n: usize, max: usize) -> crate::error::Result<()> {
+    if n > max {
+        return Err(crate::error::Error::invalid_argument(format!(
+            "a batch of {n} entries is over the limit of {max} (PDX_MAX_BATCH_ENTRIES); split it"
+        )));
+    }
+    Ok(())
+}
+
 /// A running transfer engine.
 pub trait TransferBackend: Send + Sync {
     /// `host:rpc_port`, the name peers use for this engine.

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Compares two pdx-bench builds on the engine's six reference figures, in one
+# run that alternates them back to back (A then B, ROUNDS times), and prints
+# each figure's median of the B/A throughput ratios:
+#   host write and read of 64 KiB x 256 and of 64 MiB (loopback, TCP);
+#   staged write 1 MiB x 16 (cuda:0 -> cuda:1) and staged read 64 MiB
+#   (cuda:0 <- cuda:1) through the CUDA stand-in.
+# Usage: scripts/bench-ab.sh A_BENCH B_BENCH CUDA_LIB [ROUNDS]
+#   A_BENCH, B_BENCH: pdx-bench binaries (say, the build before a change and
+#   after it); CUDA_LIB: the driver to stage with (the stand-in is
+#   build/libcuda_double.so after the C tests are built); ROUNDS: default 5.
+set -euo pipefail
+[ $# -ge 3 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+a=$1 b=$2 cuda=$3 rounds=${4:-5}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cases=(
+  "host write 64K x 256|--op write --block 64K --batch 256"
+  "host read 64K x 256|--op read --block 64K --batch 256"
+  "host write 64M|--op write --block 64M --batch 1"
+  "host read 64M|--op read --block 64M --batch 1"
+  "staged write 1M x 16 (cuda:0 -> cuda:1)|--op write --block 1M --batch 16 --location cuda:0 --remote-location cuda:1"
+  "staged read 64M (cuda:0 <- cuda:1)|--op read --block 64M --batch 1 --location cuda:0 --remote-location cuda:1"
+)
+# One figure in GB/s.
+run() {
+  local bench=$1 args=$2 out=$tmp/r.json
+  # shellcheck disable=SC2086
+  PDX_CUDA_LIB=$cuda "$bench" --workload blocks --quiet --duration 1 --total 512M --json "$out" $args >/dev/null
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["blocks"][0]["gb_per_s"])' "$out"
+}
+printf '%-44s %10s %10s %8s   %s\n' figure "A GB/s" "B GB/s" "B/A" "ratios per round"
+for c in "${cases[@]}"; do
+  name=${c%%|*} args=${c#*|}
+  ga=() gb=() ratios=()
+  for _ in $(seq "$rounds"); do
+    x=$(run "$a" "$args")
+    y=$(run "$b" "$args")
+    ga+=("$x") gb+=("$y")
+    ratios+=("$(python3 -c "print(f'{$y/$x:.3f}')")")
+  done
+  python3 - "$name" "${ga[*]}" "${gb[*]}" "${ratios[*]}" <<'EOF'
+import statistics, sys
+name, ga, gb, ratios = sys.argv[1], *[list(map(float, s.split())) for s in sys.argv[2:5]]
+print(f"{name:<44} {statistics.median(ga):10.2f} {statistics.median(gb):10.2f} {statistics.median(ratios):8.3f}   "
+      + " ".join(f"{r:.2f}" for r in ratios))
+EOF
+done
