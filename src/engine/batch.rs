@@ -125,8 +125,8 @@ impl BatchRun {
     fn peer(&self, inner: &Inner) -> Result<Arc<Peer>> {
         self.peer
             .get_or_init(|| {
-                let peer = inner.peers.get(inner, &self.session)?;
-                peer.check_fits(inner, self.longest)?;
+                let peer = inner.peers.get(&self.session)?;
+                peer.check_fits(self.longest)?;
                 Ok(peer)
             })
             .clone()
@@ -177,7 +177,7 @@ impl BatchRun {
     fn finish(&self, inner: &Inner) {
         if let Some((name, msg)) = &self.notify {
             if self.tasks.iter().all(|t| t.state() == TaskState::Completed) {
-                let sent = self.peer(inner).and_then(|p| super::notify::send_to(inner, &p, name, msg));
+                let sent = self.peer(inner).and_then(|p| p.notify(name, msg));
                 if let Err(e) = sent {
                     log::warn!("batch to {} completed but its notification failed: {e}", self.session);
                     *self.notify_error.lock() = Some(e);
@@ -243,8 +243,7 @@ impl BatchRun {
         while let Some(w) = self.plan.claim() {
             let idx: Vec<usize> = w.collect();
             let next = self.proceed(inner, &stall, None);
-            let mut l = match next
-                .and_then(|()| lane.take().map(Ok).unwrap_or_else(|| self.open(inner, &peer, &stall, None)))
+            let mut l = match next.and_then(|()| lane.take().map(Ok).unwrap_or_else(|| self.open(&peer, &stall, None)))
             {
                 Ok(l) => l,
                 Err(e) => {
@@ -297,8 +296,8 @@ impl BatchRun {
     }
 
     /// A lane for the next window; a failure aborts the batch.
-    fn open(&self, inner: &Inner, peer: &Peer, stall: &Stall, cause: Option<&Error>) -> Result<Lane> {
-        match peer.acquire(inner, stall) {
+    fn open(&self, peer: &Peer, stall: &Stall, cause: Option<&Error>) -> Result<Lane> {
+        match peer.acquire(stall) {
             Ok(mut l) => {
                 l.conn.set_stall(stall.clone());
                 Ok(l)
@@ -348,7 +347,7 @@ impl BatchRun {
     fn retry_each(&self, inner: &Inner, peer: &Peer, stall: &Stall, idx: &[usize], cause: Option<Error>) {
         for (k, &i) in idx.iter().enumerate() {
             let next = self.proceed(inner, stall, cause.as_ref());
-            let mut l = match next.and_then(|()| self.open(inner, peer, stall, cause.as_ref())) {
+            let mut l = match next.and_then(|()| self.open(peer, stall, cause.as_ref())) {
                 Ok(l) => l,
                 Err(e) => {
                     self.fail_all(inner, &idx[k..], &e);

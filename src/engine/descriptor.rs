@@ -147,13 +147,13 @@ pub fn parse_descriptor(text: &[u8], session_name: &str, session_host: &str) -> 
     })
 }
 
-/// Our descriptor, with the buffer list cut short if it would not fit a frame.
-pub(crate) fn own(inner: &super::Inner) -> String {
-    let id = &inner.identity;
-    let mut buffers = inner.regions.advertised();
+/// Our descriptor (`identity`, and `buffers` cut short if they would not
+/// fit one frame of `max_frame` bytes).
+pub(crate) fn own(identity: &super::Identity, mut buffers: Vec<AdvertisedBuffer>, max_frame: usize) -> String {
     loop {
+        let id = identity;
         let text = encode_descriptor(&id.session_id, &id.instance, &id.data_host, id.data_port, &buffers);
-        if text.len() + 2 <= inner.settings.handshake_max_len || buffers.is_empty() {
+        if text.len() + 2 <= max_frame || buffers.is_empty() {
             return text;
         }
         log::warn!("descriptor too large for one handshake frame; advertising fewer buffers");

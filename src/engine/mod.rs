@@ -12,6 +12,7 @@ mod budget;
 mod conn;
 pub mod cuda;
 mod deadline;
+mod dialer;
 mod hello;
 // The codecs are public only for the fuzz targets (feature `fuzzing`); the
 // engine's API is `Engine` and `Settings`.
@@ -72,6 +73,7 @@ use wire::FrameType;
 use workers::Workers;
 
 /// Who we are on the network.
+#[derive(Clone)]
 pub(crate) struct Identity {
     pub session_id: String,
     pub data_host: String,
@@ -87,7 +89,7 @@ pub(crate) struct Inner {
     pub settings: Settings,
     pub identity: Identity,
     pub registry: Arc<Registry>,
-    pub regions: Regions,
+    pub regions: Arc<Regions>,
     pub notifications: Notifications,
     pub peers: Peers,
     pub workers: Arc<Workers>,
@@ -155,12 +157,14 @@ impl Engine {
             instance: hello::new_instance(),
         };
         let workers = Arc::new(Workers::default());
+        let (registry, regions) = (Arc::new(Registry::default()), Arc::new(Regions::default()));
+        let dialer = dialer::Dialer::new(settings.clone(), registry.clone(), regions.clone(), identity.clone());
         let inner = Arc::new(Inner {
             notifications: Notifications::new(settings.max_queued_notifications, settings.notify_queue_bytes),
             identity,
-            registry: Arc::new(Registry::default()),
-            regions: Regions::default(),
-            peers: Peers::default(),
+            registry,
+            regions,
+            peers: Peers::new(Arc::new(dialer)),
             workers: workers.clone(),
             budget: Arc::new(budget_for(&settings)),
             batches: IdTable::new("batch id", 0),
@@ -186,7 +190,7 @@ impl Engine {
         let inner2 = inner.clone();
         inner
             .registry
-            .spawn("pdx-peer-sweep".to_owned(), move || inner2.peers.sweep_until_stopped(&inner2.registry))
+            .spawn("pdx-peer-sweep".to_owned(), move || inner2.peers.sweep_until_stopped())
             .map_err(|e| Error::io(format!("cannot start the peer sweeper: {e}")))?;
         let (total, handshakes, data, per_ip) = inner.budget.caps();
         log::info!(
@@ -234,7 +238,7 @@ impl Engine {
         let prepared = prepare::prepare(&self.inner.settings, &self.inner.regions, reqs)?;
         if let Some(peer) = self.inner.peers.cached(session) {
             let longest = prepared.reqs.iter().map(|r| r.len).max().unwrap_or(0);
-            peer.check_fits(&self.inner, longest)?;
+            peer.check_fits(longest)?;
         }
         Ok(prepared)
     }
@@ -348,7 +352,7 @@ impl TransferBackend for Engine {
     fn probe(&self, session: &str) -> Result<()> {
         self.check_running()?;
         let addr = parse_session(session, self.inner.settings.default_handshake_port)?;
-        let reply = peers::exchange_json(&self.inner, &addr, FrameType::Probe, "{}")?;
+        let reply = self.inner.peers.dialer().exchange_json(&addr, FrameType::Probe, "{}")?;
         match reply.get("status").and_then(Value::as_str) {
             Some("success") => Ok(()),
             _ => Err(Error::protocol(format!("probe of {session} answered {reply}"))),
@@ -358,8 +362,7 @@ impl TransferBackend for Engine {
     /// Send a notification to the peer (to the `name` in its descriptor).
     fn notify(&self, session: &str, name: &str, msg: &str) -> Result<()> {
         self.check_running()?;
-        let peer = self.inner.peers.get(&self.inner, session)?;
-        notify::send_to(&self.inner, &peer, name, msg)
+        self.inner.peers.get(session)?.notify(name, msg)
     }
 
     fn stats(&self) -> StatsSnapshot {

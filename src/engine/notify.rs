@@ -1,16 +1,9 @@
-//! Notifications: the bounded queue of those received from peers, kept
-//! until the application drains them, and the client that sends one.
+//! Notifications received from peers: a bounded queue, kept until the
+//! application drains it (sending one is `Peer::notify`).
 
 use std::collections::VecDeque;
 
 use parking_lot::Mutex;
-use serde_json::{json, Value};
-
-use super::peers::{self, Peer};
-use super::wire::FrameType;
-use super::Inner;
-use crate::error::{Error, ErrorKind, Result};
-use crate::transfer::host::parse_session;
 
 /// Bytes a queued notification is charged beyond its name and message
 /// (the pair's two `String`s and its slot in the queue).
@@ -69,17 +62,6 @@ impl Notifications {
         let mut q = self.queue.lock();
         q.bytes = 0;
         q.pairs.drain(..).collect()
-    }
-}
-
-/// Send one notification to `peer`'s descriptor name.
-pub(crate) fn send_to(inner: &Inner, peer: &Peer, name: &str, msg: &str) -> Result<()> {
-    let target = parse_session(&peer.descriptor().notify_name, inner.settings.default_handshake_port)?;
-    let body = json!({"name": name, "notify_msg": msg}).to_string();
-    let reply = peers::exchange_json(inner, &target, FrameType::Notify, &body)?;
-    match reply.get("notify_msg").and_then(Value::as_str) {
-        Some(m) if !m.is_empty() => Ok(()),
-        _ => Err(Error::new(ErrorKind::NotifyRejected, format!("{} rejected the notification", peer.session))),
     }
 }
 

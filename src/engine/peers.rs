@@ -1,158 +1,29 @@
-//! Peers we initiate to: the handshake client, the
-//! per-session descriptor cache (refreshed when a peer restarts under the
-//! same name) and the pool of data connections ("lanes") per peer.
+//! Peers we initiate to: the per-session descriptor cache (refreshed when a
+//! peer restarts under the same name, bounded and swept of dead peers), the
+//! pool of data connections ("lanes") per peer, and notifications to them.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
-use serde_json::Value;
 
 use super::conn::Conn;
-use super::deadline::{BoundedStream, Progress, Stall};
+use super::deadline::{Progress, Stall};
 use super::descriptor::{parse_descriptor, PeerDescriptor};
+use super::dialer::Dialer;
 use super::registry::OwnedSocketGuard;
 use super::settings::Settings;
-use super::wire::{self, FrameType};
-use super::Inner;
+use super::wire::FrameType;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::host::{parse_session, SessionAddr};
-
-/// Resolve `host:port` within `timeout`. An IP literal needs no lookup; a
-/// name is looked up on a helper thread we stop waiting for at the
-/// timeout (a silent resolver cannot hold a transfer past it; the helper
-/// ends when the system resolver gives up).
-fn resolve(host: &str, port: u16, timeout: std::time::Duration) -> Result<Vec<SocketAddr>> {
-    resolve_with(host, port, timeout, |name, port| (name.as_str(), port).to_socket_addrs().map(Iterator::collect))
-}
-
-/// [`resolve`] with the name lookup given (the system resolver in pdx; a
-/// silent one in the tests).
-fn resolve_with(
-    host: &str,
-    port: u16,
-    timeout: std::time::Duration,
-    lookup: impl FnOnce(String, u16) -> std::io::Result<Vec<SocketAddr>> + Send + 'static,
-) -> Result<Vec<SocketAddr>> {
-    if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
-        return Ok(vec![SocketAddr::new(ip, port)]);
-    }
-    let (tx, rx) = std::sync::mpsc::channel();
-    let name = host.to_owned();
-    let spawned =
-        std::thread::Builder::new().name("pdx-resolve".into()).spawn(move || drop(tx.send(lookup(name, port))));
-    if let Err(e) = spawned {
-        return Err(Error::new(ErrorKind::PeerUnreachable, format!("cannot resolve {host}: {e}")));
-    }
-    let addrs = match rx.recv_timeout(timeout) {
-        Ok(Ok(addrs)) => addrs,
-        Ok(Err(e)) => return Err(Error::new(ErrorKind::PeerUnreachable, format!("cannot resolve {host}: {e}"))),
-        Err(_) => {
-            return Err(Error::new(
-                ErrorKind::PeerUnreachable,
-                format!("cannot resolve {host}: no answer within the connect timeout ({timeout:?})"),
-            ))
-        }
-    };
-    if addrs.is_empty() {
-        return Err(Error::new(ErrorKind::PeerUnreachable, format!("{host} resolves to no address")));
-    }
-    Ok(addrs)
-}
-
-/// Connect to `host:port` within the connect timeout, trying each address,
-/// and by `by` when given (name lookup included).
-pub fn connect_by(settings: &Settings, host: &str, port: u16, by: Option<Instant>) -> Result<TcpStream> {
-    let bound = || match by {
-        Some(by) => settings.connect_timeout.min(by.saturating_duration_since(Instant::now())),
-        None => settings.connect_timeout,
-    };
-    let mut last = String::new();
-    for addr in resolve(host, port, bound())? {
-        let left = bound();
-        if left.is_zero() {
-            last = format!("{addr}: the connect bound passed");
-            break;
-        }
-        match TcpStream::connect_timeout(&addr, left) {
-            Ok(s) => return Ok(s),
-            Err(e) => last = format!("{addr}: {e}"),
-        }
-    }
-    let e = Error::new(ErrorKind::PeerUnreachable, format!("cannot connect to {host}:{port} ({last})"));
-    log::debug!("{e}");
-    Err(e)
-}
-
-/// One handshake exchange: send `json` as a `kind` frame, return the reply
-/// body. The whole exchange (connect excluded) has one deadline, the
-/// handshake timeout or `by` if sooner. The connection is closed at once
-/// (Mooncake serves handshakes one at a time, so lingering would stall its
-/// other clients).
-pub fn exchange_by(
-    inner: &Inner,
-    addr: &SessionAddr,
-    kind: FrameType,
-    json: &str,
-    by: Option<Instant>,
-) -> Result<Vec<u8>> {
-    let settings = &inner.settings;
-    let mut stream = connect_by(settings, &addr.host, addr.port, by)?;
-    // Tracked so that stopping the engine interrupts a peer that never answers.
-    let _tracked =
-        inner.registry.track(&stream).ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
-    let where_ = format!("handshake with {}:{}", addr.host, addr.port);
-    let mut deadline = Instant::now() + settings.handshake_timeout;
-    if let Some(by) = by {
-        deadline = deadline.min(by);
-    }
-    let io_err = |e: std::io::Error| {
-        if inner.registry.stopping() {
-            return Error::new(ErrorKind::Shutdown, format!("{where_}: engine is shutting down"));
-        }
-        if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
-            return Error::timeout(format!("{where_}: no complete reply within {:?}", settings.handshake_timeout));
-        }
-        Error::new(ErrorKind::PeerUnreachable, format!("{where_}: {e}"))
-    };
-    stream.set_nodelay(true).map_err(io_err)?;
-    let mut bounded = BoundedStream::new(&mut stream, deadline);
-    bounded.write_all(&wire::encode_frame(kind, json)).map_err(io_err)?;
-    let mut prefix = [0u8; 8];
-    bounded.read_exact(&mut prefix).map_err(io_err)?;
-    let length = wire::check_frame_length(prefix, settings.handshake_max_len)
-        .map_err(|e| Error::protocol(format!("{where_}: reply length refused ({e:?})")))?;
-    let mut body = Vec::with_capacity(length.min(64 * 1024));
-    (&mut bounded).take(length as u64).read_to_end(&mut body).map_err(io_err)?;
-    if body.len() != length {
-        return Err(Error::new(ErrorKind::ConnectionLost, format!("{where_}: reply truncated")));
-    }
-    let (got, json) = wire::split_frame_body(&body);
-    if got != kind {
-        return Err(Error::protocol(format!("{where_}: reply type {got:?} does not match request {kind:?}")));
-    }
-    Ok(json.to_vec())
-}
-
-/// [`exchange_by`] bounded by the handshake timeout alone.
-pub fn exchange(inner: &Inner, addr: &SessionAddr, kind: FrameType, json: &str) -> Result<Vec<u8>> {
-    exchange_by(inner, addr, kind, json, None)
-}
-
-/// Send a JSON request and parse the JSON reply.
-pub fn exchange_json(inner: &Inner, addr: &SessionAddr, kind: FrameType, json: &str) -> Result<Value> {
-    let body = exchange(inner, addr, kind, json)?;
-    serde_json::from_slice(&body)
-        .map_err(|e| Error::protocol(format!("malformed JSON reply from {}:{}: {e}", addr.host, addr.port)))
-}
 
 /// A peer we send to, by session name.
 pub struct Peer {
     pub session: String,
+    dialer: Arc<Dialer>,
     addr: SessionAddr,
     descriptor: RwLock<Arc<PeerDescriptor>>,
     /// A descriptor fetched outside [`Peer::open_lane`] and not yet used for
@@ -189,22 +60,23 @@ impl Peer {
         self.descriptor.read().clone()
     }
 
-    fn fetch(inner: &Inner, addr: &SessionAddr, session: &str, by: Option<Instant>) -> Result<PeerDescriptor> {
-        let body = exchange_by(inner, addr, FrameType::Metadata, &super::descriptor::own(inner), by)
+    fn fetch(dialer: &Dialer, addr: &SessionAddr, session: &str, by: Option<Instant>) -> Result<PeerDescriptor> {
+        let body = dialer
+            .exchange_by(addr, FrameType::Metadata, &dialer.own_descriptor(), by)
             .map_err(|e| e.context(format!("cannot open session {session}")))?;
         parse_descriptor(&body, session, &addr.host)
     }
 
     /// Fetch the descriptor again (by `by`) and cache it.
-    fn fetch_and_cache(&self, inner: &Inner, by: Option<Instant>) -> Result<Arc<PeerDescriptor>> {
-        let fresh = Arc::new(Self::fetch(inner, &self.addr, &self.session, by)?);
+    fn fetch_and_cache(&self, by: Option<Instant>) -> Result<Arc<PeerDescriptor>> {
+        let fresh = Arc::new(Self::fetch(&self.dialer, &self.addr, &self.session, by)?);
         *self.descriptor.write() = fresh.clone();
         Ok(fresh)
     }
 
     /// Fetch the descriptor again (the peer may have restarted with new ports).
-    pub fn refresh(&self, inner: &Inner) -> Result<Arc<PeerDescriptor>> {
-        let fresh = self.fetch_and_cache(inner, None)?;
+    pub fn refresh(&self) -> Result<Arc<PeerDescriptor>> {
+        let fresh = self.fetch_and_cache(None)?;
         self.unused_fetch.store(true, Ordering::Release);
         Ok(fresh)
     }
@@ -212,13 +84,13 @@ impl Peer {
     /// Refuse a request of `longest` bytes when it is longer than every
     /// region the peer advertised (after one refresh: the cached
     /// descriptor may predate a larger registration).
-    pub fn check_fits(&self, inner: &Inner, longest: usize) -> Result<()> {
+    pub fn check_fits(&self, longest: usize) -> Result<()> {
         let desc = self.descriptor();
         match super::limits::largest_advertised(&desc) {
             Some(largest) if longest as u64 > largest => {}
             _ => return Ok(()),
         }
-        let fresh = self.refresh(inner)?;
+        let fresh = self.refresh()?;
         match super::limits::largest_advertised(&fresh) {
             Some(largest) if longest as u64 > largest => {
                 Err(super::limits::over_peer_region_error(&self.session, longest, largest))
@@ -230,11 +102,11 @@ impl Peer {
     /// Connect to the data port `desc` names and, for a pdx peer, have the
     /// engine there confirm it is the instance `desc` names (see
     /// [`super::hello`]), all by `by`.
-    fn connect_to(&self, inner: &Inner, desc: &PeerDescriptor, by: Instant) -> Result<TcpStream> {
-        let mut stream = connect_by(&inner.settings, &desc.data_host, desc.data_port, Some(by))?;
+    fn connect_to(&self, desc: &PeerDescriptor, by: Instant) -> Result<TcpStream> {
+        let mut stream = super::dialer::connect_by(&self.dialer.settings, &desc.data_host, desc.data_port, Some(by))?;
         if let Some(instance) = &desc.instance {
             let what = format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session);
-            let by = by.min(Instant::now() + inner.settings.handshake_timeout);
+            let by = by.min(Instant::now() + self.dialer.settings.handshake_timeout);
             super::hello::confirm(&mut stream, instance, by, &what)?;
         }
         Ok(stream)
@@ -250,22 +122,22 @@ impl Peer {
     /// connection tried again; a peer that is merely slow to answer (a
     /// timeout) is not. All of it runs under one bound, the longer of the
     /// connect and handshake timeouts, however many steps it takes.
-    fn open_lane(&self, inner: &Inner) -> Result<Lane> {
-        let s = &inner.settings;
+    fn open_lane(&self) -> Result<Lane> {
+        let s = &self.dialer.settings;
         let by = Instant::now() + s.connect_timeout.max(s.handshake_timeout);
         let mut desc = self.descriptor();
         let trusted = self.unused_fetch.swap(false, Ordering::AcqRel);
         let fetched_here = desc.instance.is_none() && !trusted;
         if fetched_here {
-            desc = self.fetch_and_cache(inner, Some(by))?;
+            desc = self.fetch_and_cache(Some(by))?;
         }
-        let stream = match self.connect_to(inner, &desc, by) {
+        let stream = match self.connect_to(&desc, by) {
             Ok(stream) => stream,
             Err(first) if fetched_here || first.kind() == ErrorKind::Timeout => return Err(first),
             Err(first) => {
                 // A peer that restarted under the same name has new ports.
                 let fresh = self
-                    .fetch_and_cache(inner, Some(by))
+                    .fetch_and_cache(Some(by))
                     .map_err(|e| first.clone().context(format!("re-fetching the descriptor failed too ({e})")))?;
                 if (&fresh.data_host, fresh.data_port, &fresh.instance)
                     == (&desc.data_host, desc.data_port, &desc.instance)
@@ -279,18 +151,30 @@ impl Peer {
                     fresh.data_port
                 );
                 desc = fresh;
-                self.connect_to(inner, &desc, by)?
+                self.connect_to(&desc, by)?
             }
         };
         let stall = Stall::new(self.progress.clone());
         let mut conn = Conn::paced(stream, stall, s.progress_timeout, recv_limit(s))
             .map_err(|e| Error::io(format!("configuring a data connection: {e}")))?;
         conn.set_spin(s.spin);
-        let tracked = inner
+        let tracked = self
+            .dialer
             .registry
             .track_owned(conn.stream())
             .ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
         Ok(Lane { conn, v2: desc.proto_version >= 2 && !s.force_v1, _tracked: tracked })
+    }
+
+    /// Send one notification to the name in the peer's descriptor.
+    pub fn notify(&self, name: &str, msg: &str) -> Result<()> {
+        let target = parse_session(&self.descriptor().notify_name, self.dialer.settings.default_handshake_port)?;
+        let body = serde_json::json!({"name": name, "notify_msg": msg}).to_string();
+        let reply = self.dialer.exchange_json(&target, FrameType::Notify, &body)?;
+        match reply.get("notify_msg").and_then(serde_json::Value::as_str) {
+            Some(m) if !m.is_empty() => Ok(()),
+            _ => Err(Error::new(ErrorKind::NotifyRejected, format!("{} rejected the notification", self.session))),
+        }
     }
 
     /// Close the idle lanes: after one broke with a connection error, the
@@ -308,16 +192,16 @@ impl Peer {
     /// A lane to this peer: an idle live one, a new one while under the
     /// per-peer limit, or the next one released (bounded wait: the lane
     /// wait timeout, and the task's stall clock while the peer is silent).
-    pub fn acquire(&self, inner: &Inner, stall: &Stall) -> Result<Lane> {
-        let deadline = Instant::now() + inner.settings.lane_wait_timeout;
-        let limit = recv_limit(&inner.settings);
+    pub fn acquire(&self, stall: &Stall) -> Result<Lane> {
+        let deadline = Instant::now() + self.dialer.settings.lane_wait_timeout;
+        let limit = recv_limit(&self.dialer.settings);
         let mut state = self.lanes.lock();
         state.last_used = Instant::now();
         loop {
             if stall.expired(limit) {
                 return Err(stalled(&self.session, limit));
             }
-            if inner.registry.stopping() {
+            if self.dialer.registry.stopping() {
                 return Err(Error::new(ErrorKind::Shutdown, "engine is shutting down"));
             }
             while let Some(lane) = state.idle.pop() {
@@ -326,10 +210,10 @@ impl Peer {
                 }
                 state.open -= 1; // closed by the peer while idle
             }
-            if state.open < inner.settings.lanes_per_peer {
+            if state.open < self.dialer.settings.lanes_per_peer {
                 state.open += 1;
                 drop(state);
-                let lane = self.open_lane(inner);
+                let lane = self.open_lane();
                 if lane.is_err() {
                     self.lanes.lock().open -= 1;
                     self.lane_freed.notify_one();
@@ -340,7 +224,7 @@ impl Peer {
             if self.lane_freed.wait_until(&mut state, wake).timed_out() && Instant::now() >= deadline {
                 return Err(Error::timeout(format!(
                     "no free connection to {} within {:?}",
-                    self.session, inner.settings.lane_wait_timeout
+                    self.session, self.dialer.settings.lane_wait_timeout
                 )));
             }
         }
@@ -383,14 +267,23 @@ pub(crate) const PEER_IDLE: Duration = Duration::from_secs(1);
 /// [`MAX_PEERS`], swept of closed lanes and unused peers (see
 /// [`Peers::sweep`]) so that what an engine holds does not grow with the
 /// number of peers it has talked to over its life.
-#[derive(Default)]
 pub struct Peers {
+    dialer: Arc<Dialer>,
     map: Mutex<HashMap<String, Arc<Peer>>>,
     /// Wakes the sweeper when the engine stops.
     sweeper: (Mutex<()>, Condvar),
 }
 
 impl Peers {
+    pub fn new(dialer: Arc<Dialer>) -> Peers {
+        Peers { dialer, map: Mutex::default(), sweeper: Default::default() }
+    }
+
+    /// The handshake client the peers use.
+    pub fn dialer(&self) -> &Dialer {
+        &self.dialer
+    }
+
     /// Peers with a known descriptor.
     pub fn len(&self) -> usize {
         self.map.lock().len()
@@ -413,14 +306,15 @@ impl Peers {
     }
 
     /// The peer for `session`, opening it (one Metadata exchange) on first use.
-    pub fn get(&self, inner: &Inner, session: &str) -> Result<Arc<Peer>> {
+    pub fn get(&self, session: &str) -> Result<Arc<Peer>> {
         if let Some(p) = self.map.lock().get(session) {
             return Ok(p.clone());
         }
-        let addr = parse_session(session, inner.settings.default_handshake_port)?;
-        let desc = Peer::fetch(inner, &addr, session, None)?;
+        let addr = parse_session(session, self.dialer.settings.default_handshake_port)?;
+        let desc = Peer::fetch(&self.dialer, &addr, session, None)?;
         let peer = Arc::new(Peer {
             session: session.to_owned(),
+            dialer: self.dialer.clone(),
             addr,
             descriptor: RwLock::new(Arc::new(desc)),
             unused_fetch: AtomicBool::new(true),
@@ -485,7 +379,8 @@ impl Peers {
     }
 
     /// The sweeper's loop: every [`SWEEP_INTERVAL`] until the engine stops.
-    pub fn sweep_until_stopped(&self, registry: &super::registry::Registry) {
+    pub fn sweep_until_stopped(&self) {
+        let registry = &self.dialer.registry;
         loop {
             {
                 let mut guard = self.sweeper.0.lock();
@@ -499,31 +394,5 @@ impl Peers {
             }
             self.sweep(PEER_IDLE);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::{Duration, Instant};
-
-    #[test]
-    fn a_silent_resolver_is_cut_off_at_the_connect_timeout() {
-        let t0 = Instant::now();
-        let silent = |_: String, _: u16| {
-            std::thread::sleep(Duration::from_secs(3));
-            Ok(vec![])
-        };
-        let e = resolve_with("kv-node.example", 15000, Duration::from_millis(200), silent).unwrap_err();
-        let took = t0.elapsed();
-        assert_eq!(e.kind(), ErrorKind::PeerUnreachable);
-        assert!(e.message().contains("no answer within the connect timeout"), "{e}");
-        assert!(took < Duration::from_secs(2), "{took:?}");
-        let answered = resolve_with("kv-node.example", 7, Duration::from_secs(5), |_, p| {
-            Ok(vec![SocketAddr::from(([127, 0, 0, 1], p))])
-        });
-        assert_eq!(answered.unwrap(), vec![SocketAddr::from(([127, 0, 0, 1], 7))]);
-        let literal = resolve_with("[::1]", 9, Duration::ZERO, |_, _| unreachable!("literals need no lookup"));
-        assert_eq!(literal.unwrap(), vec![SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 9))]);
     }
 }

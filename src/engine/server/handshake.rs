@@ -51,7 +51,7 @@ pub(super) fn serve_handshake(inner: &Inner, stream: &mut TcpStream, ticket: &Ti
         return;
     };
     let reply = match kind {
-        FrameType::Metadata => super::super::descriptor::own(inner),
+        FrameType::Metadata => inner.peers.dialer().own_descriptor(),
         FrameType::Probe => json!({"status": "success"}).to_string(),
         FrameType::Notify => {
             let name = request.get("name").and_then(Value::as_str);

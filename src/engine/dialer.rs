@@ -1,0 +1,184 @@
+//! The handshake client: every connection an engine opens to a peer's
+//! handshake port, bounded in time, and the descriptor it sends about
+//! itself. Built once per engine with what it needs (settings, the socket
+//! registry that interrupts it at stop, and what the own descriptor names).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::Value;
+
+use super::deadline::BoundedStream;
+use super::descriptor;
+use super::regions::Regions;
+use super::registry::Registry;
+use super::settings::Settings;
+use super::wire::{self, FrameType};
+use super::Identity;
+use crate::error::{Error, ErrorKind, Result};
+use crate::transfer::host::SessionAddr;
+
+/// Resolve `host:port` within `timeout`. An IP literal needs no lookup; a
+/// name is looked up on a helper thread we stop waiting for at the
+/// timeout (a silent resolver cannot hold a transfer past it; the helper
+/// ends when the system resolver gives up).
+fn resolve(host: &str, port: u16, timeout: std::time::Duration) -> Result<Vec<SocketAddr>> {
+    resolve_with(host, port, timeout, |name, port| (name.as_str(), port).to_socket_addrs().map(Iterator::collect))
+}
+
+/// [`resolve`] with the name lookup given (the system resolver in pdx; a
+/// silent one in the tests).
+fn resolve_with(
+    host: &str,
+    port: u16,
+    timeout: std::time::Duration,
+    lookup: impl FnOnce(String, u16) -> std::io::Result<Vec<SocketAddr>> + Send + 'static,
+) -> Result<Vec<SocketAddr>> {
+    if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = host.to_owned();
+    let spawned =
+        std::thread::Builder::new().name("pdx-resolve".into()).spawn(move || drop(tx.send(lookup(name, port))));
+    if let Err(e) = spawned {
+        return Err(Error::new(ErrorKind::PeerUnreachable, format!("cannot resolve {host}: {e}")));
+    }
+    let addrs = match rx.recv_timeout(timeout) {
+        Ok(Ok(addrs)) => addrs,
+        Ok(Err(e)) => return Err(Error::new(ErrorKind::PeerUnreachable, format!("cannot resolve {host}: {e}"))),
+        Err(_) => {
+            return Err(Error::new(
+                ErrorKind::PeerUnreachable,
+                format!("cannot resolve {host}: no answer within the connect timeout ({timeout:?})"),
+            ))
+        }
+    };
+    if addrs.is_empty() {
+        return Err(Error::new(ErrorKind::PeerUnreachable, format!("{host} resolves to no address")));
+    }
+    Ok(addrs)
+}
+
+/// Connect to `host:port` within the connect timeout, trying each address,
+/// and by `by` when given (name lookup included).
+pub fn connect_by(settings: &Settings, host: &str, port: u16, by: Option<Instant>) -> Result<TcpStream> {
+    let bound = || match by {
+        Some(by) => settings.connect_timeout.min(by.saturating_duration_since(Instant::now())),
+        None => settings.connect_timeout,
+    };
+    let mut last = String::new();
+    for addr in resolve(host, port, bound())? {
+        let left = bound();
+        if left.is_zero() {
+            last = format!("{addr}: the connect bound passed");
+            break;
+        }
+        match TcpStream::connect_timeout(&addr, left) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = format!("{addr}: {e}"),
+        }
+    }
+    let e = Error::new(ErrorKind::PeerUnreachable, format!("cannot connect to {host}:{port} ({last})"));
+    log::debug!("{e}");
+    Err(e)
+}
+
+/// Dials peers' handshake ports for one engine.
+pub(crate) struct Dialer {
+    pub settings: Settings,
+    pub registry: Arc<Registry>,
+    regions: Arc<Regions>,
+    identity: Identity,
+}
+
+impl Dialer {
+    pub fn new(settings: Settings, registry: Arc<Registry>, regions: Arc<Regions>, identity: Identity) -> Dialer {
+        Dialer { settings, registry, regions, identity }
+    }
+
+    /// The descriptor this engine sends about itself.
+    pub fn own_descriptor(&self) -> String {
+        descriptor::own(&self.identity, self.regions.advertised(), self.settings.handshake_max_len)
+    }
+
+    /// One handshake exchange: send `json` as a `kind` frame, return the reply
+    /// body. The whole exchange (connect excluded) has one deadline, the
+    /// handshake timeout or `by` if sooner. The connection is closed at once
+    /// (Mooncake serves handshakes one at a time, so lingering would stall its
+    /// other clients).
+    pub fn exchange_by(&self, addr: &SessionAddr, kind: FrameType, json: &str, by: Option<Instant>) -> Result<Vec<u8>> {
+        let settings = &self.settings;
+        let mut stream = connect_by(settings, &addr.host, addr.port, by)?;
+        // Tracked so that stopping the engine interrupts a peer that never answers.
+        let _tracked =
+            self.registry.track(&stream).ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
+        let where_ = format!("handshake with {}:{}", addr.host, addr.port);
+        let mut deadline = Instant::now() + settings.handshake_timeout;
+        if let Some(by) = by {
+            deadline = deadline.min(by);
+        }
+        let io_err = |e: std::io::Error| {
+            if self.registry.stopping() {
+                return Error::new(ErrorKind::Shutdown, format!("{where_}: engine is shutting down"));
+            }
+            if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+                return Error::timeout(format!("{where_}: no complete reply within {:?}", settings.handshake_timeout));
+            }
+            Error::new(ErrorKind::PeerUnreachable, format!("{where_}: {e}"))
+        };
+        stream.set_nodelay(true).map_err(io_err)?;
+        let mut bounded = BoundedStream::new(&mut stream, deadline);
+        bounded.write_all(&wire::encode_frame(kind, json)).map_err(io_err)?;
+        let mut prefix = [0u8; 8];
+        bounded.read_exact(&mut prefix).map_err(io_err)?;
+        let length = wire::check_frame_length(prefix, settings.handshake_max_len)
+            .map_err(|e| Error::protocol(format!("{where_}: reply length refused ({e:?})")))?;
+        let mut body = Vec::with_capacity(length.min(64 * 1024));
+        (&mut bounded).take(length as u64).read_to_end(&mut body).map_err(io_err)?;
+        if body.len() != length {
+            return Err(Error::new(ErrorKind::ConnectionLost, format!("{where_}: reply truncated")));
+        }
+        let (got, json) = wire::split_frame_body(&body);
+        if got != kind {
+            return Err(Error::protocol(format!("{where_}: reply type {got:?} does not match request {kind:?}")));
+        }
+        Ok(json.to_vec())
+    }
+
+    /// Send a JSON request and parse the JSON reply (bounded by the handshake
+    /// timeout).
+    pub fn exchange_json(&self, addr: &SessionAddr, kind: FrameType, json: &str) -> Result<Value> {
+        let body = self.exchange_by(addr, kind, json, None)?;
+        serde_json::from_slice(&body)
+            .map_err(|e| Error::protocol(format!("malformed JSON reply from {}:{}: {e}", addr.host, addr.port)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_silent_resolver_is_cut_off_at_the_connect_timeout() {
+        let t0 = Instant::now();
+        let silent = |_: String, _: u16| {
+            std::thread::sleep(Duration::from_secs(3));
+            Ok(vec![])
+        };
+        let e = resolve_with("kv-node.example", 15000, Duration::from_millis(200), silent).unwrap_err();
+        let took = t0.elapsed();
+        assert_eq!(e.kind(), ErrorKind::PeerUnreachable);
+        assert!(e.message().contains("no answer within the connect timeout"), "{e}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        let answered = resolve_with("kv-node.example", 7, Duration::from_secs(5), |_, p| {
+            Ok(vec![SocketAddr::from(([127, 0, 0, 1], p))])
+        });
+        assert_eq!(answered.unwrap(), vec![SocketAddr::from(([127, 0, 0, 1], 7))]);
+        let literal = resolve_with("[::1]", 9, Duration::ZERO, |_, _| unreachable!("literals need no lookup"));
+        assert_eq!(literal.unwrap(), vec![SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 9))]);
+    }
+}
