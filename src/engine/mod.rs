@@ -84,21 +84,22 @@ pub(crate) struct Identity {
     pub instance: String,
 }
 
-/// State shared by the engine's threads.
+/// State shared by the engine's threads. Its fields are private to the
+/// engine's modules; only the executor (`batch`) and the server take it whole.
 pub(crate) struct Inner {
-    pub settings: Settings,
-    pub identity: Identity,
-    pub registry: Arc<Registry>,
-    pub regions: Arc<Regions>,
-    pub notifications: Notifications,
-    pub peers: Peers,
-    pub workers: Arc<Workers>,
+    settings: Settings,
+    identity: Identity,
+    registry: Arc<Registry>,
+    regions: Arc<Regions>,
+    notifications: Notifications,
+    peers: Peers,
+    workers: Arc<Workers>,
     /// Caps on inbound connections and handshake bytes (see [`budget`]).
-    pub budget: Arc<budget::Budget>,
-    pub batches: IdTable<BatchRun>,
-    pub stats: Stats,
+    budget: Arc<budget::Budget>,
+    batches: IdTable<BatchRun>,
+    stats: Stats,
     /// Pinned buffers and streams for device memory (allocated on first use).
-    pub staging: staging::Staging,
+    staging: staging::Staging,
 }
 
 /// A running engine. Dropping it (or calling [`Engine::stop`]) stops the
