@@ -66,8 +66,10 @@ impl BatchRun {
         prepared: Prepared,
         notify: Option<(String, String)>,
     ) -> Arc<BatchRun> {
-        // Device memory travels in pieces of one staging buffer.
-        let plan = Plan::new(&prepared.reqs, &prepared.kinds, inner.staging.chunk());
+        // Device memory travels in pieces of one staging buffer (host-only
+        // batches never ask the pool).
+        let device_piece = if prepared.kinds.is_empty() { 0 } else { inner.staging.chunk() };
+        let plan = Plan::new(&prepared.reqs, &prepared.kinds, device_piece);
         let tasks = plan
             .task_pieces
             .iter()
