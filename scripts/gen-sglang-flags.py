@@ -207,6 +207,9 @@ def render(parsed):
         "//! `-h`/`--help` comes first. These are names only (facts), in the order",
         "//! argparse registers them, which is the order it lists them in an",
         '//! "ambiguous option" error.',
+        "//!",
+        "//! Written by `scripts/gen-sglang-flags.py` from a checkout of SGLang",
+        "//! (docs/sglang-rules.md); regenerate it, never edit it.",
     ]
     for commit in COMMITS:
         out += [
