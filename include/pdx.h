@@ -112,13 +112,6 @@
 #define PDX_LOG_ERROR 40
 
 /**
- * What went wrong, coarse enough to act on from C.
- *
- * Variants are never removed or renumbered: each maps to a fixed C status.
- */
-typedef struct ErrorKind ErrorKind;
-
-/**
  * Opaque set of PD server arguments. Made by `pdx_args_new`, released by
  * `pdx_args_free`.
  */
