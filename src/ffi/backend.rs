@@ -12,18 +12,7 @@ use std::ffi::c_char;
 
 use super::boundary::{c_str, guard, guard_or, text_out};
 use super::status::pdx_status;
-
-/// Backend names `pdx_backend_available` knows.
-const NAMES: &str = "tcp (the native engine), mooncake (Mooncake's Transfer Engine, loaded from PDX_MOONCAKE_LIB)";
-
-/// `None` when `name` can run here, else the reason.
-fn unavailable_reason(name: &str) -> Option<String> {
-    match name {
-        "tcp" | "native" => None,
-        "mooncake" => crate::mooncake::load().err(),
-        other => Some(format!("no backend is named {other:?}; known: {NAMES}")),
-    }
-}
+use crate::backend::unavailable_reason;
 
 /// 1 when the backend `name` can run in this process, else 0.
 ///
