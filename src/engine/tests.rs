@@ -523,7 +523,10 @@ fn stop_interrupts_work_stuck_on_a_silent_peer() {
 #[test]
 fn ipv6_loopback_sessions_are_bracketed_and_work() {
     if std::net::TcpListener::bind("[::1]:0").is_err() {
-        eprintln!("SKIPPED ipv6 test: no IPv6 loopback on this machine");
+        // No IPv6 loopback on this machine: an engine cannot listen there
+        // either, and says so instead of starting half way.
+        eprintln!("no IPv6 loopback on this machine: checking only that an engine on ::1 is refused");
+        assert!(Engine::start_with("::1", settings()).is_err(), "an engine started on a missing ::1");
         return;
     }
     let a = Engine::start_with("::1", settings()).unwrap();
