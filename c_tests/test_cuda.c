@@ -583,9 +583,9 @@ static void *writer_main(void *arg) {
   while (!w->stop) {
     pdx_status s = pdx_transfer_sync_write(w->b, w->session, (void *)(uintptr_t)w->local, w->remote, w->n);
     if (s == PDX_OK)
-      w->done++;
+      __atomic_fetch_add(&w->done, 1, __ATOMIC_SEQ_CST);
     else
-      w->failed++;
+      __atomic_fetch_add(&w->failed, 1, __ATOMIC_SEQ_CST);
   }
   return NULL;
 }
@@ -601,13 +601,16 @@ static void test_unregister_during_transfer(pdx_engine *a, pdx_engine *b) {
   struct writer w = {b, pdx_engine_session_id(a), loc.dptr, target, n, 0, 0, 0};
   pthread_t th;
   pthread_create(&th, NULL, writer_main, &w);
-  usleep(150 * 1000);
+  /* Writes are under way once the first one is done (waited for, not slept). */
+  for (double until = now_s() + 20; __atomic_load_n(&w.done, __ATOMIC_SEQ_CST) == 0 && now_s() < until;) usleep(1000);
+  CHECK(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST) > 0);
   double t0 = now_s();
   CHECK_OK(pdx_unregister_memory(a, (void *)(uintptr_t)target));
   double t1 = now_s();
   /* Nothing touches the device memory after unregister returned. */
   CHECK(cu.free(target) == 0);
-  usleep(50 * 1000);
+  /* The writer goes on until a write has failed against the withdrawn region. */
+  for (double until = now_s() + 20; __atomic_load_n(&w.failed, __ATOMIC_SEQ_CST) == 0 && now_s() < until;) usleep(1000);
   w.stop = 1;
   pthread_join(th, NULL);
   CHECK(w.failed > 0);

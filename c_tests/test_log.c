@@ -230,6 +230,7 @@ static void test_replace_and_remove(void) {
 typedef struct {
   pdx_engine *engine;
   volatile int stop;
+  int writes; /* failed writes so far (each one logs); atomic */
 } writer_arg;
 
 static void *failing_writer(void *p) {
@@ -240,13 +241,14 @@ static void *failing_writer(void *p) {
       fprintf(stderr, "failing_writer: unexpected status %d\n", (int)st);
       break;
     }
+    __atomic_fetch_add(&w->writes, 1, __ATOMIC_SEQ_CST);
   }
   return NULL;
 }
 
 static void test_remove_waits_for_calls_in_flight(void) {
   pdx_engine *e = start_engine();
-  writer_arg w = {e, 0};
+  writer_arg w = {e, 0, 0};
   pthread_t threads[3];
   for (int round = 0; round < 5; round++) {
     log_sink s;
@@ -262,7 +264,12 @@ static void test_remove_waits_for_calls_in_flight(void) {
     s.removed = 1;
     CHECK(s.in_flight == 0);
     pthread_mutex_unlock(&s.mu);
-    sleep_us(5000);
+    /* The writers go on failing (and would log) after the removal: wait for
+     * six more failed writes rather than for a time. */
+    int removed_at = __atomic_load_n(&w.writes, __ATOMIC_SEQ_CST);
+    for (int spin = 0; spin < 10000 && __atomic_load_n(&w.writes, __ATOMIC_SEQ_CST) < removed_at + 6; spin++)
+      sleep_us(1000);
+    CHECK(__atomic_load_n(&w.writes, __ATOMIC_SEQ_CST) >= removed_at + 6);
     w.stop = 1;
     for (int t = 0; t < 3; t++) pthread_join(threads[t], NULL);
     CHECK(s.after_remove == 0);

@@ -112,13 +112,6 @@
 #define PDX_LOG_ERROR 40
 
 /**
- * What went wrong, coarse enough to act on from C.
- *
- * Variants are never removed or renumbered: each maps to a fixed C status.
- */
-typedef struct ErrorKind ErrorKind;
-
-/**
  * Opaque set of PD server arguments. Made by `pdx_args_new`, released by
  * `pdx_args_free`.
  */
@@ -682,11 +675,13 @@ pdx_status pdx_backend_unavailable_reason(const char *name,
 
 /**
  * What this build and this machine can serve, as one JSON object:
- * `{"version", "backends": [{"name", "available", "reason"?, "library"?,
- * "protocols"}], "memory": [{"kind", "available", "reason"?}]}` (the
- * native `tcp` engine, Mooncake's engine and whether its library loads;
- * host memory and whether device memory can be staged). Fields are only
- * ever added. Copied into `buf` (`buf_len` bytes, NUL-terminated,
+ * `{"version", "backends": [{"name", "aliases", "engine", "available",
+ * "reason", "library", "protocols"}], "memory": [{"kind", "available",
+ * "reason"?}]}` (the native `tcp` engine, Mooncake's engine and whether its
+ * library loads; `reason` and `library` are null when they do not apply;
+ * host memory and whether device memory can be staged). The backends are
+ * the ones `pdx_backend_available` knows, in the same order. Fields are
+ * only ever added. Copied into `buf` (`buf_len` bytes, NUL-terminated,
  * truncated if needed); the full length without the NUL goes to
  * `*out_len` (may be NULL); `buf` may be NULL with `buf_len` 0 to ask for
  * the length. Probes run on every call.

@@ -7,67 +7,84 @@
 
 use std::fmt;
 
-/// What went wrong, coarse enough to act on from C.
-///
-/// Variants are never removed or renumbered: each maps to a fixed C status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    /// A required pointer argument was NULL.
-    NullArgument,
-    /// A string argument was not valid UTF-8.
-    InvalidUtf8,
-    /// An argument is malformed or out of range (API misuse).
-    InvalidArgument,
-    /// A panic was caught at the ABI boundary (a pdx bug).
-    Panic,
-    /// An argument key names no known field.
-    UnknownKey,
-    /// A value does not parse for its field, or is not an allowed choice.
-    InvalidValue,
-    /// SGLang would raise `ValueError`.
-    ValueError,
-    /// SGLang would fail an `assert` (`AssertionError`).
-    AssertionError,
-    /// SGLang would raise `RuntimeError` (files, sysfs).
-    RuntimeError,
-    /// The requested transport protocol is not known.
-    UnknownProtocol,
-    /// The backend needed for this protocol is not available.
-    BackendUnavailable,
-    /// An index is past the end of a list.
-    IndexOutOfRange,
-    /// A local operating-system call failed (bind, spawn, ...).
-    Io,
-    /// A handle is stale, freed or was never issued.
-    InvalidHandle,
-    /// A local address range is not inside one registered region.
-    AddressNotRegistered,
-    /// The peer refused the request (address outside its registered memory).
-    RemoteRejected,
-    /// A region to register overlaps one already registered.
-    AddressOverlap,
-    /// A deadline passed.
-    Timeout,
-    /// The peer could not be reached (connect or handshake failed).
-    PeerUnreachable,
-    /// The connection to the peer broke during a transfer.
-    ConnectionLost,
-    /// The peer sent bytes that break the wire protocol.
-    Protocol,
-    /// The operation cannot run now (in-flight work, full queue).
-    Busy,
-    /// The named thing does not exist (region, peer).
-    NotFound,
-    /// The engine is shutting down.
-    Shutdown,
-    /// The peer rejected a notification.
-    NotifyRejected,
-    /// Device memory was asked for but no usable CUDA driver or device is
-    /// there (`PDX_CUDA_LIB`, device ordinal).
-    DeviceUnavailable,
-    /// A CUDA driver call failed; the message has the driver's error name
-    /// and text.
-    Device,
+/// Declares [`ErrorKind`] and [`ErrorKind::ALL`] from one list, so no kind
+/// can be left out of `ALL` (the status table's tests walk it).
+macro_rules! error_kinds {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$doc:meta])* $kind:ident,)* }) => {
+        $(#[$meta])*
+        pub enum $name { $($(#[$doc])* $kind,)* }
+
+        impl $name {
+            /// Every kind, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$kind),*];
+        }
+    };
+}
+
+error_kinds! {
+    /// What went wrong, coarse enough to act on from C.
+    ///
+    /// Variants are never removed or renumbered: each maps to a fixed C status
+    /// (the table in `ffi/status.rs`, one row per kind).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum ErrorKind {
+        /// A required pointer argument was NULL.
+        NullArgument,
+        /// A string argument was not valid UTF-8.
+        InvalidUtf8,
+        /// An argument is malformed or out of range (API misuse).
+        InvalidArgument,
+        /// A panic was caught at the ABI boundary (a pdx bug).
+        Panic,
+        /// An argument key names no known field.
+        UnknownKey,
+        /// A value does not parse for its field, or is not an allowed choice.
+        InvalidValue,
+        /// SGLang would raise `ValueError`.
+        ValueError,
+        /// SGLang would fail an `assert` (`AssertionError`).
+        AssertionError,
+        /// SGLang would raise `RuntimeError` (files, sysfs).
+        RuntimeError,
+        /// The requested transport protocol is not known.
+        UnknownProtocol,
+        /// The backend needed for this protocol is not available.
+        BackendUnavailable,
+        /// An index is past the end of a list.
+        IndexOutOfRange,
+        /// A local operating-system call failed (bind, spawn, ...).
+        Io,
+        /// A handle is stale, freed or was never issued.
+        InvalidHandle,
+        /// A local address range is not inside one registered region.
+        AddressNotRegistered,
+        /// The peer refused the request (address outside its registered memory).
+        RemoteRejected,
+        /// A region to register overlaps one already registered.
+        AddressOverlap,
+        /// A deadline passed.
+        Timeout,
+        /// The peer could not be reached (connect or handshake failed).
+        PeerUnreachable,
+        /// The connection to the peer broke during a transfer.
+        ConnectionLost,
+        /// The peer sent bytes that break the wire protocol.
+        Protocol,
+        /// The operation cannot run now (in-flight work, full queue).
+        Busy,
+        /// The named thing does not exist (region, peer).
+        NotFound,
+        /// The engine is shutting down.
+        Shutdown,
+        /// The peer rejected a notification.
+        NotifyRejected,
+        /// Device memory was asked for but no usable CUDA driver or device is
+        /// there (`PDX_CUDA_LIB`, device ordinal).
+        DeviceUnavailable,
+        /// A CUDA driver call failed; the message has the driver's error name
+        /// and text.
+        Device,
+    }
 }
 
 /// A core error: a kind plus the exact message.

@@ -2,6 +2,7 @@
 //!
 //! Layers, in the direction data flows:
 //! - [`config`]: SGLang's PD argument rules and transport resolution (pure Rust).
+//! - [`device`]: the CUDA driver, loaded at run time (probe, device buffers).
 //! - [`engine`]: the native TCP transfer engine (pure Rust).
 //! - [`ffi`]: the C ABI; checks and converts, then calls the core.
 //!
@@ -12,6 +13,7 @@
 
 pub mod backend;
 pub mod config;
+pub mod device;
 pub mod engine;
 pub mod error;
 pub mod ffi;

@@ -14,6 +14,18 @@ use pdx::transfer::{Direction, Request, TransferBackend};
 
 const ATTACKER: &str = "PDX_TEST_IDLE_ATTACKER_PORT";
 
+/// Poll `done` until it holds or `limit` passes; whether it held.
+fn wait_until(limit: Duration, done: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
 fn count(dir: &str) -> usize {
     std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
 }
@@ -74,7 +86,9 @@ fn two_thousand_idle_connections_under_ulimit_1024() {
             break line[at + 6..].trim().parse::<usize>().unwrap();
         }
     };
-    std::thread::sleep(Duration::from_millis(500)); // let the victim accept them all
+    // Let the victim accept them all: wait until its accept loops have taken
+    // every connection (admitted or closed by the budget), not for a time.
+    let accepted = wait_until(Duration::from_secs(20), || victim.stats().inbound_connections >= opened as u64);
     let (fds1, threads1) = (count("/proc/self/fd"), threads());
     // A new peer: probe, write, read, each within 2 s.
     let newcomer = Engine::start_with("127.0.0.1", Settings::from_env()).unwrap();
@@ -101,9 +115,12 @@ fn two_thousand_idle_connections_under_ulimit_1024() {
     // SAFETY: `src` and `theirs` outlive the call.
     unsafe { victim.transfer_sync(newcomer.session_id(), Direction::Write, vec![o]) }.unwrap();
     assert!(theirs == src);
+    drop(newcomer);
     let _ = child.kill();
     let _ = child.wait();
-    std::thread::sleep(Duration::from_millis(500));
+    // The stranger and the newcomer are gone: wait until the victim has
+    // closed every inbound connection it still held from them.
+    let closed = wait_until(Duration::from_secs(20), || victim.stats().gauges.inbound_connections_open == 0);
     let (fds2, threads2) = (count("/proc/self/fd"), threads());
     println!(
         "{opened} idle connections under ulimit -n 1024: probe {probe:?}, write {:?}, read {:?}; \
@@ -112,8 +129,9 @@ fn two_thousand_idle_connections_under_ulimit_1024() {
         read - write
     );
     assert_eq!(opened, 2000, "the stranger opened every connection");
+    assert!(accepted, "the victim's accept loops took every connection (admitted or closed)");
+    assert!(closed, "the victim closed every connection of the peers that went away");
     assert!(read < Duration::from_secs(2), "{read:?}");
     assert!(fds1 < 1024 / 4 + fds0 + 64, "inbound connections stay within a quarter of the limit: {fds1}");
-    drop(newcomer);
     drop(victim);
 }

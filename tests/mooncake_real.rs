@@ -1,9 +1,11 @@
 //! Against a real Mooncake library: two engines on the tcp protocol in one
 //! process, a write and a read back, bytes verified.
 //!
-//! Runs only when `PDX_MOONCAKE_LIB` points to a build of Mooncake's transfer
-//! engine with its C API; otherwise it prints why it is skipped and passes.
-//! (The PyPI wheel's engine does not export the C API.)
+//! Runs the transfer when the library `PDX_MOONCAKE_LIB` names (default
+//! `libtransfer_engine.so`) is a build of Mooncake's transfer engine with its
+//! C API. Otherwise it checks that pdx reports the backend unavailable with
+//! that same cause, and prints that the transfer was skipped. (The PyPI
+//! wheel's engine does not export the C API.)
 
 use std::sync::Arc;
 
@@ -12,14 +14,17 @@ use pdx::transfer::TransferBackend;
 use pdx::transfer::{Direction, Request};
 
 fn real_library() -> Option<Arc<mooncake_sys::Api>> {
-    let Ok(path) = std::env::var("PDX_MOONCAKE_LIB") else {
-        eprintln!("SKIPPED mooncake_real: PDX_MOONCAKE_LIB is not set (point it to a real libtransfer_engine.so)");
-        return None;
-    };
+    let path = std::env::var("PDX_MOONCAKE_LIB").unwrap_or_else(|_| mooncake_sys::DEFAULT_LIB.to_owned());
     match mooncake_sys::load_cached(&path) {
-        Ok(api) => Some(api),
+        Ok(api) => {
+            assert_eq!(pdx::backend::unavailable_reason("mooncake"), None, "the library loads: mooncake is available");
+            Some(api)
+        }
         Err(e) => {
-            eprintln!("SKIPPED mooncake_real: {e}");
+            // No usable library: the backend table says so, naming it.
+            let why = pdx::backend::unavailable_reason("mooncake").expect("mooncake is reported unavailable");
+            assert!(why.contains(&path) && why.contains(&e.to_string()), "{why}");
+            eprintln!("SKIPPED the transfer of mooncake_real: {why}");
             None
         }
     }

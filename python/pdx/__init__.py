@@ -58,7 +58,8 @@ __all__ = [
 
 pdx_status = c_int32
 
-# Status codes (pdx_status in include/pdx.h; never reused, new ones appended).
+# Status codes (pdx_status in include/pdx.h; never reused, new ones appended). These and STATUS_NAMES are
+# checked against the Rust table (src/ffi/status.rs) by a test there that fails on any difference.
 PDX_OK = 0
 PDX_ERR_NULL_ARGUMENT = -1
 PDX_ERR_INVALID_UTF8 = -2

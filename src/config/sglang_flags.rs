@@ -10,6 +10,9 @@
 //! `-h`/`--help` comes first. These are names only (facts), in the order
 //! argparse registers them, which is the order it lists them in an
 //! "ambiguous option" error.
+//!
+//! Written by `scripts/gen-sglang-flags.py` from a checkout of SGLang
+//! (docs/sglang-rules.md); regenerate it, never edit it.
 
 /// `sglang serve`'s options at SGLang commit 6076066e380a6abae257167ff4c764e624137111: one entry per argparse
 /// action, its option strings in declaration order (`-h`/`--help` first).

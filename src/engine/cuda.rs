@@ -1,6 +1,6 @@
-//! The CUDA driver as pdx uses it: loaded on first need from `PDX_CUDA_LIB`
-//! (never linked), classifying regions at registration, and the primary
-//! context of each device a registered region lives on.
+//! The CUDA driver as the engine uses it (loaded through [`crate::device`]):
+//! classifying regions at registration, and the primary context of each
+//! device a registered region lives on.
 //!
 //! pdx never creates a context: it retains a device's *primary* context
 //! (the one the CUDA runtime, PyTorch and every serving stack share) the
@@ -14,38 +14,10 @@ use std::sync::{Arc, OnceLock};
 use cuda_sys::{Api, CUcontext, CudaError};
 use parking_lot::Mutex;
 
-use crate::config::env::{read, vars, ProcessEnv};
+// The driver's loading lives in the device module; the engine reaches it here.
+pub use crate::device::{device_error, driver, driver_path, resident_driver};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::location::{Location, Requested};
-
-/// A driver error as a pdx error (the driver's name and text kept).
-pub fn device_error(e: CudaError) -> Error {
-    Error::new(ErrorKind::Device, e.to_string())
-}
-
-/// The driver library `PDX_CUDA_LIB` names (default `libcuda.so.1`).
-pub fn driver_path() -> String {
-    read(&ProcessEnv, &vars::PDX_CUDA_LIB).unwrap_or_else(|| cuda_sys::DEFAULT_LIB.to_owned())
-}
-
-/// The driver named by `PDX_CUDA_LIB`, loaded once per path.
-pub fn driver() -> Result<Arc<Api>> {
-    cuda_sys::load_cached(&driver_path()).map_err(|e| {
-        let hint = match e {
-            cuda_sys::LoadError::Open { .. } => {
-                " (no NVIDIA driver here? set PDX_CUDA_LIB to the path of libcuda.so.1)"
-            }
-            _ => "",
-        };
-        Error::new(ErrorKind::DeviceUnavailable, format!("{e}{hint}"))
-    })
-}
-
-/// The driver `PDX_CUDA_LIB` names if pdx loaded it already or the process
-/// has it mapped (the application uses CUDA); never loads it otherwise.
-pub fn resident_driver() -> Option<Arc<Api>> {
-    cuda_sys::resident(&driver_path())
-}
 
 /// Where an address the CPU may not touch lives: `Some("cuda:N")` when the
 /// driver says `addr` is device memory that is not managed (managed memory

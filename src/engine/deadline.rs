@@ -40,7 +40,12 @@ impl Default for Progress {
 impl Progress {
     /// Bytes moved just now.
     pub fn mark(&self) {
-        self.0.fetch_max(to_nanos(Instant::now()), Ordering::AcqRel);
+        self.mark_at(Instant::now());
+    }
+
+    /// Bytes moved at `t` (progress never moves back).
+    fn mark_at(&self, t: Instant) {
+        self.0.fetch_max(to_nanos(t), Ordering::AcqRel);
     }
 
     fn last(&self) -> Instant {
@@ -80,7 +85,12 @@ impl Stall {
 
     /// True once `limit` passed without progress.
     pub fn expired(&self, limit: Duration) -> bool {
-        Instant::now() >= self.deadline(limit)
+        self.expired_at(limit, Instant::now())
+    }
+
+    /// True when, at `now`, `limit` has passed without progress.
+    fn expired_at(&self, limit: Duration, now: Instant) -> bool {
+        now >= self.deadline(limit)
     }
 }
 
@@ -135,23 +145,44 @@ impl Write for BoundedStream<'_> {
 mod tests {
     use super::*;
 
+    /// The stall clock on a synthetic clock: instants after `t0`, set by the
+    /// test, nothing slept.
     #[test]
     fn progress_moves_the_deadline_and_retries_do_not() {
         let p = Arc::new(Progress::default());
+        let t0 = Instant::now(); // not before the peer's first progress
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
         let limit = Duration::from_millis(200);
-        let stall = Stall::new(p.clone());
-        let first = stall.deadline(limit);
-        assert!(!stall.expired(limit));
+        let stall = Stall::since(p.clone(), t0);
+        assert_eq!(stall.deadline(limit), at(200), "no progress since the start: the start counts");
+        assert!(!stall.expired_at(limit, at(199)) && stall.expired_at(limit, at(200)));
         // A second clock for a retry of the same task keeps the start.
         let retry = Stall::since(p.clone(), stall.started);
-        assert_eq!(retry.deadline(limit), first);
-        std::thread::sleep(Duration::from_millis(50));
-        stall.mark();
-        assert!(stall.deadline(limit) > first, "bytes moved: the deadline slides");
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(stall.expired(limit) && retry.expired(limit));
+        assert_eq!(retry.deadline(limit), at(200));
+        // Bytes moved at 50 ms: both clocks slide to 250 ms.
+        p.mark_at(at(50));
+        assert_eq!((stall.deadline(limit), retry.deadline(limit)), (at(250), at(250)));
+        assert!(!stall.expired_at(limit, at(249)) && stall.expired_at(limit, at(250)));
+        // An older mark (another lane's, reported late) does not move it back.
+        p.mark_at(at(10));
+        assert_eq!(stall.deadline(limit), at(250));
         // A task that starts after the peer went quiet gets its own full limit.
-        let late = Stall::new(p);
-        assert!(!late.expired(limit));
+        let late = Stall::since(p.clone(), at(400));
+        assert!(!late.expired_at(limit, at(599)) && late.expired_at(limit, at(600)));
+        assert!(stall.expired_at(limit, at(400)) && retry.expired_at(limit, at(400)));
+        // A limit past what an Instant holds is a year, not an overflow.
+        assert_eq!(stall.deadline(Duration::MAX), at(50) + Duration::from_secs(86400 * 365));
+    }
+
+    /// The real clock is the synthetic one read at `Instant::now()`.
+    #[test]
+    fn mark_and_expired_read_the_real_clock() {
+        let p = Arc::new(Progress::default());
+        let stall = Stall::new(p.clone());
+        assert!(!stall.expired(Duration::from_secs(3600)));
+        assert!(stall.expired(Duration::ZERO));
+        let before = Instant::now();
+        stall.mark();
+        assert!(p.last() >= before && p.last() <= Instant::now());
     }
 }

@@ -390,21 +390,42 @@ fn trickling_handshake_connections_do_not_stop_a_new_peer() {
     let victim = engine_with(settings());
     let port = victim.rpc_port();
     let stop = Arc::new(AtomicBool::new(false));
+    // Each trickler reports once it has connected and sent its first byte
+    // (or given up: the victim may refuse some, as before).
+    let (trickling, started) = std::sync::mpsc::channel::<()>();
     let mut tricklers = Vec::new();
     for _ in 0..64 {
-        let stop = stop.clone();
+        let (stop, trickling) = (stop.clone(), trickling.clone());
         tricklers.push(std::thread::spawn(move || {
-            let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return };
+            let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+                let _ = trickling.send(());
+                return;
+            };
             // A frame length prefix, then one byte a second.
-            for b in (100u64).to_le_bytes().iter().chain([b'{'; 100].iter()) {
-                if stop.load(Ordering::Acquire) || s.write_all(&[*b]).is_err() {
+            for (i, b) in (100u64).to_le_bytes().iter().chain([b'{'; 100].iter()).enumerate() {
+                let sent = !stop.load(Ordering::Acquire) && s.write_all(&[*b]).is_ok();
+                if i == 0 {
+                    let _ = trickling.send(());
+                }
+                if !sent {
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(1000));
             }
         }));
     }
-    std::thread::sleep(Duration::from_millis(500)); // all 64 are open and trickling
+    // All 64 are open and trickling: wait for each one's first byte and for
+    // the victim to hold them, not for a time.
+    for _ in 0..64 {
+        started.recv_timeout(Duration::from_secs(20)).expect("every trickler starts");
+    }
+    let (_, handshakes, _, per_address) = victim.inner.budget.caps();
+    let held = 64.min(handshakes).min(per_address) as u64;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while victim.stats().gauges.inbound_connections_open < held && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(victim.stats().gauges.inbound_connections_open >= held, "the victim holds the trickling connections");
     let target = vec![0u8; 4096];
     victim.register(addr(&target), 4096).unwrap();
     let newcomer = engine_with(settings());

@@ -12,18 +12,7 @@ use std::ffi::c_char;
 
 use super::boundary::{c_str, guard, guard_or, text_out};
 use super::status::pdx_status;
-
-/// Backend names `pdx_backend_available` knows.
-const NAMES: &str = "tcp (the native engine), mooncake (Mooncake's Transfer Engine, loaded from PDX_MOONCAKE_LIB)";
-
-/// `None` when `name` can run here, else the reason.
-fn unavailable_reason(name: &str) -> Option<String> {
-    match name {
-        "tcp" | "native" => None,
-        "mooncake" => crate::mooncake::load().err(),
-        other => Some(format!("no backend is named {other:?}; known: {NAMES}")),
-    }
-}
+use crate::backend::unavailable_reason;
 
 /// 1 when the backend `name` can run in this process, else 0.
 ///
@@ -74,11 +63,13 @@ pub unsafe extern "C" fn pdx_backend_unavailable_reason(
 }
 
 /// What this build and this machine can serve, as one JSON object:
-/// `{"version", "backends": [{"name", "available", "reason"?, "library"?,
-/// "protocols"}], "memory": [{"kind", "available", "reason"?}]}` (the
-/// native `tcp` engine, Mooncake's engine and whether its library loads;
-/// host memory and whether device memory can be staged). Fields are only
-/// ever added. Copied into `buf` (`buf_len` bytes, NUL-terminated,
+/// `{"version", "backends": [{"name", "aliases", "engine", "available",
+/// "reason", "library", "protocols"}], "memory": [{"kind", "available",
+/// "reason"?}]}` (the native `tcp` engine, Mooncake's engine and whether its
+/// library loads; `reason` and `library` are null when they do not apply;
+/// host memory and whether device memory can be staged). The backends are
+/// the ones `pdx_backend_available` knows, in the same order. Fields are
+/// only ever added. Copied into `buf` (`buf_len` bytes, NUL-terminated,
 /// truncated if needed); the full length without the NUL goes to
 /// `*out_len` (may be NULL); `buf` may be NULL with `buf_len` 0 to ask for
 /// the length. Probes run on every call.

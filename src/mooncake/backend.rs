@@ -75,12 +75,17 @@ struct Backoff(u32);
 
 impl Backoff {
     fn wait(&mut self) {
-        if self.0 == 0 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep((Duration::from_micros(10) * 2u32.saturating_pow(self.0)).min(MAX_POLL_SLEEP));
+        match self.next() {
+            None => std::thread::yield_now(),
+            Some(pause) => std::thread::sleep(pause),
         }
+    }
+
+    /// The next pause (`None`: a yield), advancing the schedule.
+    fn next(&mut self) -> Option<Duration> {
+        let pause = (self.0 > 0).then(|| (Duration::from_micros(10) * 2u32.saturating_pow(self.0)).min(MAX_POLL_SLEEP));
         self.0 = self.0.saturating_add(1).min(16);
+        pause
     }
 }
 
@@ -673,5 +678,22 @@ impl TransferBackend for MooncakeBackend {
 impl Drop for MooncakeBackend {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The poll schedule, step by step (no clock needed): a yield, then
+    /// 20 µs doubling to `MAX_POLL_SLEEP`, where it stays.
+    #[test]
+    fn backoff_yields_then_doubles_to_the_cap() {
+        let mut b = Backoff(0);
+        let pauses: Vec<Option<Duration>> = (0..40).map(|_| b.next()).collect();
+        assert_eq!(pauses[0], None);
+        assert_eq!(pauses[1..7], [20, 40, 80, 160, 320, 640].map(|us| Some(Duration::from_micros(us))));
+        assert!(pauses[7..].iter().all(|p| *p == Some(MAX_POLL_SLEEP)), "{pauses:?}");
+        assert_eq!(b.0, 16, "the step stops growing");
     }
 }

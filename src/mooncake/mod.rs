@@ -1,6 +1,7 @@
 //! Mooncake's own Transfer Engine as a pdx backend, for every protocol the
 //! native engine does not speak (rdma, efa, ascend, nvlink, ...) and for
-//! `tcp` when `PDX_TCP_ENGINE=mooncake`.
+//! `tcp` when `PDX_TCP_ENGINE=mooncake` (the rule is in `crate::backend`'s
+//! table).
 //!
 //! The library is loaded at run time through [`mooncake_sys`]
 //! (`PDX_MOONCAKE_LIB`, default `libtransfer_engine.so`); nothing links
@@ -40,15 +41,4 @@ pub fn load_in(env: &dyn Env) -> std::result::Result<Arc<mooncake_sys::Api>, Str
         }
         _ => e.to_string(),
     })
-}
-
-/// Whether `tcp` should run on Mooncake's engine: `PDX_TCP_ENGINE` is
-/// `mooncake` (`native` or unset: the native engine).
-pub fn tcp_uses_mooncake() -> crate::Result<bool> {
-    tcp_uses_mooncake_in(&ProcessEnv)
-}
-
-/// [`tcp_uses_mooncake`] with `PDX_TCP_ENGINE` read from `env`.
-pub fn tcp_uses_mooncake_in(env: &dyn Env) -> crate::Result<bool> {
-    Ok(env::read_choice(env, &vars::PDX_TCP_ENGINE)? == Some("mooncake"))
 }

@@ -41,19 +41,25 @@ def test_peer_dies_mid_transfer(how):
         remote = target.alloc(64 * MiB)
         session = target.call("session")["session"]
         outcome: dict = {}
+        wrote_once = threading.Event()
 
         def writer():
             # Write until something fails (the peer goes away meanwhile).
             try:
                 for _ in range(10_000):
                     engine.write(session, src, remote.addr, len(src))
+                    wrote_once.set()
                 outcome["finished"] = True
             except pdx.PdxError as e:
                 outcome["error"] = e
+            finally:
+                wrote_once.set()
 
         t = threading.Thread(target=writer)
         t.start()
-        time.sleep(0.3)
+        # The writes are under way once one has landed: wait for that, not a time.
+        assert wrote_once.wait(timeout=60), "no write finished"
+        assert "error" not in outcome, f"the first write failed: {outcome}"
         pid = target.proc.pid
         os.kill(pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         started = time.monotonic()

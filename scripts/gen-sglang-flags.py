@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""Regenerate src/config/sglang_flags.rs: the long option strings of
+`sglang serve` at the two SGLang commits pdx's rule sets follow.
+
+The input is SGLang's own `python/sglang/srt/server_args.py` at each commit,
+supplied by the user (nothing of SGLang is in this repository): either a git
+checkout of SGLang that holds both commits,
+
+    scripts/gen-sglang-flags.py --sglang ~/src/sglang
+
+or one file per commit,
+
+    scripts/gen-sglang-flags.py --server-args 6076066e3=/tmp/old.py --server-args d4801be=/tmp/new.py
+
+The file is read, never run (Python's `ast`): SGLang need not be installed.
+argparse registers one action per `add_argument` call, in call order; where
+`add_cli_args` calls `add_cli_args_from_dataclass(parser, ServerArgs)` (the
+July 2026 layout), that call registers one action per `ServerArgs` field
+annotated `A[T, "help"]` or `A[T, Arg(...)]`, in declaration order, named
+`Arg.cli_name` or `--` + the field name with `-` for `_`, then
+`Arg.aliases`; `Arg(no_cli=True)` fields and fields without such an
+annotation register nothing. argparse's own `-h`/`--help` comes first.
+
+`--check` compares with the committed file instead of writing it (exit 1 on
+any difference); `--out PATH` writes elsewhere. See docs/sglang-rules.md.
+"""
+import argparse
+import ast
+import difflib
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = ROOT / "src" / "config" / "sglang_flags.rs"
+SERVER_ARGS = "python/sglang/srt/server_args.py"
+
+# The commits the rule sets follow (docs/sglang-rules.md), in file order,
+# each with the short form its constant is named after.
+OLD = "6076066e380a6abae257167ff4c764e624137111"  # PR #26346, rule set `default`
+NEW = "d4801be447738522d2c62b49857c83787293be6f"  # main, July 2026, rule set `2026-07`
+COMMITS = (OLD, NEW)
+SHORT = {OLD: "6076066e3", NEW: "d4801be"}
+
+HELP = ("-h", "--help")
+
+
+class Unsupported(Exception):
+    """server_args.py has a shape this generator does not know; it stops rather than guess."""
+
+
+def is_add_argument(call):
+    return isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument"
+
+
+def is_from_dataclass(call):
+    return isinstance(call.func, ast.Name) and call.func.id == "add_cli_args_from_dataclass"
+
+
+def literal_strings(nodes, what):
+    """The values of `nodes`, each a string literal."""
+    out = []
+    for n in nodes:
+        if not (isinstance(n, ast.Constant) and isinstance(n.value, str)):
+            raise Unsupported(f"{what}: not a string literal: {ast.unparse(n)}")
+        out.append(n.value)
+    return out
+
+
+def option_strings(call):
+    """An `add_argument` call's option strings (its positional arguments)."""
+    if any(isinstance(a, ast.Starred) for a in call.args):
+        raise Unsupported(f"line {call.lineno}: add_argument(*...) cannot be read statically")
+    return literal_strings(call.args, f"line {call.lineno}")
+
+
+def keyword(call, name):
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def field_metadata(ann):
+    """For a field annotated `A[T, meta...]` / `Annotated[T, meta...]`: the
+    first metadata item that is an `Arg(...)` call or a string (as
+    `_unwrap_annotated` picks it at run time); None when there is none."""
+    if not isinstance(ann, ast.Subscript):
+        return None
+    base = ann.value
+    name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else None
+    if name not in ("A", "Annotated"):
+        return None
+    if not isinstance(ann.slice, ast.Tuple):
+        return None
+    for meta in ann.slice.elts[1:]:
+        if isinstance(meta, ast.Call) and isinstance(meta.func, ast.Name) and meta.func.id == "Arg":
+            return meta
+        if isinstance(meta, ast.JoinedStr) or (isinstance(meta, ast.Constant) and isinstance(meta.value, str)):
+            return meta
+        if isinstance(meta, ast.BinOp) and isinstance(meta.op, (ast.Add, ast.Mod)):
+            return meta  # a string built with + or %: help text all the same
+    return None
+
+
+def dataclass_actions(cls):
+    """The actions `add_cli_args_from_dataclass(parser, cls)` registers."""
+    if cls.bases:
+        raise Unsupported("ServerArgs has base classes (their fields would come first)")
+    # A field annotated twice keeps its first place and its last annotation,
+    # as the class's `__annotations__` dict (and so `dataclasses.fields`) does.
+    fields = {}
+    for stmt in cls.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            fields[stmt.target.id] = stmt
+    actions = []
+    for stmt in fields.values():
+        meta = field_metadata(stmt.annotation)
+        if meta is None:
+            continue
+        field = stmt.target.id
+        cli_name, aliases = f"--{field.replace('_', '-')}", []
+        if isinstance(meta, ast.Call):
+            no_cli = keyword(meta, "no_cli")
+            if no_cli is not None:
+                if not isinstance(no_cli, ast.Constant) or not isinstance(no_cli.value, bool):
+                    raise Unsupported(f"line {stmt.lineno}: no_cli is not a literal bool")
+                if no_cli.value:
+                    continue
+            named = keyword(meta, "cli_name")
+            if named is not None:
+                cli_name = literal_strings([named], f"line {stmt.lineno}: cli_name")[0]
+            listed = keyword(meta, "aliases")
+            if listed is not None:
+                if not isinstance(listed, (ast.List, ast.Tuple)):
+                    raise Unsupported(f"line {stmt.lineno}: aliases is not a literal list")
+                aliases = literal_strings(listed.elts, f"line {stmt.lineno}: aliases")
+        actions.append([cli_name, *aliases])
+    return actions
+
+
+class Registrations(ast.NodeVisitor):
+    """Walks `add_cli_args` in source order, collecting each registration."""
+
+    def __init__(self, cls):
+        self.cls = cls
+        self.actions = []
+        self.explicit = 0  # add_argument calls
+        self.from_dataclass = False
+
+    def visit_Call(self, call):
+        if is_add_argument(call):
+            self.actions.append(option_strings(call))
+            self.explicit += 1
+        elif is_from_dataclass(call):
+            target = call.args[1] if len(call.args) > 1 else None
+            if not (isinstance(target, ast.Name) and target.id == self.cls.name) or call.keywords:
+                raise Unsupported(f"line {call.lineno}: only add_cli_args_from_dataclass(parser, ServerArgs)")
+            self.actions.extend(dataclass_actions(self.cls))
+            self.from_dataclass = True
+        self.generic_visit(call)
+
+    def visit_If(self, node):
+        raise Unsupported(f"line {node.lineno}: a registration under a condition")
+
+    visit_For = visit_While = visit_Try = visit_If
+
+
+def server_args_actions(source):
+    """(actions, explicit add_argument calls, whether fields are registered) of one server_args.py."""
+    tree = ast.parse(source)
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs"), None)
+    if cls is None:
+        raise Unsupported("no class ServerArgs")
+    fn = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "add_cli_args"), None)
+    if fn is None:
+        raise Unsupported("no ServerArgs.add_cli_args")
+    walk = Registrations(cls)
+    for stmt in fn.body:
+        walk.visit(stmt)
+    for action in walk.actions:
+        if not action or not all(s.startswith("-") for s in action):
+            raise Unsupported(f"an action with a positional name: {action}")
+    return [list(HELP), *walk.actions], walk.explicit, walk.from_dataclass
+
+
+def rust_string(s):
+    if any(c in s for c in '"\\') or not s.isascii() or not s.isprintable():
+        raise Unsupported(f"an option string that needs escaping: {s!r}")
+    return f'"{s}"'
+
+
+def render(parsed):
+    """The whole of sglang_flags.rs from `{commit: (actions, explicit, from_dataclass)}`."""
+    old, new = parsed[OLD], parsed[NEW]
+    if old[2] or not new[2]:
+        raise Unsupported(
+            f"the header describes {SHORT[OLD]} with add_argument calls only and {SHORT[NEW]} with dataclass fields"
+        )
+    out = [
+        "//! The long option strings of SGLang's `sglang serve` argument parser",
+        "//! (`prepare_server_args`: `argparse.ArgumentParser(prog=\"sglang serve\")`,",
+        "//! `allow_abbrev` left on), at the two commits pdx's rule sets follow.",
+        "//!",
+        "//! Generated (not hand-written) from `python/sglang/srt/server_args.py`:",
+        f"//! `ServerArgs.add_cli_args` at {SHORT[OLD]} ({old[1]} `add_argument` calls), and at",
+        f"//! {SHORT[NEW]} the `Annotated[..., Arg(...)]` fields in declaration order",
+        "//! (`--` + field name with `-`, or `cli_name`, then `aliases`; `no_cli`",
+        f"//! skipped) followed by its {new[1]} explicit `add_argument` calls. argparse's own",
+        "//! `-h`/`--help` comes first. These are names only (facts), in the order",
+        "//! argparse registers them, which is the order it lists them in an",
+        '//! "ambiguous option" error.',
+        "//!",
+        "//! Written by `scripts/gen-sglang-flags.py` from a checkout of SGLang",
+        "//! (docs/sglang-rules.md); regenerate it, never edit it.",
+    ]
+    for commit in COMMITS:
+        out += [
+            "",
+            f"/// `sglang serve`'s options at SGLang commit {commit}: one entry per argparse",
+            "/// action, its option strings in declaration order (`-h`/`--help` first).",
+            f"pub const FLAGS_{SHORT[commit].upper()}: &[&[&str]] = &[",
+        ]
+        out += [f"    &[{', '.join(rust_string(s) for s in action)}]," for action in parsed[commit][0]]
+        out.append("];")
+    return "\n".join(out) + "\n"
+
+
+def read_from_checkout(checkout, commit):
+    try:
+        return subprocess.run(
+            ["git", "-C", str(checkout), "show", f"{commit}:{SERVER_ARGS}"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"cannot read {SERVER_ARGS} at {commit} from {checkout}: {e.stderr.strip()}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--sglang", type=Path, help="a git checkout of SGLang that holds both commits")
+    src.add_argument(
+        "--server-args",
+        action="append",
+        metavar="COMMIT=FILE",
+        help=f"server_args.py at COMMIT (a prefix of {SHORT[OLD]} or {SHORT[NEW]}); give both",
+    )
+    p.add_argument("--out", type=Path, default=TARGET, help=f"where to write (default {TARGET.relative_to(ROOT)})")
+    p.add_argument("--check", action="store_true", help="compare with --out instead of writing it; exit 1 if different")
+    args = p.parse_args()
+
+    sources = {}
+    if args.sglang:
+        sources = {c: read_from_checkout(args.sglang, c) for c in COMMITS}
+    else:
+        for item in args.server_args:
+            prefix, sep, path = item.partition("=")
+            commit = next((c for c in COMMITS if sep and len(prefix) >= 7 and c.startswith(prefix.lower())), None)
+            if commit is None:
+                p.error(f"--server-args {item}: expected COMMIT=FILE with COMMIT a prefix of {OLD} or {NEW}")
+            sources[commit] = Path(path).read_text()
+        missing = [SHORT[c] for c in COMMITS if c not in sources]
+        if missing:
+            p.error(f"no server_args.py for {', '.join(missing)}")
+    try:
+        text = render({c: server_args_actions(s) for c, s in sources.items()})
+    except Unsupported as e:
+        sys.exit(f"gen-sglang-flags: unsupported server_args.py: {e}")
+
+    if args.check:
+        current = args.out.read_text() if args.out.exists() else ""
+        if current != text:
+            sys.stdout.writelines(
+                difflib.unified_diff(current.splitlines(True), text.splitlines(True), str(args.out), "generated")
+            )
+            sys.exit(1)
+        print(f"{args.out} is up to date")
+        return
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
