@@ -9,9 +9,11 @@
 //! - [`location`]: where a region lives (`cpu:N`, `cuda:N`, `*`).
 //! - [`host`]: engine hostnames and peer session names.
 //! - [`backend`]: the [`TransferBackend`] trait the ABI drives.
+//! - [`kv`]: KV-cache page plans (runs, head slices) turned into requests.
 
 pub mod backend;
 pub mod host;
+pub mod kv;
 pub mod location;
 pub mod regions;
 pub mod request;
