@@ -1,0 +1,234 @@
+//! Layer-wise submits of a KV plan, on any backend: each submit is an
+//! ordinary batch that starts at once; a notification passed with a submit
+//! is sent only after that submit and every earlier submit of the same plan
+//! to the same session have landed, so the last layer's submit can carry
+//! "this request is complete".
+//!
+//! The ordering lives here, above the backends: the notifying submit goes
+//! to the backend without its notification, and a short-lived watcher
+//! thread waits for its batch and the earlier unfinished ones (each wait
+//! bounded), then sends the notification through the backend's `notify`.
+//! The notification is sent only when every one of those batches
+//! completed; its outcome is kept for [`notify_outcome`].
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::kv::KvPlan;
+use super::{Direction, TaskState, TransferBackend};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Most notifications waiting for their layers at once (one watcher
+/// thread each), process-wide.
+pub const MAX_PENDING_NOTIFICATIONS: usize = 1024;
+/// Most unfinished submits one plan tracks per engine and session.
+pub const MAX_UNFINISHED_SUBMITS: usize = 1 << 16;
+/// Notification outcomes kept for [`notify_outcome`], the most recent ones.
+const KEPT_OUTCOMES: usize = 4096;
+/// How long a watcher waits for the layers before giving the notification
+/// up (the engine's own deadlines end every batch long before).
+const LAYERS_WAIT_LIMIT: Duration = Duration::from_secs(600);
+/// One wait of a watcher on one batch.
+const WAIT_STEP: Duration = Duration::from_millis(500);
+
+static WATCHERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Where a deferred notification stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotifyOutcome {
+    /// Waiting for the layers to land.
+    Pending,
+    /// Delivered to the peer.
+    Sent,
+    /// Not delivered: a layer failed, the wait hit its limit, or the peer
+    /// refused it.
+    Failed(Error),
+}
+
+struct NotifySlot {
+    outcome: Mutex<NotifyOutcome>,
+    changed: Condvar,
+}
+
+/// Outcomes by (engine key, batch id), oldest first.
+static OUTCOMES: Mutex<VecDeque<((u64, u64), Arc<NotifySlot>)>> = parking_lot::const_mutex(VecDeque::new());
+
+fn slot_of(engine_key: u64, batch: u64) -> Option<Arc<NotifySlot>> {
+    OUTCOMES.lock().iter().rev().find(|(k, _)| *k == (engine_key, batch)).map(|(_, s)| s.clone())
+}
+
+/// The deferred notification of `batch` (a KV submit of the engine
+/// `engine_key` that carried one): `None` when there is none (or it is too
+/// old to be kept); otherwise its outcome, waiting up to `timeout` while it
+/// is pending.
+pub fn notify_outcome(engine_key: u64, batch: u64, timeout: Duration) -> Option<NotifyOutcome> {
+    let slot = slot_of(engine_key, batch)?;
+    let deadline = Instant::now().checked_add(timeout);
+    let mut outcome = slot.outcome.lock();
+    while *outcome == NotifyOutcome::Pending {
+        match deadline {
+            Some(d) => {
+                if slot.changed.wait_until(&mut outcome, d).timed_out() {
+                    break;
+                }
+            }
+            None => slot.changed.wait(&mut outcome),
+        }
+    }
+    Some(outcome.clone())
+}
+
+/// The submits of one plan not yet known to have finished, per engine and
+/// session, in submit order.
+#[derive(Default)]
+pub struct LayerStreams {
+    unfinished: Mutex<HashMap<(u64, String), Vec<u64>>>,
+}
+
+/// A backend a watcher thread can keep alive.
+pub trait SharedBackend: Deref<Target = dyn TransferBackend> + Send + Sync + 'static {}
+impl<T: Deref<Target = dyn TransferBackend> + Send + Sync + 'static> SharedBackend for T {}
+
+/// Releases a watcher's place in [`WATCHERS`].
+struct WatcherPlace;
+impl WatcherPlace {
+    fn take() -> Result<WatcherPlace> {
+        let was = WATCHERS.fetch_add(1, Ordering::AcqRel);
+        if was >= MAX_PENDING_NOTIFICATIONS {
+            WATCHERS.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "{MAX_PENDING_NOTIFICATIONS} KV notifications are already waiting for their layers; retry later"
+                ),
+            ));
+        }
+        Ok(WatcherPlace)
+    }
+}
+impl Drop for WatcherPlace {
+    fn drop(&mut self) {
+        WATCHERS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl LayerStreams {
+    /// Submit buffers `[first, end)` of `plan` to `session` on `backend`
+    /// (known as `engine_key`) and return the batch id at once. With
+    /// `notify`, the notification follows once this submit and every
+    /// earlier unfinished submit of this plan to this session (on this
+    /// engine) have completed; it is not sent if one of them failed.
+    ///
+    /// Earlier batches the caller already freed count as finished (a batch
+    /// can only be freed once it is).
+    ///
+    /// # Safety
+    /// The local memory of those buffers stays valid until the batch is
+    /// finished.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn submit<B: SharedBackend>(
+        &self,
+        engine_key: u64,
+        backend: B,
+        plan: &KvPlan,
+        session: &str,
+        (first, end): (usize, usize),
+        direction: Direction,
+        notify: Option<(String, String)>,
+    ) -> Result<u64> {
+        if direction == Direction::Read {
+            plan.check_readable()?;
+        }
+        let reqs = plan.requests(first, end, backend.max_batch_entries())?;
+        let place = notify.as_ref().map(|_| WatcherPlace::take()).transpose()?;
+        let mut streams = self.unfinished.lock();
+        let ids = streams.entry((engine_key, session.to_owned())).or_default();
+        // Drop finished submits from the front (they finish mostly in order).
+        while let Some(&id) = ids.first() {
+            match backend.batch_summary(id) {
+                Ok(s) if s.state == TaskState::Completed => {}
+                Err(e) if e.kind() == ErrorKind::InvalidHandle => {}
+                _ => break,
+            }
+            ids.remove(0);
+        }
+        if ids.len() >= MAX_UNFINISHED_SUBMITS {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "{} submits of this plan to {session} are unfinished (or failed and not freed); wait for or \
+                     free them first",
+                    ids.len()
+                ),
+            ));
+        }
+        // SAFETY: the caller keeps the local memory valid until the batch finishes.
+        let id = unsafe { backend.submit(session, direction, reqs, None)? };
+        ids.push(id);
+        if let (Some((name, msg)), Some(place)) = (notify, place) {
+            let waits = ids.clone();
+            drop(streams);
+            let slot = Arc::new(NotifySlot { outcome: Mutex::new(NotifyOutcome::Pending), changed: Condvar::new() });
+            {
+                let mut kept = OUTCOMES.lock();
+                if kept.len() >= KEPT_OUTCOMES {
+                    kept.pop_front();
+                }
+                kept.push_back(((engine_key, id), slot.clone()));
+            }
+            let session = session.to_owned();
+            let watcher = move || {
+                let _place = place;
+                let outcome = match wait_all(&*backend, &waits) {
+                    Ok(()) => match backend.notify(&session, &name, &msg) {
+                        Ok(()) => NotifyOutcome::Sent,
+                        Err(e) => NotifyOutcome::Failed(e),
+                    },
+                    Err(e) => NotifyOutcome::Failed(e),
+                };
+                if let NotifyOutcome::Failed(e) = &outcome {
+                    log::warn!("KV notification '{name}' to {session} not delivered: {e}");
+                }
+                *slot.outcome.lock() = outcome;
+                slot.changed.notify_all();
+            };
+            if let Err(e) = std::thread::Builder::new().name("pdx-kv-notify".into()).spawn(watcher) {
+                // The batch runs; only its notification is lost, and said so.
+                log::warn!("cannot start the KV notification watcher: {e}");
+                if let Some(s) = slot_of(engine_key, id) {
+                    *s.outcome.lock() = NotifyOutcome::Failed(Error::io(format!("cannot start a thread: {e}")));
+                    s.changed.notify_all();
+                }
+            }
+        }
+        Ok(id)
+    }
+}
+
+/// Wait for every batch of `ids` to complete; the first failure otherwise.
+fn wait_all(backend: &dyn TransferBackend, ids: &[u64]) -> Result<()> {
+    let deadline = Instant::now() + LAYERS_WAIT_LIMIT;
+    for &id in ids {
+        loop {
+            match backend.batch_wait(id, WAIT_STEP) {
+                Ok(s) if s.state == TaskState::Completed => break,
+                Ok(s) => {
+                    return Err(Error::new(
+                        ErrorKind::ConnectionLost,
+                        format!("batch {id:#x} of this plan failed ({} of {} requests)", s.failed, s.total),
+                    ))
+                }
+                // Freed by the caller, which it can only do once it finished.
+                Err(e) if e.kind() == ErrorKind::InvalidHandle => break,
+                Err(e) if e.kind() == ErrorKind::Timeout && Instant::now() < deadline => {}
+                Err(e) => return Err(e.context(format!("waiting for batch {id:#x}"))),
+            }
+        }
+    }
+    Ok(())
+}
