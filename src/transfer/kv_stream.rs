@@ -55,8 +55,11 @@ struct NotifySlot {
     changed: Condvar,
 }
 
-/// Outcomes by (engine key, batch id), oldest first.
-static OUTCOMES: Mutex<VecDeque<((u64, u64), Arc<NotifySlot>)>> = parking_lot::const_mutex(VecDeque::new());
+/// A deferred notification by (engine key, batch id).
+type KeptOutcome = ((u64, u64), Arc<NotifySlot>);
+
+/// Outcomes, oldest first.
+static OUTCOMES: Mutex<VecDeque<KeptOutcome>> = parking_lot::const_mutex(VecDeque::new());
 
 fn slot_of(engine_key: u64, batch: u64) -> Option<Arc<NotifySlot>> {
     OUTCOMES.lock().iter().rev().find(|(k, _)| *k == (engine_key, batch)).map(|(_, s)| s.clone())
