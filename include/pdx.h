@@ -112,27 +112,6 @@
 #define PDX_LOG_ERROR 40
 
 /**
- * Most buffers in one plan (a model has a few hundred layer buffers).
- */
-#define MAX_BUFFERS (1 << 16)
-
-/**
- * Most page pairs in one plan.
- */
-#define MAX_PAGES (1 << 26)
-
-/**
- * Most notifications waiting for their layers at once (one watcher
- * thread each), process-wide.
- */
-#define MAX_PENDING_NOTIFICATIONS 1024
-
-/**
- * Most unfinished submits one plan tracks per engine and session.
- */
-#define MAX_UNFINISHED_SUBMITS (1 << 16)
-
-/**
  * What went wrong, coarse enough to act on from C.
  *
  * Variants are never removed or renumbered: each maps to a fixed C status.

@@ -17,9 +17,9 @@ use super::Request;
 use crate::error::{Error, Result};
 
 /// Most buffers in one plan (a model has a few hundred layer buffers).
-pub const MAX_BUFFERS: usize = 1 << 16;
+pub(crate) const MAX_BUFFERS: usize = 1 << 16;
 /// Most page pairs in one plan.
-pub const MAX_PAGES: usize = 1 << 26;
+pub(crate) const MAX_PAGES: usize = 1 << 26;
 
 /// One buffer (a layer's K, V or MLA buffer, an aux or state buffer) on one
 /// side: page `i` starts at `base + i * page_bytes`.

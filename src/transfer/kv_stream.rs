@@ -25,9 +25,9 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// Most notifications waiting for their layers at once (one watcher
 /// thread each), process-wide.
-pub const MAX_PENDING_NOTIFICATIONS: usize = 1024;
+pub(crate) const MAX_PENDING_NOTIFICATIONS: usize = 1024;
 /// Most unfinished submits one plan tracks per engine and session.
-pub const MAX_UNFINISHED_SUBMITS: usize = 1 << 16;
+pub(crate) const MAX_UNFINISHED_SUBMITS: usize = 1 << 16;
 /// Notification outcomes kept for [`notify_outcome`], the most recent ones.
 const KEPT_OUTCOMES: usize = 4096;
 /// How long a watcher waits for the layers before giving the notification
