@@ -235,3 +235,163 @@ fn wait_all(backend: &dyn TransferBackend, ids: &[u64]) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::kv::KvBuffer;
+    use crate::transfer::location::Requested;
+    use crate::transfer::{BatchSummary, Request, TaskSummary};
+    use parking_lot::Condvar;
+
+    /// A backend whose batches finish when the test says so.
+    #[derive(Default)]
+    struct Scripted {
+        batches: Mutex<HashMap<u64, TaskState>>,
+        changed: Condvar,
+        next: Mutex<u64>,
+        sent: Mutex<Vec<(String, String, String)>>,
+    }
+
+    impl Scripted {
+        fn finish(&self, id: u64, state: TaskState) {
+            self.batches.lock().insert(id, state);
+            self.changed.notify_all();
+        }
+        fn summary(state: TaskState) -> BatchSummary {
+            let failed = usize::from(state == TaskState::Failed);
+            BatchSummary { state, total: 1, completed: usize::from(state == TaskState::Completed), failed, bytes: 0 }
+        }
+    }
+
+    fn gone(id: u64) -> Error {
+        Error::new(ErrorKind::InvalidHandle, format!("batch {id:#x} is not live"))
+    }
+
+    impl TransferBackend for Scripted {
+        fn session_id(&self) -> &str {
+            "scripted:1"
+        }
+        fn rpc_port(&self) -> u16 {
+            1
+        }
+        fn protocol(&self) -> &str {
+            "scripted"
+        }
+        fn register_batch(&self, _: &[(u64, u64)]) -> Result<()> {
+            Ok(())
+        }
+        fn register_batch_at(&self, _: &[(u64, u64)], _: Requested) -> Result<()> {
+            Ok(())
+        }
+        fn unregister_batch(&self, _: &[u64]) -> Result<()> {
+            Ok(())
+        }
+        unsafe fn transfer_sync(&self, _: &str, _: Direction, _: Vec<Request>) -> Result<()> {
+            Ok(())
+        }
+        unsafe fn submit(
+            &self,
+            _: &str,
+            _: Direction,
+            _: Vec<Request>,
+            notify: Option<(String, String)>,
+        ) -> Result<u64> {
+            assert!(notify.is_none(), "the KV layer sends notifications itself");
+            let mut next = self.next.lock();
+            *next += 1;
+            self.batches.lock().insert(*next, TaskState::Pending);
+            Ok(*next)
+        }
+        fn batch_summary(&self, id: u64) -> Result<BatchSummary> {
+            self.batches.lock().get(&id).map(|&s| Self::summary(s)).ok_or_else(|| gone(id))
+        }
+        fn task_summary(&self, id: u64, _: usize) -> Result<TaskSummary> {
+            Err(gone(id))
+        }
+        fn batch_wait(&self, id: u64, timeout: Duration) -> Result<BatchSummary> {
+            let deadline = Instant::now() + timeout;
+            let mut batches = self.batches.lock();
+            loop {
+                match batches.get(&id).copied() {
+                    None => return Err(gone(id)),
+                    Some(s) if s.is_terminal() => return Ok(Self::summary(s)),
+                    Some(_) if self.changed.wait_until(&mut batches, deadline).timed_out() => {
+                        return Err(Error::timeout("pending"))
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        fn batch_free(&self, id: u64) -> Result<()> {
+            self.batches.lock().remove(&id).map(|_| ()).ok_or_else(|| gone(id))
+        }
+        fn probe(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        fn notify(&self, session: &str, name: &str, msg: &str) -> Result<()> {
+            self.sent.lock().push((session.into(), name.into(), msg.into()));
+            Ok(())
+        }
+        fn drain_notifications(&self) -> Vec<(String, String)> {
+            Vec::new()
+        }
+        fn stats(&self) -> crate::transfer::stats::StatsSnapshot {
+            crate::transfer::stats::Stats::default().snapshot(Default::default())
+        }
+        fn stop(&self) {}
+    }
+
+    fn plan(layers: usize) -> KvPlan {
+        let bufs: Vec<KvBuffer> =
+            (0..layers as u64).map(|i| KvBuffer { base: 0x1000 + i * 0x1000, page_bytes: 64, pages: 8 }).collect();
+        KvPlan::new(&bufs, &bufs, &[0, 1], &[2, 3], None).unwrap()
+    }
+
+    fn submit(streams: &LayerStreams, key: u64, b: &Arc<Scripted>, p: &KvPlan, layer: usize, notify: bool) -> u64 {
+        let notify = notify.then(|| ("kv_done".to_owned(), format!("room-{key}")));
+        let backend: Arc<dyn TransferBackend> = b.clone();
+        // SAFETY: the scripted backend touches no memory.
+        unsafe { streams.submit(key, backend, p, "peer:2", (layer, layer + 1), Direction::Write, notify).unwrap() }
+    }
+
+    #[test]
+    fn the_notification_waits_for_every_earlier_layer_and_comes_once() {
+        let (b, p, streams) = (Arc::new(Scripted::default()), plan(3), LayerStreams::default());
+        let ids: Vec<u64> = (0..3).map(|l| submit(&streams, 7, &b, &p, l, l == 2)).collect();
+        b.finish(ids[2], TaskState::Completed);
+        b.finish(ids[1], TaskState::Completed);
+        assert_eq!(notify_outcome(7, ids[2], Duration::from_millis(100)), Some(NotifyOutcome::Pending));
+        assert!(b.sent.lock().is_empty(), "layer 0 has not landed");
+        b.finish(ids[0], TaskState::Completed);
+        assert_eq!(notify_outcome(7, ids[2], Duration::from_secs(30)), Some(NotifyOutcome::Sent));
+        assert_eq!(*b.sent.lock(), vec![("peer:2".to_owned(), "kv_done".to_owned(), "room-7".to_owned())]);
+        assert_eq!(notify_outcome(7, ids[1], Duration::ZERO), None, "layers without a notification have none");
+        // The next request through the same plan waits only for what is unfinished.
+        let next = submit(&streams, 7, &b, &p, 0, true);
+        assert_eq!(streams.unfinished.lock()[&(7, "peer:2".to_owned())], vec![next], "finished submits are dropped");
+        b.finish(next, TaskState::Completed);
+        assert_eq!(notify_outcome(7, next, Duration::from_secs(30)), Some(NotifyOutcome::Sent));
+        assert_eq!(b.sent.lock().len(), 2);
+    }
+
+    #[test]
+    fn a_failed_layer_holds_the_notification_back_and_freed_ones_count_as_landed() {
+        let (b, p, streams) = (Arc::new(Scripted::default()), plan(3), LayerStreams::default());
+        let first = submit(&streams, 8, &b, &p, 0, false);
+        b.finish(first, TaskState::Failed);
+        let last = submit(&streams, 8, &b, &p, 1, true);
+        b.finish(last, TaskState::Completed);
+        match notify_outcome(8, last, Duration::from_secs(30)) {
+            Some(NotifyOutcome::Failed(e)) => assert!(e.message().contains("failed"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(b.sent.lock().is_empty());
+        // Once the caller frees the failed batch, later requests go through.
+        b.batch_free(first).unwrap();
+        let again = submit(&streams, 8, &b, &p, 2, true);
+        b.finish(again, TaskState::Completed);
+        assert_eq!(notify_outcome(8, again, Duration::from_secs(30)), Some(NotifyOutcome::Sent));
+        assert_eq!(b.sent.lock().len(), 1);
+    }
+}
