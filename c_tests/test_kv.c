@@ -319,6 +319,10 @@ static void test_bad_inputs(pair *p) {
   PLAN_FAILS(l, r, 2, NULL, d, 3, NULL, PDX_ERR_NULL_ARGUMENT, "src_pages is NULL but its length is 3");
   PLAN_FAILS(l, r, 2, s, NULL, 3, NULL, PDX_ERR_NULL_ARGUMENT, "dst_pages is NULL but its length is 3");
   PLAN_FAILS(l, r, 0, s, d, 3, NULL, PDX_ERR_INVALID_ARGUMENT, "buffers is 0: a plan needs at least one buffer");
+  PLAN_FAILS(l, r, SIZE_MAX / 64, s, d, 3, NULL, PDX_ERR_INVALID_ARGUMENT,
+             "buffers is 288230376151711743, over the limit of 65536");
+  PLAN_FAILS(l, r, 2, s, d, (size_t)1 << 40, NULL, PDX_ERR_INVALID_ARGUMENT,
+             "pages is 1099511627776, over the limit of 67108864");
   int32_t neg[3] = {0, -3, 2}, big[3] = {0, 1, 8}, rep[3] = {4, 5, 4};
   PLAN_FAILS(l, r, 2, neg, d, 3, NULL, PDX_ERR_INVALID_ARGUMENT, "src_pages[1] is -3, below 0");
   PLAN_FAILS(l, r, 2, s, big, 3, NULL, PDX_ERR_INVALID_ARGUMENT, "dst_pages[2] is 8, not below remote[0].pages 8");

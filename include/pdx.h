@@ -1392,7 +1392,8 @@ void pdx_ib_validation_free(pdx_ib_validation *validation);
  * Checked here, each failing with `PDX_ERR_INVALID_ARGUMENT` (or
  * `PDX_ERR_NULL_ARGUMENT` for a NULL array with a length) and a message
  * naming the argument and its value: `buffers` 0; a zero `base` or
- * `page_bytes`; a buffer span that overflows; an index below 0 or not
+ * `page_bytes`; more than 65536 buffers or 2^26 pages; a buffer span that
+ * overflows; an index below 0 or not
  * below a buffer's `pages`; a destination page repeated (two writes to
  * one page); a head count of 0, a head range outside a token, or a
  * `page_bytes` other than `tokens_per_page * heads * head_bytes`. No

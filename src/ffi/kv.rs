@@ -21,7 +21,7 @@ use super::boundary::{c_slice, c_str, guard, guard_or, handle_tag, opt_c_str, ou
 use super::engine::{backend_ref, pdx_engine, with_engine, PDX_OPCODE_READ, PDX_OPCODE_WRITE};
 use super::status::{pdx_status, status_of, PDX_OK};
 use crate::error::{Error, ErrorKind, Result};
-use crate::transfer::kv::{KvBuffer, KvHeads, KvPlan};
+use crate::transfer::kv::{KvBuffer, KvHeads, KvPlan, MAX_BUFFERS, MAX_PAGES};
 use crate::transfer::kv_stream::{notify_outcome, LayerStreams, NotifyOutcome};
 use crate::transfer::Direction;
 
@@ -111,7 +111,8 @@ fn buffers_of(c: &[pdx_kv_buffer]) -> Vec<KvBuffer> {
 /// Checked here, each failing with `PDX_ERR_INVALID_ARGUMENT` (or
 /// `PDX_ERR_NULL_ARGUMENT` for a NULL array with a length) and a message
 /// naming the argument and its value: `buffers` 0; a zero `base` or
-/// `page_bytes`; a buffer span that overflows; an index below 0 or not
+/// `page_bytes`; more than 65536 buffers or 2^26 pages; a buffer span that
+/// overflows; an index below 0 or not
 /// below a buffer's `pages`; a destination page repeated (two writes to
 /// one page); a head count of 0, a head range outside a token, or a
 /// `page_bytes` other than `tokens_per_page * heads * head_bytes`. No
@@ -140,6 +141,13 @@ pub unsafe extern "C" fn pdx_kv_plan_new(
         let out = out_ptr(out, "out")?;
         if buffers == 0 {
             return Err(Error::invalid_argument("buffers is 0: a plan needs at least one buffer"));
+        }
+        // Bounds before any copy proportional to the lengths.
+        if buffers > MAX_BUFFERS {
+            return Err(Error::invalid_argument(format!("buffers is {buffers}, over the limit of {MAX_BUFFERS}")));
+        }
+        if pages > MAX_PAGES {
+            return Err(Error::invalid_argument(format!("pages is {pages}, over the limit of {MAX_PAGES}")));
         }
         let local = buffers_of(c_slice(local, buffers, "local")?);
         let remote = buffers_of(c_slice(remote, buffers, "remote")?);
