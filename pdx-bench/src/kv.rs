@@ -269,7 +269,11 @@ fn verify_last_read(ctx: &Context<'_>, reqs: &[Request]) -> Result<(), String> {
 /// The last handoff's pages must be on the target, byte for byte.
 fn verify_last_write(ctx: &Context<'_>, reqs: &[Request]) -> Result<(), String> {
     let ranges: Vec<(usize, usize)> = reqs.iter().map(|r| ((r.remote - ctx.remote_addr) as usize, r.len)).collect();
-    let remote = ctx.remote_checksums(&ranges)?;
+    // In chunks: one control message must stay under the peer's notification bound.
+    let mut remote = Vec::with_capacity(ranges.len());
+    for chunk in ranges.chunks(2048) {
+        remote.extend(ctx.remote_checksums(chunk)?);
+    }
     for (r, sum) in reqs.iter().zip(&remote) {
         // SAFETY: the range lies in the local pool, still mapped.
         let local = unsafe { std::slice::from_raw_parts(r.local as *const u8, r.len) };
