@@ -28,6 +28,8 @@ use crate::error::{Error, ErrorKind, Result};
 pub(crate) const MAX_PENDING_NOTIFICATIONS: usize = 1024;
 /// Most unfinished submits one plan tracks per engine and session.
 pub(crate) const MAX_UNFINISHED_SUBMITS: usize = 1 << 16;
+/// Sessions one plan tracks before it sweeps those with nothing unfinished.
+const STREAMS_BEFORE_SWEEP: usize = 1024;
 /// Notification outcomes kept for [`notify_outcome`], the most recent ones.
 const KEPT_OUTCOMES: usize = 4096;
 /// How long a watcher waits for the layers before giving the notification
@@ -150,16 +152,17 @@ impl LayerStreams {
         let reqs = plan.requests(first, end, backend.max_batch_entries())?;
         let place = notify.as_ref().map(|_| WatcherPlace::take()).transpose()?;
         let mut streams = self.unfinished.lock();
-        let ids = streams.entry((engine_key, session.to_owned())).or_default();
-        // Drop finished submits from the front (they finish mostly in order).
-        while let Some(&id) = ids.first() {
-            match backend.batch_summary(id) {
-                Ok(s) if s.state == TaskState::Completed => {}
-                Err(e) if e.kind() == ErrorKind::InvalidHandle => {}
-                _ => break,
-            }
-            ids.remove(0);
+        if streams.len() >= STREAMS_BEFORE_SWEEP {
+            // Many sessions: forget those of this engine with nothing unfinished.
+            streams.retain(|(key, _), ids| {
+                *key != engine_key || {
+                    drop_finished(&*backend, ids);
+                    !ids.is_empty()
+                }
+            });
         }
+        let ids = streams.entry((engine_key, session.to_owned())).or_default();
+        drop_finished(&*backend, ids);
         if ids.len() >= MAX_UNFINISHED_SUBMITS {
             return Err(Error::new(
                 ErrorKind::Busy,
@@ -211,6 +214,19 @@ impl LayerStreams {
         }
         Ok(id)
     }
+}
+
+/// Drop finished submits from the front of `ids` (they finish mostly in
+/// order); a failed one stays until the caller frees it.
+fn drop_finished(backend: &dyn TransferBackend, ids: &mut Vec<u64>) {
+    let done = ids
+        .iter()
+        .take_while(|&&id| match backend.batch_summary(id) {
+            Ok(s) => s.state == TaskState::Completed,
+            Err(e) => e.kind() == ErrorKind::InvalidHandle,
+        })
+        .count();
+    ids.drain(..done);
 }
 
 /// Wait for every batch of `ids` to complete; the first failure otherwise.
@@ -373,6 +389,19 @@ mod tests {
         b.finish(next, TaskState::Completed);
         assert_eq!(notify_outcome(7, next, Duration::from_secs(30)), Some(NotifyOutcome::Sent));
         assert_eq!(b.sent.lock().len(), 2);
+    }
+
+    #[test]
+    fn many_sessions_are_swept_once_finished() {
+        let (b, p, streams) = (Arc::new(Scripted::default()), plan(1), LayerStreams::default());
+        for i in 0..STREAMS_BEFORE_SWEEP + 10 {
+            let backend: Arc<dyn TransferBackend> = b.clone();
+            // SAFETY: the scripted backend touches no memory.
+            let id = unsafe { streams.submit(9, backend, &p, &format!("peer:{i}"), (0, 1), Direction::Write, None) };
+            b.finish(id.unwrap(), TaskState::Completed);
+        }
+        let left = streams.unfinished.lock().len();
+        assert!(left < 20, "{left} sessions kept");
     }
 
     #[test]
