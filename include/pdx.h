@@ -1393,10 +1393,10 @@ void pdx_ib_validation_free(pdx_ib_validation *validation);
  * `PDX_ERR_NULL_ARGUMENT` for a NULL array with a length) and a message
  * naming the argument and its value: `buffers` 0; a zero `base` or
  * `page_bytes`; more than 65536 buffers or 2^26 pages; a buffer span that
- * overflows; an index below 0 or not
- * below a buffer's `pages`; a destination page repeated (two writes to
- * one page); a head count of 0, a head range outside a token, or a
- * `page_bytes` other than `tokens_per_page * heads * head_bytes`. No
+ * overflows; an index below 0 or not below a buffer's `pages`; a
+ * destination page repeated (two writes to one page); a head count of 0,
+ * a head range outside a token, or a `page_bytes` other than
+ * `tokens_per_page * heads * head_bytes`. No
  * engine is needed and no registration is checked; the plan copies what
  * it needs, so the arrays may be freed after the call. On success `*out`
  * receives a plan owned by the caller (`pdx_kv_plan_free`); on error it is
