@@ -116,6 +116,9 @@ def main() -> int:
     lbase, rbase = prefill.register(local), decode.register(remote)
     mc.register_memory(lbase, len(local))
     peer = decode.session_id
+    # Section 2 runs both paths on the one pdx engine under the Mooncake API,
+    # so that only the planning and the calls differ.
+    same_engine = mc._engine or prefill
     lbufs = [KvBuffer(lbase + b * pool * page_bytes, page_bytes, pool) for b in range(buffers)]
     rbufs = [KvBuffer(rbase + b * pool * page_bytes, page_bytes, pool) for b in range(buffers)]
 
@@ -146,7 +149,7 @@ def main() -> int:
             ctypes.memset(rbase, 0, len(remote))
             t = time.perf_counter()
             if name == "pdx_kv_transfer_sync":
-                plan.transfer(prefill, peer)
+                plan.transfer(same_engine, peer)
             else:
                 srcs, dsts, lens = conn_py_blocks(src, dst, [b.base for b in lbufs], [b.base for b in rbufs], page_bytes)
                 if mc.batch_transfer_sync_write(peer, srcs, dsts, lens) != 0:
