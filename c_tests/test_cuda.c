@@ -495,6 +495,67 @@ static void test_pages(pdx_engine *a, pdx_engine *b) {
   side_free(&rem);
 }
 
+/* A KV plan over device memory on both sides, layer by layer: every page
+ * lands, and the last layer's notification comes once, after all of them. */
+static void test_kv_plan(pdx_engine *a, pdx_engine *b) {
+  enum { LAYERS = 4, POOL = 64, PG = 8192, N = 40 };
+  struct side loc, rem;
+  size_t bytes = (size_t)2 * LAYERS * POOL * PG;
+  side_init(&loc, b, 0, bytes);
+  side_init(&rem, a, dev_hi, bytes);
+  unsigned char *img = malloc(bytes), *got = malloc(bytes);
+  fill(img, bytes);
+  side_put(&loc, 0, img, bytes);
+  memset(got, 0, bytes);
+  side_put(&rem, 0, got, bytes);
+  pdx_kv_buffer lb[2 * LAYERS], rb[2 * LAYERS];
+  for (int i = 0; i < 2 * LAYERS; i++) {
+    lb[i] = (pdx_kv_buffer){loc.dptr + (uint64_t)i * POOL * PG, PG, POOL};
+    rb[i] = (pdx_kv_buffer){rem.dptr + (uint64_t)i * POOL * PG, PG, POOL};
+  }
+  int32_t src[N], dst[N];
+  for (int i = 0; i < N; i++) src[i] = (i * 7) % POOL, dst[i] = POOL - 1 - i; /* runs of 1 */
+  pdx_kv_plan *plan = NULL;
+  CHECK_OK(pdx_kv_plan_new(lb, rb, 2 * LAYERS, src, dst, N, NULL, &plan));
+  uint64_t ids[LAYERS];
+  const char *peer = pdx_engine_session_id(a);
+  for (int l = 0; l < LAYERS; l++) {
+    int last = l == LAYERS - 1;
+    CHECK_OK(pdx_kv_submit(b, peer, plan, 2 * (size_t)l, 2 * (size_t)l + 2, PDX_OPCODE_WRITE, NULL,
+                           last ? "kv_done" : NULL, last ? "room-cuda" : NULL, &ids[l]));
+  }
+  pdx_status notified = -1;
+  CHECK_OK(pdx_kv_notify_wait(b, ids[LAYERS - 1], 30000, &notified));
+  CHECK(notified == PDX_OK);
+  for (int l = 0; l < LAYERS; l++) {
+    int32_t state = -1;
+    CHECK_OK(pdx_batch_wait(b, ids[l], 30000, &state));
+    CHECK(state == PDX_TASK_COMPLETED);
+    CHECK_OK(pdx_batch_free(b, ids[l]));
+  }
+  pdx_notifications *list = NULL;
+  CHECK_OK(pdx_notifications_drain(a, &list));
+  size_t seen = 0;
+  for (size_t i = 0; i < pdx_notifications_count(list); i++) {
+    const char *name = NULL, *msg = NULL;
+    CHECK_OK(pdx_notification_get(list, i, &name, &msg));
+    seen += strcmp(name, "kv_done") == 0 && strcmp(msg, "room-cuda") == 0;
+  }
+  pdx_notifications_free(list);
+  CHECK(seen == 1);
+  side_get(&rem, 0, got, bytes);
+  int bad = 0;
+  for (int i = 0; i < 2 * LAYERS; i++)
+    for (int k = 0; k < N; k++)
+      bad += memcmp(got + ((size_t)i * POOL + (size_t)dst[k]) * PG, img + ((size_t)i * POOL + (size_t)src[k]) * PG, PG) != 0;
+  CHECK(bad == 0);
+  pdx_kv_plan_free(plan);
+  free(img);
+  free(got);
+  side_free(&loc);
+  side_free(&rem);
+}
+
 /* ---------------------------------------------- bounded under 16 threads */
 
 struct worker {
@@ -815,6 +876,7 @@ int main(int argc, char **argv) {
   test_unregistered_device_locals();
   test_round_trips(a, b);
   test_pages(a, b);
+  test_kv_plan(a, b);
   test_failing_copies(a, b);
   test_target_device_faults();
   test_unregister_during_transfer(a, b);

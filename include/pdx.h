@@ -142,6 +142,13 @@ typedef struct pdx_ib_device_config pdx_ib_device_config;
 typedef struct pdx_ib_validation pdx_ib_validation;
 
 /**
+ * Opaque KV page plan. Made by `pdx_kv_plan_new`, released by
+ * `pdx_kv_plan_free`. Immutable once built and safe to use from many
+ * threads and with many engines at once.
+ */
+typedef struct pdx_kv_plan pdx_kv_plan;
+
+/**
  * Opaque list of received notifications. Made by `pdx_notifications_drain`,
  * released by `pdx_notifications_free`.
  */
@@ -184,6 +191,66 @@ typedef struct {
    */
   uint64_t bytes;
 } pdx_batch_summary;
+
+/**
+ * One buffer of a KV plan on one side: a layer's K, V or MLA buffer, or an
+ * aux or state buffer. Page `i` is `[base + i * page_bytes, base + (i + 1)
+ * * page_bytes)`.
+ */
+typedef struct {
+  /**
+   * Address of page 0 (local: a pointer as an integer; remote: the
+   * peer's address). Never 0.
+   */
+  uint64_t base;
+  /**
+   * Bytes of one page in this buffer; never 0.
+   */
+  uint64_t page_bytes;
+  /**
+   * Pages in the buffer: every page index must be below it, and
+   * `base + pages * page_bytes` must fit 64 bits.
+   */
+  uint64_t pages;
+} pdx_kv_buffer;
+
+/**
+ * A heterogeneous-TP head slice: each page is token-major (a token's
+ * heads side by side, then the next token); heads `[local_first,
+ * local_first + count)` of each local token are sent to heads
+ * `[remote_first, remote_first + count)` of the remote token. Each side's
+ * `page_bytes` must be `tokens_per_page * heads * head_bytes`.
+ */
+typedef struct {
+  /**
+   * Tokens in one page (both sides).
+   */
+  uint32_t tokens_per_page;
+  /**
+   * Heads per token here.
+   */
+  uint32_t local_heads;
+  /**
+   * Heads per token at the peer.
+   */
+  uint32_t remote_heads;
+  /**
+   * First head read here.
+   */
+  uint32_t local_first;
+  /**
+   * First head written there.
+   */
+  uint32_t remote_first;
+  /**
+   * Heads per token sent.
+   */
+  uint32_t count;
+  /**
+   * Bytes of one head of one token.
+   */
+  uint64_t head_bytes;
+} pdx_kv_heads;
 
 /**
  * A log callback. `level` is one of the `PDX_LOG_*` values. `module` is
@@ -1303,6 +1370,150 @@ const char *pdx_ib_validation_message(const pdx_ib_validation *validation,
  * Release a validation result. NULL and stale pointers are ignored.
  */
 void pdx_ib_validation_free(pdx_ib_validation *validation);
+
+/**
+ * Build a plan that moves pages `src_pages[i]` of every `local` buffer to
+ * pages `dst_pages[i]` of the matching `remote` buffer (`buffers` of each,
+ * `pages` indices in each array).
+ *
+ * The pairs are cut into maximal runs consecutive on both sides, in the
+ * given order (SGLang's grouping); each run becomes one request per
+ * buffer, never merged further. With `heads` (NULL: whole pages, which
+ * needs equal `page_bytes` on both sides of each buffer) each token's head
+ * slice is one request, except when the slice is a whole token on both
+ * sides: then tokens merge and the plan issues exactly as many requests as
+ * without `heads`.
+ *
+ * Checked here, each failing with `PDX_ERR_INVALID_ARGUMENT` (or
+ * `PDX_ERR_NULL_ARGUMENT` for a NULL array with a length) and a message
+ * naming the argument and its value: `buffers` 0; a zero `base` or
+ * `page_bytes`; more than 65536 buffers or 2^26 pages; a buffer span that
+ * overflows; an index below 0 or not below a buffer's `pages`; a
+ * destination page repeated (two writes to one page); a head count of 0,
+ * a head range outside a token, or a `page_bytes` other than
+ * `tokens_per_page * heads * head_bytes`. No
+ * engine is needed and no registration is checked; the plan copies what
+ * it needs, so the arrays may be freed after the call. On success `*out`
+ * receives a plan owned by the caller (`pdx_kv_plan_free`); on error it is
+ * untouched.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `local` and `remote` are NULL (with
+ * `buffers` 0) or point to `buffers` readable elements; `src_pages` and `dst_pages` are NULL
+ * (with `pages` 0) or point to `pages` readable elements; `heads` is NULL or readable; `out` is
+ * NULL or valid for writing one pointer.
+ */
+pdx_status pdx_kv_plan_new(const pdx_kv_buffer *local,
+                           const pdx_kv_buffer *remote,
+                           size_t buffers,
+                           const int32_t *src_pages,
+                           const int32_t *dst_pages,
+                           size_t pages,
+                           const pdx_kv_heads *heads,
+                           pdx_kv_plan **out);
+
+/**
+ * The number of requests a submit of buffers `[first_buffer, end_buffer)`
+ * issues, into `*out_requests`. `PDX_ERR_INVALID_ARGUMENT` when
+ * `first_buffer >= end_buffer` or `end_buffer` is past the plan's buffers;
+ * `PDX_ERR_INVALID_HANDLE` for a freed plan. `*out_requests` is untouched
+ * on error.
+ *
+ * # Safety
+ * `out_requests` is NULL or valid for writing one `size_t`. Handles are checked by pdx, never
+ * trusted.
+ */
+pdx_status pdx_kv_plan_requests(const pdx_kv_plan *plan,
+                                size_t first_buffer,
+                                size_t end_buffer,
+                                size_t *out_requests);
+
+/**
+ * Start the requests of buffers `[first_buffer, end_buffer)` of `plan` to
+ * `session` as one ordinary batch and return at once with its id in
+ * `*out_batch` (`pdx_batch_wait`, `pdx_batch_status`, `pdx_batch_free`
+ * serve it). A stack submits layer by layer as the prefill writes them.
+ *
+ * With `notify_name` and `notify_msg` (both set, or both NULL for none)
+ * the notification is delivered to the peer exactly once, only after this
+ * submit **and every earlier submit of the same plan to that session** (on
+ * this engine) have landed; it is not sent if one of them failed. The
+ * batch itself finishes when its own requests land; wait for the
+ * notification with `pdx_kv_notify_wait`. Earlier batches already freed
+ * by the caller count as landed (a batch can only be freed once finished);
+ * a failed one not yet freed holds back later notifications of this plan
+ * to that session.
+ *
+ * `wait_event` must be NULL: ordering after a CUDA event is not supported
+ * yet (`PDX_ERR_INVALID_ARGUMENT`); synchronize the producing stream
+ * first. A READ of a plan whose local pages repeat is refused (two writes
+ * to one page). A submit of more requests than `PDX_MAX_BATCH_ENTRIES`
+ * allows is refused; submit fewer buffers at once. Bad arguments fail as
+ * `pdx_batch_submit`'s do, and as `pdx_kv_plan_requests`'s for the buffer
+ * range; nothing is sent then and `*out_batch` is untouched. Local memory
+ * must stay valid until the batch is finished.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `session`, `notify_name` and
+ * `notify_msg` are NULL or NUL-terminated strings; `out_batch` is NULL or valid for writing one
+ * `u64`; the local memory of the plan's buffers is valid (readable for writes, writable for
+ * reads) until the batch is finished. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_kv_submit(pdx_engine *engine,
+                         const char *session,
+                         const pdx_kv_plan *plan,
+                         size_t first_buffer,
+                         size_t end_buffer,
+                         int32_t opcode,
+                         const void *wait_event,
+                         const char *notify_name,
+                         const char *notify_msg,
+                         uint64_t *out_batch);
+
+/**
+ * Move every buffer of `plan` to (`PDX_OPCODE_WRITE`) or from
+ * (`PDX_OPCODE_READ`) `session` and wait until all landed. `PDX_OK` only
+ * when every request is confirmed; otherwise the status of the first
+ * failure. When the plan issues more requests than `PDX_MAX_BATCH_ENTRIES`
+ * allows at once they go in consecutive groups of whole buffers. Errors as
+ * `pdx_kv_submit`.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+ * string; the local memory of the plan's buffers is valid until the call returns. Handles are
+ * checked by pdx, never trusted.
+ */
+pdx_status pdx_kv_transfer_sync(pdx_engine *engine,
+                                const char *session,
+                                const pdx_kv_plan *plan,
+                                int32_t opcode);
+
+/**
+ * Wait up to `timeout_ms` for the notification of the KV submit `batch`
+ * (one that carried `notify_name`/`notify_msg`). `PDX_OK` once it is
+ * settled, with `*out_error` (may be NULL) `PDX_OK` when it was delivered
+ * and its failure's status otherwise (a layer failed, or the peer refused
+ * it; the last error then has its text). `PDX_ERR_TIMEOUT` while it still
+ * waits for its layers; `PDX_ERR_NOT_FOUND` for a batch that carried no
+ * notification (or one so old that its outcome was dropped: the last
+ * 4096 are kept).
+ *
+ * # Safety
+ * `out_error` is NULL or valid for writing one `pdx_status`. Handles are checked by pdx, never
+ * trusted.
+ */
+pdx_status pdx_kv_notify_wait(pdx_engine *engine,
+                              uint64_t batch,
+                              uint32_t timeout_ms,
+                              pdx_status *out_error);
+
+/**
+ * Release a plan. NULL does nothing. A plan already freed (or never
+ * issued) is not touched: the call records `PDX_ERR_INVALID_HANDLE`'s
+ * text as the last error and returns. Batches already submitted from the
+ * plan are not affected, nor are their notifications.
+ */
+void pdx_kv_plan_free(pdx_kv_plan *plan);
 
 /**
  * Send pdx's log records to `callback` instead of stderr, or back to

@@ -138,6 +138,13 @@ struct InitiatorOpts {
     /// KV workload: handoffs to time.
     #[arg(long, default_value_t = 5)]
     kv_handoffs: usize,
+    /// KV workload: also send each handoff layer by layer as the (simulated)
+    /// prefill computes it, and compare with one transfer after compute.
+    #[arg(long)]
+    layerwise: bool,
+    /// KV workload with --layerwise: simulated compute time per layer.
+    #[arg(long, default_value_t = 1000)]
+    layer_compute_us: u64,
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<String>,

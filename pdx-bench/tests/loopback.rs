@@ -40,6 +40,14 @@ fn loopback_write_and_read_verify_every_byte() {
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<polyline"));
     let out = run(&["--op", "read", "--workload", "blocks", "--block", "64K"]);
     assert!(out.contains("byte for byte"), "{out}");
+    // The KV workload plans through pdx_kv_plan_new and can stream layer by layer.
+    let out = run(&["--workload", "kv", "--layerwise", "--layer-compute-us", "100", "--json", json.to_str().unwrap()]);
+    assert!(out.contains("layer-wise (36 layers") && out.contains("verified the last handoff"), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let kv = &v["kv"][0];
+    assert_eq!(kv["buffers"], 72);
+    assert!(kv["requests"].as_u64().unwrap() >= 72 && kv["requests"].as_u64().unwrap() <= 72 * 16);
+    assert!(kv["layerwise_tail_p50_s"].as_f64().unwrap() > 0.0 && kv["planning_p50_s"].as_f64().unwrap() > 0.0);
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -1058,3 +1058,7 @@ def _detach_log_handler() -> None:
     # pdx threads may still log while the interpreter shuts down.
     if _log_callback is not None:
         lib.pdx_set_log_callback(LOG_CALLBACK(), None, 0)
+
+
+# The KV API (pdx.kv) declares its functions into _SIGNATURES on import.
+from . import kv  # noqa: E402

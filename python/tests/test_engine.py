@@ -61,7 +61,12 @@ def _allowed(ctype: str) -> set:
         return {pdx.LOG_CALLBACK}
     stars = ctype.count("*")
     base = " ".join(w for w in ctype.replace("*", " ").split() if w != "const")
-    structs = {"pdx_batch_summary": pdx.BatchSummary, "pdx_stats": pdx.Stats}
+    structs = {
+        "pdx_batch_summary": pdx.BatchSummary,
+        "pdx_stats": pdx.Stats,
+        "pdx_kv_buffer": pdx.kv.KvBuffer,
+        "pdx_kv_heads": pdx.kv.KvHeads,
+    }
     opaque = base == "void" or (base.startswith("pdx_") and base != "pdx_status" and base not in structs)
     if stars == 0:
         return {None} if base == "void" else {_SCALARS[base]}

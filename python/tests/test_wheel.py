@@ -183,7 +183,7 @@ def test_pip_command_from_a_fresh_clone(command: str, cold: ColdInstall, tmp_pat
         wheels = list(dist.glob("pdx-*.whl"))
         assert len(wheels) == 1 and wheels[0].name.endswith("-cp39-abi3-linux_" + os.uname().machine + ".whl"), wheels
         names = set(zipfile.ZipFile(wheels[0]).namelist())
-        expected = {"pdx/__init__.py", "pdx/mooncake.py", "pdx/py.typed", "pdx/libpdx.abi3.so",
+        expected = {"pdx/__init__.py", "pdx/mooncake.py", "pdx/kv.py", "pdx/py.typed", "pdx/libpdx.abi3.so",
                     "pdx_mooncake_shim.py", "pdx-mooncake-shim.pth"}
         assert expected <= names, expected - names
         _pip(python, ["install", "--no-index", "--no-deps", str(wheels[0])], cwd=tmp_path, cargo_target_dir=None)

@@ -202,6 +202,7 @@ pub(crate) mod handle_tag {
     pub(crate) const IB_VALIDATION: u8 = 5;
     pub(crate) const NOTIFICATIONS: u8 = 6;
     pub(crate) const ENGINE_OPTIONS: u8 = 9;
+    pub(crate) const KV_PLAN: u8 = 12;
 }
 
 /// Live handles of one type. The pointer C holds is a generational id of

@@ -271,6 +271,22 @@ pub(crate) fn with_engine<T>(
     f(&*ENGINES.get(engine)?.engine)
 }
 
+/// A live engine's backend that stays alive past the call, for work that
+/// finishes later (a KV submit's deferred notification).
+pub(crate) struct BackendRef(std::sync::Arc<EngineHandle>);
+
+impl std::ops::Deref for BackendRef {
+    type Target = dyn TransferBackend;
+    fn deref(&self) -> &Self::Target {
+        &*self.0.engine
+    }
+}
+
+/// The backend behind a live engine handle; see [`BackendRef`].
+pub(crate) fn backend_ref(engine: *const pdx_engine) -> Result<BackendRef> {
+    Ok(BackendRef(ENGINES.get(engine)?))
+}
+
 fn region(addr: *const c_void, len: usize, i: Option<usize>) -> Result<(u64, u64)> {
     let at = i.map(|i| format!(" (entry {i})")).unwrap_or_default();
     if addr.is_null() {

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod engine;
 pub mod engine_options;
 pub mod ib_device;
+pub mod kv;
 pub mod log;
 pub mod stats;
 pub mod status;

@@ -9,9 +9,13 @@
 //! - [`location`]: where a region lives (`cpu:N`, `cuda:N`, `*`).
 //! - [`host`]: engine hostnames and peer session names.
 //! - [`backend`]: the [`TransferBackend`] trait the ABI drives.
+//! - [`kv`]: KV-cache page plans (runs, head slices) turned into requests.
+//! - [`kv_stream`]: layer-wise submits of a plan and their deferred notification.
 
 pub mod backend;
 pub mod host;
+pub mod kv;
+pub mod kv_stream;
 pub mod location;
 pub mod regions;
 pub mod request;
