@@ -556,6 +556,80 @@ static void test_kv_plan(pdx_engine *a, pdx_engine *b) {
   side_free(&rem);
 }
 
+/* wait_event: a KV submit from device memory waits, on the device, for the
+ * caller's work recorded on an event. The caller's "kernel" is a copy
+ * queued on its own stream that nobody synchronizes: without the event pdx
+ * reads the bytes from before it (the stand-in applies queued work only
+ * when something waits for it, as a missing wait on a GPU races); with the
+ * event it reads the new ones, and the caller never synchronized. */
+static void test_kv_wait_event(pdx_engine *a, pdx_engine *b) {
+  if (real) return;
+  enum { PG = 4096, PAGES = 8 };
+  void *lib = dlopen(CUDA_DOUBLE_LIB, RTLD_NOW | RTLD_LOCAL);
+  CUresult (*stream_create)(CUstream *, unsigned) = NULL;
+  CUresult (*stream_destroy)(CUstream) = NULL;
+  CUresult (*event_create)(void **, unsigned) = NULL;
+  CUresult (*event_record)(void *, CUstream) = NULL;
+  CUresult (*event_destroy)(void *) = NULL;
+  void *p;
+  p = lib ? dlsym(lib, "cuStreamCreate") : NULL;
+  memcpy(&stream_create, &p, sizeof p);
+  p = lib ? dlsym(lib, "cuStreamDestroy_v2") : NULL;
+  memcpy(&stream_destroy, &p, sizeof p);
+  p = lib ? dlsym(lib, "cuEventCreate") : NULL;
+  memcpy(&event_create, &p, sizeof p);
+  p = lib ? dlsym(lib, "cuEventRecord") : NULL;
+  memcpy(&event_record, &p, sizeof p);
+  p = lib ? dlsym(lib, "cuEventDestroy_v2") : NULL;
+  memcpy(&event_destroy, &p, sizeof p);
+  CHECK(stream_create && stream_destroy && event_create && event_record && event_destroy);
+  if (!(stream_create && stream_destroy && event_create && event_record && event_destroy)) return;
+  struct side loc;
+  side_init(&loc, b, 0, (size_t)PAGES * PG);
+  static unsigned char old[PAGES * PG], fresh[PAGES * PG], target[PAGES * PG];
+  memset(old, 'o', sizeof old);
+  memset(fresh, 'n', sizeof fresh);
+  side_put(&loc, 0, old, sizeof old);
+  CHECK_OK(pdx_register_memory(a, target, sizeof target));
+  pdx_kv_buffer lb = {loc.dptr, PG, PAGES}, rb = {(uint64_t)(uintptr_t)target, PG, PAGES};
+  int32_t pages[PAGES];
+  for (int i = 0; i < PAGES; i++) pages[i] = i;
+  pdx_kv_plan *plan = NULL;
+  CHECK_OK(pdx_kv_plan_new(&lb, &rb, 1, pages, pages, PAGES, NULL, &plan));
+  const char *peer = pdx_engine_session_id(a);
+  for (int with_event = 0; with_event <= 1; with_event++) {
+    memset(target, 0, sizeof target);
+    use_device(0);
+    CUstream caller = NULL;
+    void *ev = NULL;
+    CHECK(stream_create(&caller, 1) == 0 && event_create(&ev, 0) == 0);
+    CHECK(cu.h2d(loc.dptr, fresh, sizeof fresh, caller) == 0); /* the "kernel": queued, never synchronized */
+    own_pageable++;
+    CHECK(event_record(ev, caller) == 0);
+    uint64_t id = 0;
+    CHECK_OK(pdx_kv_submit(b, peer, plan, 0, 1, PDX_OPCODE_WRITE, with_event ? ev : NULL, NULL, NULL, &id));
+    int32_t state = -1;
+    CHECK_OK(pdx_batch_wait(b, id, 30000, &state));
+    CHECK(state == PDX_TASK_COMPLETED);
+    CHECK_OK(pdx_batch_free(b, id));
+    if (with_event) {
+      CHECK(memcmp(target, fresh, sizeof target) == 0);
+    } else {
+      CHECK(memcmp(target, old, sizeof target) == 0); /* the race a missing wait leaves */
+    }
+    use_device(0);
+    CHECK(cu.sync(caller) == 0 && stream_destroy(caller) == 0 && event_destroy(ev) == 0);
+    side_put(&loc, 0, old, sizeof old);
+  }
+  struct cuda_double_stats st;
+  get_stats(&st);
+  CHECK(st.event_waits >= 1);
+  pdx_kv_plan_free(plan);
+  CHECK_OK(pdx_unregister_memory(a, target));
+  side_free(&loc);
+  dlclose(lib);
+}
+
 /* ---------------------------------------------- bounded under 16 threads */
 
 struct worker {
@@ -877,6 +951,7 @@ int main(int argc, char **argv) {
   test_round_trips(a, b);
   test_pages(a, b);
   test_kv_plan(a, b);
+  test_kv_wait_event(a, b);
   test_failing_copies(a, b);
   test_target_device_faults();
   test_unregister_during_transfer(a, b);

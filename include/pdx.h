@@ -1444,9 +1444,13 @@ pdx_status pdx_kv_plan_requests(const pdx_kv_plan *plan,
  * a failed one not yet freed holds back later notifications of this plan
  * to that session.
  *
- * `wait_event` must be NULL: ordering after a CUDA event is not supported
- * yet (`PDX_ERR_INVALID_ARGUMENT`); synchronize the producing stream
- * first. A READ of a plan whose local pages repeat is refused (two writes
+ * `wait_event` (a `CUevent`, or NULL) orders the batch after the caller's
+ * work: pdx's copies of device memory wait for it on the device (their
+ * streams wait on the event, no host-side wait), and host memory is moved
+ * once the event completed (`cuEventSynchronize` on a pdx thread), so the
+ * caller needs no synchronize. The event must stay valid until the batch
+ * is finished. The Mooncake backend cannot order after an event and
+ * refuses a non-NULL one (`PDX_ERR_INVALID_ARGUMENT`). A READ of a plan whose local pages repeat is refused (two writes
  * to one page). A submit of more requests than `PDX_MAX_BATCH_ENTRIES`
  * allows is refused; submit fewer buffers at once. Bad arguments fail as
  * `pdx_batch_submit`'s do, and as `pdx_kv_plan_requests`'s for the buffer

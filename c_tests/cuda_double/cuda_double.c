@@ -51,20 +51,32 @@ struct alloc {
   struct alloc *next;
 };
 
+struct dbl_event;
+
 struct op {
   int h2d;
   uintptr_t dev;
   unsigned char *host;
   size_t n;
   int fail; /* error code to report at synchronize, 0 if none */
+  struct dbl_event *wait; /* non-NULL: wait for this event, copy nothing */
 };
 
 struct dbl_stream {
   struct dbl_ctx *ctx;
   struct op *ops;
   size_t n_ops, cap_ops;
+  /* Operations ever queued and ever applied: an event waits for a count. */
+  unsigned long long queued, applied;
 };
 typedef struct dbl_stream *CUstream;
+
+/* An event: the work queued on `stream` up to `mark` when it was recorded. */
+struct dbl_event {
+  struct dbl_stream *stream;
+  unsigned long long mark;
+};
+typedef struct dbl_event *CUevent;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int inited;
@@ -378,8 +390,10 @@ static CUresult enqueue(int h2d, uintptr_t dev, void *host, size_t n, CUstream s
         stream->cap_ops = cap;
       }
     }
-    if (rc == SUCCESS)
-      stream->ops[stream->n_ops++] = (struct op){h2d, dev, host, n, injected("copy")};
+    if (rc == SUCCESS) {
+      stream->ops[stream->n_ops++] = (struct op){h2d, dev, host, n, injected("copy"), NULL};
+      stream->queued++;
+    }
   }
   pthread_mutex_unlock(&lock);
   return rc;
@@ -393,23 +407,32 @@ EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstr
   return enqueue(0, (uintptr_t)src, dst, n, s);
 }
 
-/* Apply a stream's queued copies, in order; the first failure ends it. */
-static CUresult drain(struct dbl_stream *s) {
+/* Apply a stream's queued operations, in order, until `until` of them were
+ * ever applied (all: ~0); the first failure ends it and drops the rest. A
+ * wait applies the work its event recorded on the other stream first, so
+ * copies queued after a wait see what that work wrote. */
+static CUresult drain_until(struct dbl_stream *s, unsigned long long until) {
   CUresult rc = SUCCESS;
   for (;;) {
     pthread_mutex_lock(&lock);
-    if (s->n_ops == 0 || rc != SUCCESS) {
-      s->n_ops = 0;
+    if (s->n_ops == 0 || rc != SUCCESS || s->applied >= until) {
+      if (rc != SUCCESS) {
+        s->applied += s->n_ops;
+        s->n_ops = 0;
+      }
       pthread_mutex_unlock(&lock);
       return rc;
     }
     struct op o = s->ops[0];
     memmove(s->ops, s->ops + 1, (s->n_ops - 1) * sizeof *s->ops);
     s->n_ops--;
-    struct alloc *a = find(o.dev, o.n, 1);
+    s->applied++;
+    struct alloc *a = o.wait ? NULL : find(o.dev, o.n, 1);
     unsigned char *shadow = a ? a->shadow + (o.dev - a->base) : NULL;
     pthread_mutex_unlock(&lock);
-    if (o.fail) {
+    if (o.wait) {
+      if (o.wait->stream != s) rc = drain_until(o.wait->stream, o.wait->mark);
+    } else if (o.fail) {
       rc = o.fail;
     } else if (!shadow) {
       rc = ERR_ILLEGAL_ADDRESS; /* freed while the copy was queued */
@@ -419,6 +442,76 @@ static CUresult drain(struct dbl_stream *s) {
       memcpy(o.host, shadow, o.n);
     }
   }
+}
+
+static CUresult drain(struct dbl_stream *s) { return drain_until(s, ~0ull); }
+
+EXPORT CUresult cuEventCreate(CUevent *pe, unsigned flags) {
+  (void)flags;
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!pe) return ERR_INVALID_VALUE;
+  struct dbl_event *e = calloc(1, sizeof *e);
+  if (!e) return ERR_OUT_OF_MEMORY;
+  *pe = e;
+  return SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent e) {
+  if (!e) return ERR_INVALID_HANDLE;
+  free(e);
+  return SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!e) return ERR_INVALID_HANDLE;
+  pthread_mutex_lock(&lock);
+  struct dbl_stream *stream = resolve_stream(s);
+  if (stream) {
+    e->stream = stream;
+    e->mark = stream->queued;
+  }
+  pthread_mutex_unlock(&lock);
+  return stream ? SUCCESS : ERR_INVALID_CONTEXT;
+}
+
+/* Work queued on `s` after this waits for `e`'s work (on the device: never
+ * the host). An event never recorded is complete. */
+EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
+  (void)flags;
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!e) return ERR_INVALID_HANDLE;
+  pthread_mutex_lock(&lock);
+  struct dbl_stream *stream = resolve_stream(s);
+  CUresult rc = stream ? SUCCESS : ERR_INVALID_CONTEXT;
+  if (rc == SUCCESS && e->stream) {
+    if (stream->n_ops == stream->cap_ops) {
+      size_t cap = stream->cap_ops ? stream->cap_ops * 2 : 16;
+      struct op *ops = realloc(stream->ops, cap * sizeof *ops);
+      if (!ops) rc = ERR_OUT_OF_MEMORY;
+      else {
+        stream->ops = ops;
+        stream->cap_ops = cap;
+      }
+    }
+    if (rc == SUCCESS) {
+      stream->ops[stream->n_ops++] = (struct op){0, 0, NULL, 0, 0, e};
+      stream->queued++;
+      st.event_waits++;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return rc;
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent e) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!e) return ERR_INVALID_HANDLE;
+  pthread_mutex_lock(&lock);
+  struct dbl_stream *stream = e->stream;
+  unsigned long long mark = e->mark;
+  pthread_mutex_unlock(&lock);
+  return stream ? drain_until(stream, mark) : SUCCESS;
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream s) {

@@ -26,6 +26,7 @@ struct cuda_double_stats {
   uint64_t streams_live;             /* streams created and not destroyed */
   uint64_t device_bytes;             /* cuMemAlloc_v2 bytes live now */
   uint64_t copies_by_device[CUDA_DOUBLE_MAX_DEVICES]; /* copies made with device d's context current */
+  uint64_t event_waits;              /* cuStreamWaitEvent calls queued on a recorded event */
 };
 
 typedef void (*cuda_double_stats_fn)(struct cuda_double_stats *out);

@@ -140,6 +140,8 @@ api! {
     optional {
         mem_alloc = "cuMemAlloc_v2": fn(*mut CUdeviceptr, usize) -> CUresult;
         mem_free = "cuMemFree_v2": fn(CUdeviceptr) -> CUresult;
+        stream_wait_event = "cuStreamWaitEvent": fn(CUstream, CUevent, c_uint) -> CUresult;
+        event_synchronize = "cuEventSynchronize": fn(CUevent) -> CUresult;
     }
 }
 

@@ -11,6 +11,8 @@ pub type CUdevice = c_int;
 pub type CUcontext = *mut c_void;
 /// `CUstream`: an opaque stream pointer (NULL is the legacy default stream).
 pub type CUstream = *mut c_void;
+/// `CUevent`: an opaque event pointer.
+pub type CUevent = *mut c_void;
 /// `CUdeviceptr`: a device address.
 pub type CUdeviceptr = u64;
 /// `CUpointer_attribute`.

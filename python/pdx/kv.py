@@ -213,17 +213,20 @@ class Plan:
         end: int | None = None,
         opcode: int | str = "write",
         notify: tuple[str, str] | None = None,
+        wait_event: int | None = None,
     ) -> int:
         """Start buffers `[first, end)` as one batch and return its id at once
         (`engine.wait` / `engine.status` / `engine.free` serve it). `notify`
         = (name, msg) reaches the peer once, after this submit and every
-        earlier submit of this plan to `session` landed."""
+        earlier submit of this plan to `session` landed. `wait_event` (a
+        CUevent as an int, e.g. `torch.cuda.Event().cuda_event`) orders the
+        copies after the work recorded on it, with no synchronize needed."""
         name, msg = notify if notify is not None else (None, None)
         out = c_uint64()
         check(
             lib.pdx_kv_submit(
                 engine.handle, _enc(session), self._h, first, self.buffers if end is None else end, _opcode(opcode),
-                None, _enc(name), _enc(msg), ctypes.byref(out),
+                wait_event, _enc(name), _enc(msg), ctypes.byref(out),
             )
         )
         return out.value

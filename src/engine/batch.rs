@@ -54,6 +54,10 @@ pub struct BatchRun {
     done_cv: Condvar,
     /// When the batch was made: task latencies and stall clocks count from here.
     started: Instant,
+    /// A CUDA event the local bytes are read or written after (a `CUevent`).
+    after: Option<usize>,
+    /// Host memory waits for `after` once, before its first window.
+    host_waited: OnceLock<Result<()>>,
 }
 
 impl BatchRun {
@@ -65,6 +69,7 @@ impl BatchRun {
         direction: Direction,
         prepared: Prepared,
         notify: Option<(String, String)>,
+        after: Option<usize>,
     ) -> Arc<BatchRun> {
         // Device memory travels in pieces of one staging buffer (host-only
         // batches never ask the pool).
@@ -96,6 +101,8 @@ impl BatchRun {
             done: Mutex::new(false),
             done_cv: Condvar::new(),
             started: Instant::now(),
+            after,
+            host_waited: OnceLock::new(),
         })
     }
 
@@ -321,12 +328,21 @@ impl BatchRun {
         let reqs: Vec<Request> = idx.iter().map(|&i| self.plan.pieces[i]).collect();
         let device = idx.iter().find_map(|&i| self.plan.kind(i));
         let mut out = match device.and_then(|d| self.devices.iter().find(|dev| dev.ordinal == d)) {
-            // SAFETY: forwarded from the caller.
-            None => unsafe { link.run_window(self.direction, &reqs, &mut HostMemory::new(&reqs)) },
+            None => {
+                let waited = match self.after {
+                    Some(event) => self.host_waited.get_or_init(|| super::cuda::wait_on_host(event)).clone(),
+                    None => Ok(()),
+                };
+                match waited {
+                    // SAFETY: forwarded from the caller.
+                    Ok(()) => unsafe { link.run_window(self.direction, &reqs, &mut HostMemory::new(&reqs)) },
+                    Err(e) => WindowOutcome { confirmed: 0, rejected: false, broken: Some(e) },
+                }
+            }
             Some(dev) => {
                 let on_device = idx.iter().map(|&i| self.plan.kind(i).is_some()).collect();
                 let stop = || inner.registry.stopping();
-                match inner.staging.staged(&reqs, on_device, dev, &stop) {
+                match inner.staging.staged(&reqs, on_device, dev, self.after, &stop) {
                     // SAFETY: as above.
                     Ok(mut memory) => unsafe { link.run_window(self.direction, &reqs, &mut memory) },
                     Err(e) => WindowOutcome { confirmed: 0, rejected: false, broken: Some(e) },

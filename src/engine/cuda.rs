@@ -19,6 +19,20 @@ pub use crate::device::{device_error, driver, driver_path, resident_driver};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::location::{Location, Requested};
 
+/// Wait on this thread until the CUDA event `event` (a `CUevent`) has
+/// completed (`cuEventSynchronize`: the driver blocks, no busy wait): what
+/// a transfer of host memory ordered after a kernel needs.
+pub fn wait_on_host(event: usize) -> Result<()> {
+    let api = resident_driver()
+        .ok_or_else(|| Error::new(ErrorKind::DeviceUnavailable, "wait_event given, but no CUDA driver is loaded"))?;
+    let sync = api
+        .event_synchronize
+        .ok_or_else(|| Error::new(ErrorKind::Device, "the CUDA driver has no cuEventSynchronize"))?;
+    // SAFETY: the caller vouches that the event is valid until the batch is finished.
+    let rc = unsafe { sync(event as cuda_sys::CUevent) };
+    api.check(rc, "cuEventSynchronize").map_err(device_error)
+}
+
 /// Where an address the CPU may not touch lives: `Some("cuda:N")` when the
 /// driver says `addr` is device memory that is not managed (managed memory
 /// is reachable from the CPU), `None` for host memory and for addresses the

@@ -295,7 +295,7 @@ impl TransferBackend for Engine {
     /// (or failed). Returns the first failure, with a count.
     unsafe fn transfer_sync(&self, session: &str, direction: Direction, reqs: Vec<Request>) -> Result<()> {
         let prepared = self.prepare(session, reqs)?;
-        let run = BatchRun::new(&self.inner, session, direction, prepared, None);
+        let run = BatchRun::new(&self.inner, session, direction, prepared, None, None);
         run.start(&self.inner, true);
         run.wait_until(None);
         run.outcome()
@@ -310,8 +310,24 @@ impl TransferBackend for Engine {
         reqs: Vec<Request>,
         notify: Option<(String, String)>,
     ) -> Result<u64> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.submit_after(session, direction, reqs, notify, None) }
+    }
+
+    /// [`submit`](TransferBackend::submit), ordered after the CUDA event
+    /// `after`: device copies wait for it on the device (their streams
+    /// wait on the event), host memory on a worker (`cuEventSynchronize`)
+    /// before its first window.
+    unsafe fn submit_after(
+        &self,
+        session: &str,
+        direction: Direction,
+        reqs: Vec<Request>,
+        notify: Option<(String, String)>,
+        after: Option<usize>,
+    ) -> Result<u64> {
         let prepared = self.prepare(session, reqs)?;
-        let run = BatchRun::new(&self.inner, session, direction, prepared, notify);
+        let run = BatchRun::new(&self.inner, session, direction, prepared, notify, after);
         let id = self.inner.batches.insert(run.clone())?;
         run.start(&self.inner, false);
         Ok(id)

@@ -215,9 +215,13 @@ pub unsafe extern "C" fn pdx_kv_plan_requests(
 /// a failed one not yet freed holds back later notifications of this plan
 /// to that session.
 ///
-/// `wait_event` must be NULL: ordering after a CUDA event is not supported
-/// yet (`PDX_ERR_INVALID_ARGUMENT`); synchronize the producing stream
-/// first. A READ of a plan whose local pages repeat is refused (two writes
+/// `wait_event` (a `CUevent`, or NULL) orders the batch after the caller's
+/// work: pdx's copies of device memory wait for it on the device (their
+/// streams wait on the event, no host-side wait), and host memory is moved
+/// once the event completed (`cuEventSynchronize` on a pdx thread), so the
+/// caller needs no synchronize. The event must stay valid until the batch
+/// is finished. The Mooncake backend cannot order after an event and
+/// refuses a non-NULL one (`PDX_ERR_INVALID_ARGUMENT`). A READ of a plan whose local pages repeat is refused (two writes
 /// to one page). A submit of more requests than `PDX_MAX_BATCH_ENTRIES`
 /// allows is refused; submit fewer buffers at once. Bad arguments fail as
 /// `pdx_batch_submit`'s do, and as `pdx_kv_plan_requests`'s for the buffer
@@ -254,16 +258,12 @@ pub unsafe extern "C" fn pdx_kv_submit(
             (None, None) => None,
             _ => return Err(Error::invalid_argument("notify_name and notify_msg must both be NULL or both be set")),
         };
-        if !wait_event.is_null() {
-            return Err(Error::invalid_argument(format!(
-                "wait_event {wait_event:p}: ordering after a CUDA event is not supported yet; synchronize the \
-                 producing stream and pass NULL"
-            )));
-        }
+        let after = (!wait_event.is_null()).then_some(wait_event as usize);
         let key = engine as u64;
         // SAFETY: the caller keeps the local memory valid until the batch finishes.
-        let id =
-            unsafe { p.streams.submit(key, backend, &p.plan, session, (first_buffer, end_buffer), direction, notify)? };
+        let id = unsafe {
+            p.streams.submit(key, backend, &p.plan, session, (first_buffer, end_buffer), direction, notify, after)?
+        };
         *out = id;
         Ok(())
     })

@@ -54,6 +54,31 @@ pub trait TransferBackend: Send + Sync {
         reqs: Vec<Request>,
         notify: Option<(String, String)>,
     ) -> Result<u64>;
+    /// As [`submit`](Self::submit), with the local bytes read or written
+    /// only after the CUDA event `after` (a `CUevent`, valid until the batch
+    /// is finished) has completed. The default refuses an event: a backend
+    /// that cannot order a transfer after one says so.
+    ///
+    /// # Safety
+    /// As [`submit`](Self::submit).
+    unsafe fn submit_after(
+        &self,
+        session: &str,
+        direction: Direction,
+        reqs: Vec<Request>,
+        notify: Option<(String, String)>,
+        after: Option<usize>,
+    ) -> Result<u64> {
+        match after {
+            // SAFETY: forwarded from the caller.
+            None => unsafe { self.submit(session, direction, reqs, notify) },
+            Some(event) => Err(crate::error::Error::invalid_argument(format!(
+                "wait_event {event:#x}: the {} backend cannot order a transfer after a CUDA event; synchronize \
+                 the producing stream and pass NULL",
+                self.protocol()
+            ))),
+        }
+    }
     /// Most entries one batch may have; the C ABI refuses more before it
     /// copies the arrays.
     fn max_batch_entries(&self) -> usize {

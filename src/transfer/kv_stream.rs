@@ -127,7 +127,9 @@ impl LayerStreams {
     /// (known as `engine_key`) and return the batch id at once. With
     /// `notify`, the notification follows once this submit and every
     /// earlier unfinished submit of this plan to this session (on this
-    /// engine) have completed; it is not sent if one of them failed.
+    /// engine) have completed; it is not sent if one of them failed. With
+    /// `after` (a `CUevent`), the batch's local bytes are read or written
+    /// only after that event completed (see `TransferBackend::submit_after`).
     ///
     /// Earlier batches the caller already freed count as finished (a batch
     /// can only be freed once it is).
@@ -145,6 +147,7 @@ impl LayerStreams {
         (first, end): (usize, usize),
         direction: Direction,
         notify: Option<(String, String)>,
+        after: Option<usize>,
     ) -> Result<u64> {
         if direction == Direction::Read {
             plan.check_readable()?;
@@ -174,7 +177,7 @@ impl LayerStreams {
             ));
         }
         // SAFETY: the caller keeps the local memory valid until the batch finishes.
-        let id = unsafe { backend.submit(session, direction, reqs, None)? };
+        let id = unsafe { backend.submit_after(session, direction, reqs, None, after)? };
         ids.push(id);
         if let (Some((name, msg)), Some(place)) = (notify, place) {
             let waits = ids.clone();
@@ -368,7 +371,9 @@ mod tests {
         let notify = notify.then(|| ("kv_done".to_owned(), format!("room-{key}")));
         let backend: Arc<dyn TransferBackend> = b.clone();
         // SAFETY: the scripted backend touches no memory.
-        unsafe { streams.submit(key, backend, p, "peer:2", (layer, layer + 1), Direction::Write, notify).unwrap() }
+        unsafe {
+            streams.submit(key, backend, p, "peer:2", (layer, layer + 1), Direction::Write, notify, None).unwrap()
+        }
     }
 
     #[test]
@@ -397,7 +402,8 @@ mod tests {
         for i in 0..STREAMS_BEFORE_SWEEP + 10 {
             let backend: Arc<dyn TransferBackend> = b.clone();
             // SAFETY: the scripted backend touches no memory.
-            let id = unsafe { streams.submit(9, backend, &p, &format!("peer:{i}"), (0, 1), Direction::Write, None) };
+            let id =
+                unsafe { streams.submit(9, backend, &p, &format!("peer:{i}"), (0, 1), Direction::Write, None, None) };
             b.finish(id.unwrap(), TaskState::Completed);
         }
         let left = streams.unfinished.lock().len();

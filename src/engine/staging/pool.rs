@@ -241,6 +241,19 @@ impl Lease<'_> {
         api.check(rc, "cuMemcpyDtoHAsync_v2").map_err(device_error)
     }
 
+    /// Make buffer `i`'s stream wait for `event` (a `CUevent`) on the device
+    /// before its next copy.
+    pub(crate) fn wait_event(&self, i: usize, event: usize) -> Result<()> {
+        let api = &self.dev.api;
+        let wait = api.stream_wait_event.ok_or_else(|| {
+            Error::new(ErrorKind::Device, "the CUDA driver has no cuStreamWaitEvent: cannot order after wait_event")
+        })?;
+        // SAFETY: a stream we created and hold; the caller vouches that the
+        // event is valid until the batch is finished.
+        let rc = unsafe { wait(self.stream(i), event as cuda_sys::CUevent, 0) };
+        api.check(rc, "cuStreamWaitEvent").map_err(device_error)
+    }
+
     pub(crate) fn sync(&self, i: usize) -> Result<()> {
         let api = &self.dev.api;
         // SAFETY: a stream we created and hold.

@@ -35,12 +35,14 @@ pub(crate) struct StagedMemory<'a> {
 impl Staging {
     /// The local memory of a window whose device requests (`on_device`) all
     /// live on `dev`, each at most one buffer long; waits for a buffer up to
-    /// the pool's deadline or `stop`.
+    /// the pool's deadline or `stop`. With `after` (a `CUevent`), every copy
+    /// of the window waits for it on the device.
     pub(crate) fn staged<'a>(
         &'a self,
         reqs: &'a [Request],
         on_device: Vec<bool>,
         dev: &Arc<Device>,
+        after: Option<usize>,
         stop: &dyn Fn() -> bool,
     ) -> Result<StagedMemory<'a>> {
         if let Some(r) = reqs.iter().zip(&on_device).find(|(r, &d)| d && r.len > self.chunk()).map(|(r, _)| r) {
@@ -52,6 +54,11 @@ impl Staging {
         let groups = groups(reqs, &on_device, self.chunk());
         let lease = self.lease(Side::Outbound, dev, groups.len(), stop)?;
         let n = lease.len();
+        if let Some(event) = after {
+            for i in 0..n {
+                lease.wait_event(i, event)?;
+            }
+        }
         Ok(StagedMemory {
             lease,
             reqs,
