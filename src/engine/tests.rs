@@ -595,14 +595,19 @@ fn soak_mixed_operations_from_many_threads() {
                             a.batch_free(id).unwrap();
                         }
                         3 => {
-                            // The churned region: either refused or confirmed, never anything else.
+                            // The churned region: refused, confirmed, or (when the withdrawal
+                            // lands while its bytes are in flight) cut off by the unregister
+                            // fence shutting the connection (see regions.rs); never anything else.
                             let n = len.min(SLICE);
                             // SAFETY: the test's buffers outlive the call (and every batch it starts).
                             match unsafe {
                                 a.transfer_sync(session, Direction::Write, vec![req(&src, 0, addr(churn), n)])
                             } {
                                 Ok(()) => {}
-                                Err(e) => assert_eq!(e.kind(), ErrorKind::RemoteRejected, "{e}"),
+                                Err(e) => assert!(
+                                    matches!(e.kind(), ErrorKind::RemoteRejected | ErrorKind::ConnectionLost),
+                                    "{e}"
+                                ),
                             }
                         }
                         _ => {
