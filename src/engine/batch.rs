@@ -16,12 +16,15 @@ use super::staging::run_window_any;
 use super::transfer::{WINDOW_BYTES, WINDOW_REQUESTS};
 use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
+use crate::transfer::peer_stats::PeerCounters;
 use crate::transfer::state::{self, BatchSummary, TaskState, TaskSummary};
 use crate::transfer::{Direction, Request};
 
 struct Task {
     state: AtomicU8,
     bytes: AtomicU64,
+    /// The length asked for (what the statistics count a failed task at).
+    requested: u64,
     /// Pieces of this task not yet terminal.
     pieces_left: AtomicUsize,
     error: Mutex<Option<Error>>,
@@ -62,6 +65,8 @@ pub struct BatchRun {
     done_cv: Condvar,
     /// When the batch was made: task latencies and stall clocks count from here.
     started: Instant,
+    /// The statistics of the peer (see [`crate::transfer::peer_stats`]).
+    peer_stats: Arc<PeerCounters>,
 }
 
 impl BatchRun {
@@ -92,6 +97,7 @@ impl BatchRun {
             tasks.push(Task {
                 state: AtomicU8::new(if r.len == 0 { TaskState::Completed } else { TaskState::Pending }.to_u8()),
                 bytes: AtomicU64::new(0),
+                requested: r.len as u64,
                 pieces_left: AtomicUsize::new(count),
                 error: Mutex::new(None),
             });
@@ -114,6 +120,7 @@ impl BatchRun {
             done: Mutex::new(false),
             done_cv: Condvar::new(),
             started: Instant::now(),
+            peer_stats: inner.stats.peers.entry(session),
         })
     }
 
@@ -122,9 +129,10 @@ impl BatchRun {
     /// left, so it never idles while work remains).
     pub fn start(self: &Arc<Self>, inner: &Arc<Inner>, on_caller: bool) {
         // Zero-length tasks completed when the batch was made.
+        inner.stats.tasks_submitted(&self.peer_stats, self.tasks.len() as u64);
         for t in self.tasks.iter().filter(|t| t.pieces_left.load(Ordering::Acquire) == 0) {
             debug_assert_eq!(t.state(), TaskState::Completed);
-            inner.stats.completed(self.direction, 0, Duration::ZERO);
+            inner.stats.task_finished(&self.peer_stats, self.direction, 0, Duration::ZERO, Ok(0));
         }
         if self.remaining.load(Ordering::Acquire) == 0 {
             self.finish(inner);
@@ -202,11 +210,13 @@ impl BatchRun {
         if task.pieces_left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        let failure = task.error.lock().as_ref().map(Error::kind);
-        match failure {
-            Some(kind) => inner.stats.failed(kind),
-            None => inner.stats.completed(self.direction, task.bytes.load(Ordering::Acquire), self.started.elapsed()),
-        }
+        let error = task.error.lock().clone();
+        let outcome = match &error {
+            Some(e) => Err(e),
+            None => Ok(task.bytes.load(Ordering::Acquire)),
+        };
+        inner.stats.task_finished(&self.peer_stats, self.direction, task.requested, self.started.elapsed(), outcome);
+        let failure = error.as_ref().map(Error::kind);
         let state = if failure.is_some() { TaskState::Failed } else { TaskState::Completed };
         task.state.store(state.to_u8(), Ordering::Release);
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {

@@ -502,6 +502,19 @@ impl Peers {
     }
 }
 
+/// Lanes for the statistics (see [`super::observe`]).
+impl Peers {
+    /// Lanes open (idle or in use) to every peer.
+    pub fn lanes_open(&self) -> u64 {
+        self.map.lock().values().map(|p| p.lanes.lock().open as u64).sum()
+    }
+
+    /// Lanes open to `session`, if it is cached.
+    pub fn lanes_open_to(&self, session: &str) -> Option<u64> {
+        self.map.lock().get(session).map(|p| p.lanes.lock().open as u64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod engine_options;
 pub mod ib_device;
 pub mod log;
+pub mod metrics;
 pub mod stats;
 pub mod status;
 pub mod transport;

@@ -9,10 +9,14 @@
 //! - [`location`]: where a region lives (`cpu:N`, `cuda:N`, `*`).
 //! - [`host`]: engine hostnames and peer session names.
 //! - [`backend`]: the [`TransferBackend`] trait the ABI drives.
+//! - [`stats`], [`peer_stats`], [`metrics`]: counters, per-peer figures and
+//!   their Prometheus exposition.
 
 pub mod backend;
 pub mod host;
 pub mod location;
+pub mod metrics;
+pub mod peer_stats;
 pub mod regions;
 pub mod request;
 pub mod state;

@@ -105,6 +105,13 @@ pub fn accept_loop(inner: Arc<Inner>, listener: TcpListener, plane: Plane) {
             }
         };
         backoff.succeeded();
+        if !inner.access.allowlist.admits(from.ip()) {
+            // Closed before a byte is read (PDX_ALLOWED_PEERS).
+            drop(stream);
+            Stats::bump(&inner.stats.connections_refused_address);
+            inner.access.log_refusal(from.ip(), &format!("not in the allowed peers ({plane:?} port)"));
+            continue;
+        }
         let inner2 = inner.clone();
         let spawned = inner.registry.spawn(name.to_owned(), move || {
             let ip = from.ip();
