@@ -8,6 +8,7 @@
 //! for v1 peers a fence read after the writes.
 
 mod access;
+mod auth;
 pub(crate) mod batch;
 mod budget;
 mod conn;
@@ -38,6 +39,8 @@ pub mod wire;
 pub(crate) mod wire;
 mod workers;
 
+#[cfg(test)]
+mod auth_tests;
 #[cfg(test)]
 mod fuzz_tests;
 #[cfg(test)]

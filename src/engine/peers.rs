@@ -121,7 +121,12 @@ pub fn exchange_by(
     };
     stream.set_nodelay(true).map_err(io_err)?;
     let mut bounded = BoundedStream::new(&mut stream, deadline);
-    bounded.write_all(&wire::encode_frame(kind, json)).map_err(io_err)?;
+    let frame = wire::encode_frame(kind, json);
+    match &inner.access.secret {
+        // Mutual proof of the peer secret first (see [`super::auth`]).
+        Some(secret) => super::auth::client_handshake(&mut bounded, secret, &frame, &where_)?,
+        None => bounded.write_all(&frame).map_err(io_err)?,
+    }
     let mut prefix = [0u8; 8];
     bounded.read_exact(&mut prefix).map_err(io_err)?;
     let length = wire::check_frame_length(prefix, settings.handshake_max_len)
@@ -130,6 +135,10 @@ pub fn exchange_by(
     (&mut bounded).take(length as u64).read_to_end(&mut body).map_err(io_err)?;
     if body.len() != length {
         return Err(Error::new(ErrorKind::ConnectionLost, format!("{where_}: reply truncated")));
+    }
+    if let Some(refusal) = super::auth::decode_frame_body(&body) {
+        let why = refusal.error.unwrap_or_else(|| "it asked for authentication".to_owned());
+        return Err(Error::new(ErrorKind::PeerUnreachable, format!("{where_}: peer authentication failed: {why}")));
     }
     let (got, json) = wire::split_frame_body(&body);
     if got != kind {
@@ -234,7 +243,12 @@ impl Peer {
         if let Some(instance) = &desc.instance {
             let what = format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session);
             let by = by.min(Instant::now() + inner.settings.handshake_timeout);
-            super::hello::confirm(&mut stream, instance, by, &what)?;
+            super::hello::confirm(&mut stream, instance, by, &what, inner.access.secret.as_deref())?;
+        } else if inner.access.secret.is_some() {
+            return Err(Error::new(
+                ErrorKind::PeerUnreachable,
+                format!("{}: a Mooncake peer cannot authenticate, and this engine has a peer secret", self.session),
+            ));
         }
         Ok(stream)
     }
