@@ -90,7 +90,7 @@ fn without_the_secret_nothing_is_read_written_or_notified_and_with_it_both_ways_
     a.notify(b.session_id(), "n", "m").unwrap();
     assert_eq!(b.drain_notifications(), vec![("n".to_owned(), "m".to_owned())]);
     // The other direction too.
-    let own = vec![0u8; 64];
+    let own = [0u8; 64];
     a.register(own.as_ptr() as u64, 64).unwrap();
     // SAFETY: as above.
     unsafe { b.transfer_sync(a.session_id(), Direction::Write, vec![req(&src[..64], own.as_ptr() as u64)]) }.unwrap();
@@ -103,6 +103,7 @@ fn without_the_secret_nothing_is_read_written_or_notified_and_with_it_both_ways_
         let e = w.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::PeerUnreachable, "{who}: {e}");
         assert!(e.message().contains("authentication failed"), "{who}: {e}");
+        // SAFETY: as above.
         let r = unsafe { stranger.transfer_sync(b.session_id(), Direction::Read, vec![req(&junk, remote)]) };
         assert!(r.is_err(), "{who}");
         assert!(stranger.notify(b.session_id(), "n", "stranger").is_err(), "{who}");
