@@ -360,6 +360,19 @@ mod tests {
         assert!(!seen.contains("10.0.0.199:15000"), "the 101st busiest (199) is not");
     }
 
+    /// README's table names every family a scrape can show.
+    #[test]
+    fn the_readme_names_every_family() {
+        let readme = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"));
+        let readme = readme.unwrap();
+        let mut m = MetricsSnapshot::from_stats("tcp", StatsSnapshot::default());
+        m.peers = Some(Vec::new());
+        for name in render(&m).lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let name = name.split(' ').next().unwrap();
+            assert!(readme.contains(&format!("| `{name}` |")), "README's metrics table lacks {name}");
+        }
+    }
+
     #[test]
     fn label_values_are_escaped() {
         assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");

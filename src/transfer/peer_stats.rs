@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime};
 
 use parking_lot::Mutex;
@@ -30,8 +30,15 @@ pub struct PeerCounters {
     /// Tasks submitted and not yet finished.
     pub queued: AtomicU64,
     last_error: Mutex<Option<(String, SystemTime)>>,
-    /// When a task was last submitted or finished.
-    last_active: Mutex<Instant>,
+    /// When tasks were last submitted ([`now_ns`]; no lock, and nothing on
+    /// the path of every finished task).
+    last_active: AtomicU64,
+}
+
+/// Nanoseconds since the first call in this process (a monotonic clock).
+fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl PeerCounters {
@@ -42,12 +49,12 @@ impl PeerCounters {
             failed_by_kind: Default::default(),
             queued: AtomicU64::new(0),
             last_error: Mutex::new(None),
-            last_active: Mutex::new(Instant::now()),
+            last_active: AtomicU64::new(now_ns()),
         }
     }
 
     fn touch(&self) {
-        *self.last_active.lock() = Instant::now();
+        self.last_active.store(now_ns(), Relaxed);
     }
 
     /// A task to this peer finished: `Ok(bytes)` moved, or failed with the error.
@@ -62,8 +69,8 @@ impl PeerCounters {
                 *self.last_error.lock() = Some((e.to_string(), SystemTime::now()));
             }
         }
-        let _ = self.queued.fetch_update(Relaxed, Relaxed, |q| Some(q.saturating_sub(1)));
-        self.touch();
+        // Every finished task was counted as submitted first.
+        self.queued.fetch_sub(1, Relaxed);
     }
 
     /// The figures of a peer nothing was counted for yet.
@@ -139,7 +146,7 @@ impl PeerTable {
             let victim = map
                 .iter()
                 .filter(|(_, c)| c.queued.load(Relaxed) == 0)
-                .map(|(k, c)| (*c.last_active.lock(), k.clone()))
+                .map(|(k, c)| (c.last_active.load(Relaxed), k.clone()))
                 .min()
                 .map(|(_, k)| k);
             if let Some(k) = victim {

@@ -257,7 +257,8 @@ impl Stats {
             Err(e) => self.failed(direction, e.kind(), requested, elapsed),
         }
         peer.finished(direction, outcome);
-        let _ = self.tasks_queued.fetch_update(Relaxed, Relaxed, |q| Some(q.saturating_sub(1)));
+        // Every finished task was counted as submitted first.
+        self.tasks_queued.fetch_sub(1, Relaxed);
     }
 
     /// An inbound request of `bytes` in `direction` was served.
