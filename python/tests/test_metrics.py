@@ -177,3 +177,24 @@ def test_a_malformed_allowlist_entry_fails_init_naming_it():
     with pytest.raises(pdx.PdxError) as e:
         pdx.Engine("127.0.0.1", "tcp", allowed_peers="127.0.0.1, 10.0.0.0/40")
     assert "10.0.0.0/40" in str(e.value)
+
+
+def test_per_peer_series_stay_within_the_bound_with_300_peers():
+    with pdx.Engine("127.0.0.1", "tcp", metrics_per_peer="1", connect_timeout_ms="2000") as a:
+        peers = [f"127.0.{i // 200}.{1 + i % 200}:1" for i in range(300)]  # nothing listens on port 1
+        for i, peer in enumerate(peers):
+            # Peers differ in how busy they were: the i-th failed i % 7 + 1 tasks.
+            for _ in range(i % 7 + 1):
+                with pytest.raises(pdx.PdxError):
+                    a.write(peer, b"x", 4096)
+        fams = families(a)
+    seen = {s.labels["peer"] for f in fams.values() if f.name.startswith("pdx_peer_") for s in f.samples}
+    assert len(seen) == 100
+    failed = {s.labels["peer"]: s.value for s in fams["pdx_peer_tasks_failed"].samples}
+    counts = {peer: i % 7 + 1 for i, peer in enumerate(peers)}
+    threshold = sorted(counts.values(), reverse=True)[99]
+    assert set(failed) == seen and all(failed[p] == counts[p] for p in seen)
+    assert min(failed.values()) == threshold, "the busiest peers are the ones shown"
+    assert {p for p, n in counts.items() if n > threshold} <= seen
+    assert value(fams, "pdx_tasks_failed", "pdx_tasks_failed_total", kind="peer_unreachable") == sum(
+        i % 7 + 1 for i in range(300))
