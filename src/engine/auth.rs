@@ -214,7 +214,7 @@ pub(crate) fn server_handshake<S: Write>(
 }
 
 /// The server's side of an authenticated data-connection hello: `request`
-/// is the first hello's body. Replies with this engine's instance, its
+/// is the first hello's body, naming this engine's instance. Replies with this engine's instance, its
 /// nonce and proof, then reads the initiator's proof (one more hello).
 /// `Err` says why the connection is refused.
 pub(crate) fn serve_data_hello(
@@ -227,11 +227,6 @@ pub(crate) fn serve_data_hello(
     let Some(cn) = request.nonce.filter(|n| n.len() <= 128) else {
         return Err("its pdx hello carried no nonce (a pdx engine without a peer secret)");
     };
-    if request.instance.as_deref() != Some(own) {
-        // Not for us (a reused port): say who we are and close, as without a secret.
-        let _ = conn.send_all(&hello::encode_reply(own));
-        return Err("it expected another engine instance at this port");
-    }
     let sn = nonce();
     let proof = prove(secret, DATA_SERVER, &[cn.as_bytes(), sn.as_bytes(), own.as_bytes()]);
     let reply = hello::Body { instance: Some(own.to_owned()), nonce: Some(sn.clone()), proof: Some(proof) };

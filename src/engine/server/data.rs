@@ -33,7 +33,10 @@ fn answer_hello(inner: &Inner, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> bo
     }
     let own = &inner.identity.instance;
     let request = hello::decode(&body).unwrap_or_default();
-    if let Some(secret) = &inner.access.secret {
+    // A hello for another instance (a reused port) is answered as without
+    // a secret: the initiator learns its descriptor is stale.
+    let for_us = request.instance.as_deref() == Some(own.as_str());
+    if let (Some(secret), true) = (&inner.access.secret, for_us) {
         return match super::super::auth::serve_data_hello(conn, secret, own, request) {
             Ok(()) => true,
             Err(why) => {
