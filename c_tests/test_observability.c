@@ -2,7 +2,8 @@
  * loopback, a fixed set of writes, reads, a refused request and a batch with
  * zero-length entries; every counter of both engines checked exactly (the
  * handshake and connection counts, which depend on reconnects, by bounds),
- * plus the versioned struct: a shorter caller size fills only that prefix. */
+ * plus the versioned struct: a shorter caller size fills only that prefix; the same
+ * workload in the metrics text and the peer's figures (issue 23). */
 #define _POSIX_C_SOURCE 200809L
 #include <stddef.h>
 #include <stdint.h>
@@ -74,6 +75,31 @@ int main(void) {
   pdx_notifications_free(list);
   CHECK(stats_of(b).notification_bytes_queued == 0);
 
+  /* Metrics in the Prometheus text format, and one peer's figures (issue 23):
+   * the same workload; the histograms count the refused write too. */
+  size_t mlen = 0, mgot = 0;
+  CHECK_OK(pdx_engine_metrics(a, NULL, 0, &mlen));
+  char *text = malloc(mlen + 4096);
+  CHECK_OK(pdx_engine_metrics(a, text, mlen + 4096, &mgot));
+  CHECK(mgot >= mlen - 64 && strlen(text) == mgot);
+  CHECK(strstr(text, "# TYPE pdx_transferred_bytes_total counter\n") != NULL);
+  CHECK(strstr(text, "pdx_transferred_bytes_total{direction=\"write\",path=\"tcp\"} 35096\n") != NULL);
+  CHECK(strstr(text, "pdx_tasks_failed_total{kind=\"remote_rejected\",path=\"tcp\"} 1\n") != NULL);
+  CHECK(strstr(text, "pdx_task_size_bytes_count{direction=\"write\",path=\"tcp\"} 5\n") != NULL);
+  CHECK(strstr(text, "pdx_task_latency_seconds_count{direction=\"read\",path=\"tcp\"} 2\n") != NULL);
+  CHECK(strstr(text, "pdx_peer_") == NULL);
+  free(text);
+  char info[2048];
+  size_t ilen = 0;
+  CHECK_OK(pdx_peer_info(a, peer, info, sizeof info, &ilen));
+  CHECK(ilen == strlen(info));
+  CHECK(strstr(info, "\"path\":\"tcp\"") != NULL && strstr(info, "\"reason\":") != NULL);
+  CHECK(strstr(info, "\"bytes_written\":35096") != NULL && strstr(info, "\"tasks_written\":4") != NULL);
+  CHECK(strstr(info, "\"remote_rejected\":1") != NULL && strstr(info, "\"last_error\":\"") != NULL);
+  CHECK_STATUS(pdx_peer_info(a, "127.0.0.1:1", info, sizeof info, &ilen), PDX_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(pdx_peer_info(a, NULL, info, sizeof info, &ilen), PDX_ERR_NULL_ARGUMENT);
+  CHECK_STATUS(pdx_engine_metrics(a, NULL, 8, &mlen), PDX_ERR_NULL_ARGUMENT);
+
   /* An older caller's shorter struct: only its prefix is written. */
   pdx_stats part;
   memset(&part, 0x5a, sizeof part);
@@ -95,6 +121,7 @@ int main(void) {
   pdx_engine_free(b);
   bad.size = sizeof bad;
   CHECK_STATUS(pdx_engine_stats(b, &bad), PDX_ERR_INVALID_HANDLE);
+  CHECK_STATUS(pdx_engine_metrics(b, NULL, 0, &mlen), PDX_ERR_INVALID_HANDLE);
   CHECK(bad.tasks_written == untouched);
   pdx_engine_free(a);
 

@@ -36,6 +36,11 @@
 #define MAX_GPU_ID (int64_t)INT32_MAX
 
 /**
+ * Smallest secret accepted.
+ */
+#define MIN_SECRET_BYTES 32
+
+/**
  * Default cap on pinned staging memory per engine.
  */
 #define DEFAULT_STAGING_BYTES (64 << 20)
@@ -110,6 +115,16 @@
  * Log level: errors (an internal panic caught at the ABI boundary).
  */
 #define PDX_LOG_ERROR 40
+
+/**
+ * Most distinct peers in one scrape's per-peer series.
+ */
+#define MAX_PEER_SERIES 100
+
+/**
+ * Most peers whose figures are kept.
+ */
+#define MAX_PEERS_KEPT 4096
 
 /**
  * Opaque set of PD server arguments. Made by `pdx_args_new`, released by
@@ -1550,6 +1565,61 @@ void pdx_kv_plan_free(pdx_kv_plan *plan);
  * from any thread with `userdata` until it is replaced or removed.
  */
 pdx_status pdx_set_log_callback(pdx_log_callback callback, void *userdata, int32_t max_level);
+
+/**
+ * The engine's metrics in the Prometheus text exposition format (version
+ * 0.0.4): counters of bytes and tasks by direction and path, failures by
+ * kind, served requests and refusals, handshakes, connections (accepted,
+ * open, refused by address or authentication), queued notification bytes,
+ * lanes open, tasks queued, and histograms of task latency
+ * (`pdx_task_latency_seconds`) and task size (`pdx_task_size_bytes`), each
+ * with `HELP` and `TYPE`. Per-peer series (label `peer`, the session
+ * name) only with `PDX_METRICS_PER_PEER` (engine option
+ * `metrics_per_peer`), for the 100 busiest peers at most. README lists
+ * every name; names are only ever added.
+ *
+ * Copied into `buf` (`buf_len` bytes, NUL-terminated, truncated if
+ * needed); the full length without the NUL goes to `*out_len` (may be
+ * NULL); `buf` may be NULL with `buf_len` 0 to ask for the length. The
+ * text is made afresh on each call (two calls may differ in length: give
+ * room to spare). The caller owns `buf`.
+ *
+ * Errors: `PDX_ERR_NULL_ARGUMENT` (`buf` NULL with `buf_len` > 0),
+ * `PDX_ERR_INVALID_HANDLE`. Nothing is written on error.
+ *
+ * # Safety
+ * `buf` is NULL (with `buf_len` 0) or writable for `buf_len` bytes;
+ * `out_len` is NULL or valid for writing one `usize`. Handles are checked
+ * by pdx, never trusted.
+ */
+pdx_status pdx_engine_metrics(pdx_engine *engine, char *buf, size_t buf_len, size_t *out_len);
+
+/**
+ * One peer's figures as a JSON object: `"path"` (`"tcp"`) and `"reason"`
+ * (why that path) always; `bytes_written`, `bytes_read`, `tasks_written`,
+ * `tasks_read` (completed tasks this engine initiated to the peer),
+ * `tasks_failed` and `failures` (by kind: `timeout`, `connection_lost`,
+ * `peer_unreachable`, `remote_rejected`, `shutdown`, `protocol`, `other`),
+ * `last_error` (text or null) and `last_error_unix_s` (when, or null),
+ * `lanes_open`, `tasks_queued`. Fields are only ever added. The engine
+ * keeps these figures for the 4096 most recently active peers, after its
+ * connections to a peer closed too. Copied as `pdx_engine_metrics` copies.
+ *
+ * Errors: `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_UTF8`,
+ * `PDX_ERR_INVALID_HANDLE`, `PDX_ERR_INVALID_ARGUMENT` (a peer this
+ * engine never sent to, or has forgotten; also on a Mooncake-backed
+ * engine, which keeps no figures per peer). Nothing is written on error.
+ *
+ * # Safety
+ * `session` is NULL or a NUL-terminated string; `buf` is NULL (with
+ * `buf_len` 0) or writable for `buf_len` bytes; `out_len` is NULL or
+ * valid for writing one `usize`. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_peer_info(pdx_engine *engine,
+                         const char *session,
+                         char *buf,
+                         size_t buf_len,
+                         size_t *out_len);
 
 /**
  * Fill `*out` with the engine's counters (see `pdx_stats`). The

@@ -600,6 +600,8 @@ _ENGINE_SIGNATURES: list[_Signature] = [
     ("pdx_notification_get", pdx_status, [c_void_p, c_size_t, POINTER(c_char_p), POINTER(c_char_p)]),
     ("pdx_notifications_free", None, [c_void_p]),
     ("pdx_engine_stats", pdx_status, [c_void_p, POINTER(Stats)]),
+    ("pdx_engine_metrics", pdx_status, [c_void_p, POINTER(ctypes.c_char), c_size_t, POINTER(c_size_t)]),
+    ("pdx_peer_info", pdx_status, [c_void_p, c_char_p, POINTER(ctypes.c_char), c_size_t, POINTER(c_size_t)]),
 ]
 _SIGNATURES += _ENGINE_SIGNATURES
 _declare(lib, _ENGINE_SIGNATURES)
@@ -941,6 +943,20 @@ class Engine:
         check(lib.pdx_engine_stats(self._h, ctypes.byref(out)))
         return {name: int(getattr(out, name)) for name in STATS_FIELDS}
 
+    def metrics_text(self) -> str:
+        """The engine's metrics in the Prometheus text format 0.0.4
+        (`pdx_engine_metrics`); `pdx.metrics` turns them into a collector."""
+        return _grown_text(lambda buf, n, out: lib.pdx_engine_metrics(self._h, buf, n, out))
+
+    def peer_info(self, session: str) -> dict[str, Any]:
+        """One peer's figures (`pdx_peer_info`): path and reason, bytes and
+        tasks each way, failures by kind, last error and when, lanes open,
+        tasks queued. PdxError (PDX_ERR_INVALID_ARGUMENT) for a peer this
+        engine never sent to or has forgotten."""
+        raw = _grown_text(lambda buf, n, out: lib.pdx_peer_info(self._h, _enc(session), buf, n, out))
+        parsed: dict[str, Any] = json.loads(raw)
+        return parsed
+
     def drain_notifications(self) -> list[tuple[str, str]]:
         """Take the (name, msg) notifications received so far, oldest first."""
         out = c_void_p()
@@ -954,6 +970,18 @@ class Engine:
             return pairs
         finally:
             lib.pdx_notifications_free(out)
+
+
+def _grown_text(call: Callable[[Any, int, Any], int]) -> str:
+    """A text a pdx function copies out, when its length may change between
+    the call that asks for the length and the one that copies."""
+    needed = c_size_t()
+    check(call(None, 0, ctypes.byref(needed)))
+    while True:
+        buf = ctypes.create_string_buffer(needed.value + 1 + needed.value // 8)
+        check(call(buf, len(buf), ctypes.byref(needed)))
+        if needed.value < len(buf):
+            return buf.raw[: needed.value].decode()
 
 
 # --- backends ---

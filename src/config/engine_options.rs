@@ -92,6 +92,10 @@ pub const OPTION_VARS: &[Var] = &[
     vars::PDX_MAX_REQUEST_BYTES,
     vars::PDX_NOTIFY_QUEUE_BYTES,
     vars::PDX_MAX_CONNECTIONS_PER_ADDRESS,
+    vars::PDX_METRICS_PER_PEER,
+    vars::PDX_METRICS_INTERVAL_S,
+    vars::PDX_ALLOWED_PEERS,
+    vars::PDX_PEER_SECRET_FILE,
 ];
 
 /// The option key of a variable: its name without `PDX_` / `MC_`, lower case.
@@ -424,6 +428,7 @@ mod tests {
                 read::<Duration>(env, var).map(|d| format!("{d:?}"))
             }
             Ty::Choice(_) => read_choice(env, var).ok().flatten().map(str::to_owned),
+            Ty::Bool => read::<bool>(env, var).map(|b| b.to_string()),
             _ => read::<String>(env, var),
         }
     }

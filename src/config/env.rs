@@ -289,6 +289,14 @@ vars! {
         "Bytes of received notifications kept until drained; a notification over it is refused.";
     PDX_MAX_CONNECTIONS_PER_ADDRESS: Ty::Int { min: 1, max: 65536 }, "256",
         "Inbound connections kept per peer address; past it that address's least recently used idle one is closed.";
+    PDX_METRICS_PER_PEER: Ty::Bool, "false",
+        "`pdx_engine_metrics` adds series per peer, labelled by session name, for the 100 busiest peers.";
+    PDX_METRICS_INTERVAL_S: Ty::Seconds { min: 0.0, max: 86400.0 }, "0 (off)",
+        "Log one line of totals and rates at info level every this many seconds (0: never).";
+    PDX_ALLOWED_PEERS: Ty::Text, "any address",
+        "Comma list of IPv4/IPv6 addresses and CIDR blocks; an inbound connection from elsewhere is closed unread.";
+    PDX_PEER_SECRET_FILE: Ty::Text, "unset (no authentication)",
+        "File with a shared secret (>= 32 bytes, not readable by group or others): pdx peers authenticate every handshake and data connection; Mooncake peers are refused.";
 }
 
 /// The names SGLang's rules use (the declarations' names).
@@ -483,6 +491,20 @@ impl FromVar for std::time::Duration {
                 }
             },
             _ => misdeclared(var, "a duration"),
+        }
+    }
+}
+
+impl FromVar for bool {
+    fn from_var(env: &dyn Env, var: &Var) -> Option<bool> {
+        let text = present(env, var)?;
+        let Ty::Bool = var.ty else { return misdeclared(var, "a boolean") };
+        match parse_bool(&text) {
+            Ok(b) => Some(b),
+            Err(_) => {
+                unparsable(var, &text, "a boolean (true, 1, yes, y, false, 0, no, n)");
+                None
+            }
         }
     }
 }

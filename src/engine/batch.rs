@@ -17,12 +17,15 @@ use super::prepare::Prepared;
 use super::window::{HostMemory, WindowOutcome};
 use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
+use crate::transfer::peer_stats::PeerCounters;
 use crate::transfer::state::{self, BatchSummary, TaskState, TaskSummary};
 use crate::transfer::{Direction, Request};
 
 struct Task {
     state: AtomicU8,
     bytes: AtomicU64,
+    /// The length asked for (what the statistics count a failed task at).
+    requested: u64,
     /// Pieces of this task not yet terminal.
     pieces_left: AtomicUsize,
     error: Mutex<Option<Error>>,
@@ -58,6 +61,8 @@ pub struct BatchRun {
     after: Option<usize>,
     /// Host memory waits for `after` once, before its first window.
     host_waited: OnceLock<Result<()>>,
+    /// The statistics of the peer (see [`crate::transfer::peer_stats`]).
+    peer_stats: Arc<PeerCounters>,
 }
 
 impl BatchRun {
@@ -78,9 +83,11 @@ impl BatchRun {
         let tasks = plan
             .task_pieces
             .iter()
-            .map(|&count| Task {
+            .zip(&prepared.reqs)
+            .map(|(&count, r)| Task {
                 state: AtomicU8::new(if count == 0 { TaskState::Completed } else { TaskState::Pending }.to_u8()),
                 bytes: AtomicU64::new(0),
+                requested: r.len as u64,
                 pieces_left: AtomicUsize::new(count),
                 error: Mutex::new(None),
             })
@@ -103,6 +110,7 @@ impl BatchRun {
             started: Instant::now(),
             after,
             host_waited: OnceLock::new(),
+            peer_stats: inner.stats.peers.entry(session),
         })
     }
 
@@ -111,9 +119,10 @@ impl BatchRun {
     /// left, so it never idles while work remains).
     pub fn start(self: &Arc<Self>, inner: &Arc<Inner>, on_caller: bool) {
         // Zero-length tasks completed when the batch was made.
+        inner.stats.tasks_submitted(&self.peer_stats, self.tasks.len() as u64);
         for t in self.tasks.iter().filter(|t| t.pieces_left.load(Ordering::Acquire) == 0) {
             debug_assert_eq!(t.state(), TaskState::Completed);
-            inner.stats.completed(self.direction, 0, Duration::ZERO);
+            inner.stats.task_finished(&self.peer_stats, self.direction, 0, Duration::ZERO, Ok(0));
         }
         if self.remaining.load(Ordering::Acquire) == 0 {
             self.finish(inner);
@@ -165,11 +174,13 @@ impl BatchRun {
         if task.pieces_left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        let failure = task.error.lock().as_ref().map(Error::kind);
-        match failure {
-            Some(kind) => inner.stats.failed(kind),
-            None => inner.stats.completed(self.direction, task.bytes.load(Ordering::Acquire), self.started.elapsed()),
-        }
+        let error = task.error.lock().clone();
+        let outcome = match &error {
+            Some(e) => Err(e),
+            None => Ok(task.bytes.load(Ordering::Acquire)),
+        };
+        inner.stats.task_finished(&self.peer_stats, self.direction, task.requested, self.started.elapsed(), outcome);
+        let failure = error.as_ref().map(Error::kind);
         let state = if failure.is_some() { TaskState::Failed } else { TaskState::Completed };
         task.state.store(state.to_u8(), Ordering::Release);
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {

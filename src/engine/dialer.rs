@@ -92,11 +92,20 @@ pub(crate) struct Dialer {
     pub registry: Arc<Registry>,
     regions: Arc<Regions>,
     identity: Identity,
+    /// The peer secret every handshake and data connection proves (see
+    /// [`super::auth`]), when set.
+    pub secret: Option<Vec<u8>>,
 }
 
 impl Dialer {
-    pub fn new(settings: Settings, registry: Arc<Registry>, regions: Arc<Regions>, identity: Identity) -> Dialer {
-        Dialer { settings, registry, regions, identity }
+    pub fn new(
+        settings: Settings,
+        registry: Arc<Registry>,
+        regions: Arc<Regions>,
+        identity: Identity,
+        secret: Option<Vec<u8>>,
+    ) -> Dialer {
+        Dialer { settings, registry, regions, identity, secret }
     }
 
     /// The descriptor this engine sends about itself.
@@ -131,7 +140,12 @@ impl Dialer {
         };
         stream.set_nodelay(true).map_err(io_err)?;
         let mut bounded = BoundedStream::new(&mut stream, deadline);
-        bounded.write_all(&wire::encode_frame(kind, json)).map_err(io_err)?;
+        let frame = wire::encode_frame(kind, json);
+        match &self.secret {
+            // Mutual proof of the peer secret first (see [`super::auth`]).
+            Some(secret) => super::auth::client_handshake(&mut bounded, secret, &frame, &where_)?,
+            None => bounded.write_all(&frame).map_err(io_err)?,
+        }
         let mut prefix = [0u8; 8];
         bounded.read_exact(&mut prefix).map_err(io_err)?;
         let length = wire::check_frame_length(prefix, settings.handshake_max_len)
@@ -140,6 +154,10 @@ impl Dialer {
         (&mut bounded).take(length as u64).read_to_end(&mut body).map_err(io_err)?;
         if body.len() != length {
             return Err(Error::new(ErrorKind::ConnectionLost, format!("{where_}: reply truncated")));
+        }
+        if let Some(refusal) = super::auth::decode_frame_body(&body) {
+            let why = refusal.error.unwrap_or_else(|| "it asked for authentication".to_owned());
+            return Err(Error::new(ErrorKind::PeerUnreachable, format!("{where_}: peer authentication failed: {why}")));
         }
         let (got, json) = wire::split_frame_body(&body);
         if got != kind {

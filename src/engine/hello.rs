@@ -23,6 +23,13 @@
 //! The JSON bodies leave room for what later extensions of the connection
 //! (a same-host link, peer authentication) need to say; unknown fields are
 //! ignored.
+//!
+//! With a peer secret (`PDX_PEER_SECRET_FILE`) the hello also authenticates
+//! the connection (see [`super::auth`]): the request adds `"nonce"` (the
+//! initiator's), the reply adds `"nonce"` (the server's) and `"proof"`, and
+//! the initiator sends one more hello, `{"proof": ...}`, before its first
+//! request. A server with a secret serves no connection that did not prove
+//! it; an initiator with one sends nothing to a server that did not.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -62,9 +69,16 @@ pub(crate) fn new_instance() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-#[derive(Serialize, Deserialize)]
-struct Body<'a> {
-    instance: &'a str,
+/// A hello body: the instance (expected or answering), and with a peer
+/// secret the nonce and proof.
+#[derive(Serialize, Deserialize, Default, Debug, PartialEq, Eq)]
+pub(crate) struct Body {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof: Option<String>,
 }
 
 /// True if `header` opens a hello; its `size` is the body length.
@@ -73,8 +87,14 @@ pub(crate) fn is_hello(header: &[u8; HEADER_LEN]) -> bool {
 }
 
 /// The request: header and body asking for `expected`.
+#[cfg(test)]
 pub(crate) fn encode_request(expected: &str) -> Vec<u8> {
-    let body = serde_json::to_vec(&Body { instance: expected }).unwrap_or_default();
+    encode_request_body(&Body { instance: Some(expected.to_owned()), ..Body::default() })
+}
+
+/// A request (header and body) carrying `body`.
+pub(crate) fn encode_request_body(body: &Body) -> Vec<u8> {
+    let body = serde_json::to_vec(body).unwrap_or_default();
     let mut out = Vec::with_capacity(HEADER_LEN + body.len());
     out.extend_from_slice(&(body.len() as u64).to_le_bytes());
     out.extend_from_slice(&HELLO_ADDR.to_le_bytes());
@@ -90,15 +110,25 @@ pub(crate) fn request_body_len(header: &[u8; HEADER_LEN]) -> Option<usize> {
     usize::try_from(len).ok().filter(|&l| l > 0 && l <= MAX_BODY)
 }
 
-/// The instance a request body asks for.
+/// The instance a body names.
+#[cfg(test)]
 pub(crate) fn decode_body(body: &[u8]) -> Option<String> {
-    let parsed: Body<'_> = serde_json::from_slice(body).ok()?;
-    Some(parsed.instance.to_owned())
+    decode(body)?.instance
+}
+
+/// A hello body's fields.
+pub(crate) fn decode(body: &[u8]) -> Option<Body> {
+    serde_json::from_slice(body).ok()
 }
 
 /// The reply naming `own`.
 pub(crate) fn encode_reply(own: &str) -> Vec<u8> {
-    let body = serde_json::to_vec(&Body { instance: own }).unwrap_or_default();
+    encode_reply_body(&Body { instance: Some(own.to_owned()), ..Body::default() })
+}
+
+/// A reply carrying `body`.
+pub(crate) fn encode_reply_body(body: &Body) -> Vec<u8> {
+    let body = serde_json::to_vec(body).unwrap_or_default();
     let mut out = Vec::with_capacity(8 + body.len());
     out.extend_from_slice(&((u64::from(REPLY_MAGIC) << 32) | body.len() as u64).to_le_bytes());
     out.extend_from_slice(&body);
@@ -113,10 +143,17 @@ pub(crate) fn reply_body_len(prefix: [u8; 8]) -> Option<usize> {
 }
 
 /// Ask the engine behind `stream` to confirm it is `expected`, all by
-/// `deadline`. `what` names the connection for error texts. Anything but a
-/// well-formed reply naming `expected` is an error: the caller then treats
-/// its descriptor as stale.
-pub(crate) fn confirm(stream: &mut TcpStream, expected: &str, deadline: Instant, what: &str) -> Result<()> {
+/// `deadline`; with `secret`, both sides also prove they hold it. `what`
+/// names the connection for error texts. Anything but a well-formed reply
+/// naming `expected` is an error: the caller then treats its descriptor as
+/// stale.
+pub(crate) fn confirm(
+    stream: &mut TcpStream,
+    expected: &str,
+    deadline: Instant,
+    what: &str,
+    secret: Option<&[u8]>,
+) -> Result<()> {
     let io = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
             Error::timeout(format!("{what}: no answer to the pdx hello within the connect bound"))
@@ -129,17 +166,34 @@ pub(crate) fn confirm(stream: &mut TcpStream, expected: &str, deadline: Instant,
     };
     let not_the_peer = |why: &str| Error::new(ErrorKind::PeerUnreachable, format!("{what}: {why}"));
     let mut bounded = BoundedStream::new(stream, deadline);
-    bounded.write_all(&encode_request(expected)).map_err(io)?;
+    let cn = secret.map(|_| super::auth::nonce());
+    let request = Body { instance: Some(expected.to_owned()), nonce: cn.clone(), proof: None };
+    bounded.write_all(&encode_request_body(&request)).map_err(io)?;
     let mut prefix = [0u8; 8];
     bounded.read_exact(&mut prefix).map_err(io)?;
     let len = reply_body_len(prefix).ok_or_else(|| not_the_peer("answered the pdx hello with a malformed reply"))?;
     let mut body = vec![0u8; len];
     bounded.read_exact(&mut body).map_err(io)?;
-    let instance = decode_body(&body).ok_or_else(|| not_the_peer("answered the pdx hello with a malformed body"))?;
+    let reply = decode(&body).ok_or_else(|| not_the_peer("answered the pdx hello with a malformed body"))?;
+    let instance = reply.instance.ok_or_else(|| not_the_peer("answered the pdx hello with a malformed body"))?;
     if instance != expected {
         return Err(not_the_peer(&format!("is engine instance {instance}, not {expected} (the port was reused)")));
     }
-    Ok(())
+    let (Some(secret), Some(cn)) = (secret, cn) else { return Ok(()) };
+    use super::auth::{prove, verify, DATA_CLIENT, DATA_SERVER};
+    let proven = match (&reply.nonce, &reply.proof) {
+        (Some(sn), Some(proof)) => {
+            verify(secret, DATA_SERVER, &[cn.as_bytes(), sn.as_bytes(), expected.as_bytes()], proof).then_some(sn)
+        }
+        _ => None,
+    };
+    let Some(sn) = proven else {
+        return Err(not_the_peer(
+            "peer authentication failed: the engine did not prove it holds this engine's peer secret",
+        ));
+    };
+    let ours = prove(secret, DATA_CLIENT, &[cn.as_bytes(), sn.as_bytes(), expected.as_bytes()]);
+    bounded.write_all(&encode_request_body(&Body { proof: Some(ours), ..Body::default() })).map_err(io)
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@
 //! "Completed" always means confirmed at the target: v2 acknowledgements, or
 //! for v1 peers a fence read after the writes.
 
+mod access;
+mod auth;
 pub(crate) mod batch;
 mod budget;
 mod conn;
@@ -24,6 +26,7 @@ mod limits;
 mod link;
 mod listen;
 mod notify;
+mod observe;
 mod peers;
 mod plan;
 mod prepare;
@@ -40,6 +43,8 @@ pub mod wire;
 pub(crate) mod wire;
 mod workers;
 
+#[cfg(test)]
+mod auth_tests;
 #[cfg(test)]
 mod fuzz_tests;
 #[cfg(test)]
@@ -60,7 +65,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::ids::IdTable;
 use crate::transfer::host::{engine_host, parse_session};
 use crate::transfer::location::Requested;
-use crate::transfer::stats::{Gauges, Stats, StatsSnapshot};
+use crate::transfer::stats::{Stats, StatsSnapshot};
 use crate::transfer::{state, BatchSummary, Direction, Request, TaskSummary, TransferBackend};
 use batch::BatchRun;
 use budget::Plane;
@@ -100,6 +105,8 @@ pub(crate) struct Inner {
     stats: Stats,
     /// Pinned buffers and streams for device memory (allocated on first use).
     staging: staging::Staging,
+    /// Who may connect (allowlist, shared secret).
+    access: access::Access,
 }
 
 /// A running engine. Dropping it (or calling [`Engine::stop`]) stops the
@@ -145,6 +152,7 @@ impl Engine {
     /// Start with explicit settings.
     pub fn start_with(hostname: &str, settings: Settings) -> Result<Engine> {
         let host = engine_host(hostname)?;
+        let access = access::Access::from_settings(&settings)?;
         let ip = bind_ip(&host, &settings)?;
         let rpc = listen::bind_in_range(ip, settings.min_port, settings.max_port)?;
         let data = listen::bind_in_range(ip, settings.min_data_port, settings.max_data_port)?;
@@ -159,7 +167,8 @@ impl Engine {
         };
         let workers = Arc::new(Workers::default());
         let (registry, regions) = (Arc::new(Registry::default()), Arc::new(Regions::default()));
-        let dialer = dialer::Dialer::new(settings.clone(), registry.clone(), regions.clone(), identity.clone());
+        let secret = access.secret.clone();
+        let dialer = dialer::Dialer::new(settings.clone(), registry.clone(), regions.clone(), identity.clone(), secret);
         let inner = Arc::new(Inner {
             notifications: Notifications::new(settings.max_queued_notifications, settings.notify_queue_bytes),
             identity,
@@ -171,6 +180,7 @@ impl Engine {
             batches: IdTable::new("batch id", 0),
             stats: Stats::default(),
             staging: staging::Staging::new(settings.staging_bytes, settings.lane_wait_timeout),
+            access,
             settings,
         });
         let clone = |l: &TcpListener| l.try_clone().map_err(|e| Error::io(format!("listener: {e}")));
@@ -193,6 +203,13 @@ impl Engine {
             .registry
             .spawn("pdx-peer-sweep".to_owned(), move || inner2.peers.sweep_until_stopped())
             .map_err(|e| Error::io(format!("cannot start the peer sweeper: {e}")))?;
+        if !inner.settings.metrics_interval.is_zero() {
+            let (inner2, every) = (inner.clone(), inner.settings.metrics_interval);
+            inner
+                .registry
+                .spawn("pdx-metrics-log".to_owned(), move || observe::log_periodically(inner2, every))
+                .map_err(|e| Error::io(format!("cannot start the metrics line's thread: {e}")))?;
+        }
         let (total, handshakes, data, per_ip) = inner.budget.caps();
         log::info!(
             "pdx tcp engine {} up (data port {data_port}; inbound connections: {total} in all, {handshakes} handshake, \
@@ -383,12 +400,15 @@ impl TransferBackend for Engine {
     }
 
     fn stats(&self) -> StatsSnapshot {
-        let i = &self.inner;
-        i.stats.snapshot(Gauges {
-            peers_connected: i.peers.len() as u64,
-            inbound_connections_open: i.stats.inbound_open.load(std::sync::atomic::Ordering::Relaxed),
-            notification_bytes_queued: i.notifications.queued_bytes() as u64,
-        })
+        observe::stats(&self.inner)
+    }
+
+    fn metrics(&self) -> crate::transfer::metrics::MetricsSnapshot {
+        observe::metrics(&self.inner)
+    }
+
+    fn peer_info(&self, session: &str) -> Result<Value> {
+        observe::peer_info(&self.inner, session)
     }
 
     /// Take every notification received so far, oldest first.

@@ -107,7 +107,12 @@ impl Peer {
         if let Some(instance) = &desc.instance {
             let what = format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session);
             let by = by.min(Instant::now() + self.dialer.settings.handshake_timeout);
-            super::hello::confirm(&mut stream, instance, by, &what)?;
+            super::hello::confirm(&mut stream, instance, by, &what, self.dialer.secret.as_deref())?;
+        } else if self.dialer.secret.is_some() {
+            return Err(Error::new(
+                ErrorKind::PeerUnreachable,
+                format!("{}: a Mooncake peer cannot authenticate, and this engine has a peer secret", self.session),
+            ));
         }
         Ok(stream)
     }
@@ -394,5 +399,18 @@ impl Peers {
             }
             self.sweep(PEER_IDLE);
         }
+    }
+}
+
+/// Lanes for the statistics (see [`super::observe`]).
+impl Peers {
+    /// Lanes open (idle or in use) to every peer.
+    pub fn lanes_open(&self) -> u64 {
+        self.map.lock().values().map(|p| p.lanes.lock().open as u64).sum()
+    }
+
+    /// Lanes open to `session`, if it is cached.
+    pub fn lanes_open_to(&self, session: &str) -> Option<u64> {
+        self.map.lock().get(session).map(|p| p.lanes.lock().open as u64)
     }
 }

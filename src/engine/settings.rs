@@ -60,6 +60,14 @@ pub struct Settings {
     /// Cap on pinned host memory for staging device memory
     /// (`PDX_CUDA_STAGING_BYTES`).
     pub staging_bytes: usize,
+    /// Per-peer series in the metrics (`PDX_METRICS_PER_PEER`).
+    pub metrics_per_peer: bool,
+    /// How often to log the metrics line (zero: never).
+    pub metrics_interval: Duration,
+    /// Who may connect (`PDX_ALLOWED_PEERS`), as given; parsed at start.
+    pub allowed_peers: Option<String>,
+    /// The shared secret's file (`PDX_PEER_SECRET_FILE`); read at start.
+    pub peer_secret_file: Option<String>,
 }
 
 impl Settings {
@@ -116,6 +124,10 @@ impl Settings {
             notify_queue_bytes: read(env, &PDX_NOTIFY_QUEUE_BYTES).unwrap_or(8 << 20),
             max_connections_per_address: read(env, &PDX_MAX_CONNECTIONS_PER_ADDRESS).unwrap_or(256),
             staging_bytes: staging_bytes(env),
+            metrics_per_peer: read(env, &PDX_METRICS_PER_PEER).unwrap_or(false),
+            metrics_interval: read(env, &PDX_METRICS_INTERVAL_S).unwrap_or(Duration::ZERO),
+            allowed_peers: read(env, &PDX_ALLOWED_PEERS),
+            peer_secret_file: read(env, &PDX_PEER_SECRET_FILE),
         }
     }
 }

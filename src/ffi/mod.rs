@@ -12,6 +12,7 @@ pub mod engine_options;
 pub mod ib_device;
 pub mod kv;
 pub mod log;
+pub mod metrics;
 pub mod stats;
 pub mod status;
 pub mod transport;

@@ -342,7 +342,7 @@ impl MooncakeBackend {
                     )
                 };
                 if let Err(e) = check(rc, Convention::StatusCode, "getTransferStatus") {
-                    self.stats.failed(e.kind());
+                    self.stats.failed(b.direction, e.kind(), t.len, b.started.elapsed());
                     states[i].state = TaskState::Failed;
                     states[i].error = Some(e.context(where_()));
                     continue;
@@ -351,7 +351,9 @@ impl MooncakeBackend {
                 states[i].state = state;
                 match (state, failure) {
                     (TaskState::Completed, _) => self.stats.completed(b.direction, t.len, b.started.elapsed()),
-                    (TaskState::Failed, Some((kind, _))) => self.stats.failed(kind),
+                    (TaskState::Failed, Some((kind, _))) => {
+                        self.stats.failed(b.direction, kind, t.len, b.started.elapsed())
+                    }
                     _ => {}
                 }
                 match state {
@@ -620,6 +622,14 @@ impl TransferBackend for MooncakeBackend {
     fn stats(&self) -> StatsSnapshot {
         let peers = self.segments.lock().len() as u64;
         self.stats.snapshot(Gauges { peers_connected: peers, ..Gauges::default() })
+    }
+
+    /// The counters and the task histograms (Mooncake's own figures are not
+    /// reachable through its C API).
+    fn metrics(&self) -> crate::transfer::metrics::MetricsSnapshot {
+        let mut m = crate::transfer::metrics::MetricsSnapshot::from_stats(&self.protocol, self.stats());
+        (m.latency_us, m.size_bytes) = self.stats.histogram_snapshots();
+        m
     }
 
     fn drain_notifications(&self) -> Vec<(String, String)> {

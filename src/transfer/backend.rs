@@ -100,6 +100,16 @@ pub trait TransferBackend: Send + Sync {
     fn drain_notifications(&self) -> Vec<(String, String)>;
     /// Counters since the engine started (see [`super::stats`]).
     fn stats(&self) -> super::stats::StatsSnapshot;
+    /// What a metrics scrape shows (see [`super::metrics`]); a backend that
+    /// keeps nothing more gives its counters alone.
+    fn metrics(&self) -> super::metrics::MetricsSnapshot {
+        super::metrics::MetricsSnapshot::from_stats(self.protocol(), self.stats())
+    }
+    /// One peer's figures as a JSON object (see [`super::peer_stats::peer_info_json`]);
+    /// `InvalidArgument` for a peer this engine keeps nothing of.
+    fn peer_info(&self, session: &str) -> Result<serde_json::Value> {
+        Err(Error::invalid_argument(format!("{session}: this backend ({}) keeps no figures per peer", self.protocol())))
+    }
     /// Stop: fail in-flight work, release resources. Idempotent.
     fn stop(&self);
 }

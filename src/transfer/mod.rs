@@ -11,12 +11,16 @@
 //! - [`backend`]: the [`TransferBackend`] trait the ABI drives.
 //! - [`kv`]: KV-cache page plans (runs, head slices) turned into requests.
 //! - [`kv_stream`]: layer-wise submits of a plan and their deferred notification.
+//! - [`stats`], [`peer_stats`], [`metrics`]: counters, per-peer figures and
+//!   their Prometheus exposition.
 
 pub mod backend;
 pub mod host;
 pub mod kv;
 pub mod kv_stream;
 pub mod location;
+pub mod metrics;
+pub mod peer_stats;
 pub mod regions;
 pub mod request;
 pub mod state;

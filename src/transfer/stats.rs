@@ -1,12 +1,16 @@
 //! Engine statistics: counters every backend keeps since it started, cheap
-//! enough to leave on (relaxed atomics, no lock, no allocation), and a
-//! latency histogram of completed tasks.
+//! enough to leave on (relaxed atomics, no lock, no allocation), a
+//! latency histogram of completed tasks for the quantiles of `pdx_stats`,
+//! the fixed-bucket histograms of task latency and size the Prometheus
+//! exposition shows ([`super::metrics`]), and figures per peer
+//! ([`super::peer_stats`]).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use super::peer_stats::{PeerCounters, PeerTable};
 use super::Direction;
-use crate::error::ErrorKind;
+use crate::error::{Error, ErrorKind};
 
 /// Why failed tasks failed, as counted (the rest count as `other`).
 pub const FAILURE_KINDS: [ErrorKind; 6] = [
@@ -76,6 +80,100 @@ impl Latency {
     }
 }
 
+/// Upper bounds (inclusive, µs) of the task latency histogram's buckets.
+pub const LATENCY_BOUNDS_US: &[u64] = &[
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
+    5_000_000, 10_000_000, 30_000_000,
+];
+/// Upper bounds (inclusive, bytes) of the task size histogram's buckets.
+pub const SIZE_BOUNDS_BYTES: &[u64] =
+    &[1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30];
+
+/// A histogram of fixed buckets (`value <= bound`, one more for the rest)
+/// with the sum of what it counted.
+pub struct Histogram {
+    bounds: &'static [u64],
+    counts: Box<[AtomicU64]>,
+    sum: AtomicU64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [u64]) -> Histogram {
+        Histogram { bounds, counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(), sum: AtomicU64::new(0) }
+    }
+
+    pub fn record(&self, value: u64) {
+        let b = self.bounds.partition_point(|&bound| bound < value);
+        self.counts[b].fetch_add(1, Relaxed);
+        self.sum.fetch_add(value, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            bounds: self.bounds,
+            counts: self.counts.iter().map(|c| c.load(Relaxed)).collect(),
+            sum: self.sum.load(Relaxed),
+        }
+    }
+}
+
+/// A [`Histogram`] read at one moment: `counts[i]` values fell at or below
+/// `bounds[i]` (and above the bound before); the last count is the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistogramSnapshot {
+    pub bounds: &'static [u64],
+    pub counts: Vec<u64>,
+    pub sum: u64,
+}
+
+impl HistogramSnapshot {
+    /// Values counted.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+}
+
+/// Latency and size of every finished task (completed or failed, at its
+/// requested size), by direction ([`dir_index`]).
+pub struct TaskHistograms {
+    pub latency_us: [Histogram; 2],
+    pub size_bytes: [Histogram; 2],
+}
+
+impl Default for TaskHistograms {
+    fn default() -> Self {
+        TaskHistograms {
+            latency_us: std::array::from_fn(|_| Histogram::new(LATENCY_BOUNDS_US)),
+            size_bytes: std::array::from_fn(|_| Histogram::new(SIZE_BOUNDS_BYTES)),
+        }
+    }
+}
+
+/// The index of a direction in per-direction arrays: write 0, read 1.
+pub fn dir_index(direction: Direction) -> usize {
+    match direction {
+        Direction::Write => 0,
+        Direction::Read => 1,
+    }
+}
+
+/// The index of an error kind in failed-by-kind arrays ([`FAILURE_KINDS`], then other).
+pub fn kind_index(kind: ErrorKind) -> usize {
+    FAILURE_KINDS.iter().position(|k| *k == kind).unwrap_or(FAILURE_KINDS.len())
+}
+
+/// The label of a failed-by-kind index.
+pub fn kind_label(i: usize) -> &'static str {
+    ["timeout", "connection_lost", "peer_unreachable", "remote_rejected", "shutdown", "protocol", "other"]
+        .get(i)
+        .copied()
+        .unwrap_or("other")
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// The counters of one engine. Initiator-side counters come from every
 /// backend; target-side ones (`served_*`, handshakes, inbound connections)
 /// only from engines that serve peers themselves (the native one).
@@ -100,7 +198,18 @@ pub struct Stats {
     pub inbound_connections: AtomicU64,
     /// Inbound connections open now.
     pub inbound_open: AtomicU64,
+    /// Inbound connections closed unread because the peer's address is not
+    /// allowed (`PDX_ALLOWED_PEERS`).
+    pub connections_refused_address: AtomicU64,
+    /// Inbound connections closed because the peer did not authenticate
+    /// (`PDX_PEER_SECRET_FILE`).
+    pub connections_refused_auth: AtomicU64,
+    /// Tasks submitted and not yet finished.
+    pub tasks_queued: AtomicU64,
     pub latency: Latency,
+    pub histograms: TaskHistograms,
+    /// Figures per peer (native engine).
+    pub peers: PeerTable,
 }
 
 impl Stats {
@@ -113,13 +222,43 @@ impl Stats {
         b.fetch_add(bytes, Relaxed);
         n.fetch_add(1, Relaxed);
         self.latency.record(elapsed);
+        self.histograms.latency_us[dir_index(direction)].record(micros(elapsed));
+        self.histograms.size_bytes[dir_index(direction)].record(bytes);
     }
 
-    /// A task failed with `kind`.
-    pub fn failed(&self, kind: ErrorKind) {
+    /// A task of `requested` bytes in `direction` failed with `kind`,
+    /// `elapsed` after it started.
+    pub fn failed(&self, direction: Direction, kind: ErrorKind, requested: u64, elapsed: Duration) {
         self.tasks_failed.fetch_add(1, Relaxed);
-        let i = FAILURE_KINDS.iter().position(|k| *k == kind).unwrap_or(FAILURE_KINDS.len());
-        self.failed_by_kind[i].fetch_add(1, Relaxed);
+        self.failed_by_kind[kind_index(kind)].fetch_add(1, Relaxed);
+        self.histograms.latency_us[dir_index(direction)].record(micros(elapsed));
+        self.histograms.size_bytes[dir_index(direction)].record(requested);
+    }
+
+    /// `n` tasks for `peer` were submitted (counted as queued until each
+    /// finishes through [`Stats::task_finished`]).
+    pub fn tasks_submitted(&self, peer: &PeerCounters, n: u64) {
+        self.tasks_queued.fetch_add(n, Relaxed);
+        peer.queued.fetch_add(n, Relaxed);
+    }
+
+    /// A task submitted through [`Stats::tasks_submitted`] finished: counted
+    /// here and for its peer. `outcome` is the bytes moved, or the error.
+    pub fn task_finished(
+        &self,
+        peer: &PeerCounters,
+        direction: Direction,
+        requested: u64,
+        elapsed: Duration,
+        outcome: std::result::Result<u64, &Error>,
+    ) {
+        match outcome {
+            Ok(bytes) => self.completed(direction, bytes, elapsed),
+            Err(e) => self.failed(direction, e.kind(), requested, elapsed),
+        }
+        peer.finished(direction, outcome);
+        // Every finished task was counted as submitted first.
+        self.tasks_queued.fetch_sub(1, Relaxed);
     }
 
     /// An inbound request of `bytes` in `direction` was served.
@@ -158,6 +297,12 @@ impl Stats {
             latency_p99_us: self.latency.quantile_us(0.99),
             gauges,
         }
+    }
+
+    /// The histograms read now, by direction.
+    pub fn histogram_snapshots(&self) -> ([HistogramSnapshot; 2], [HistogramSnapshot; 2]) {
+        let h = &self.histograms;
+        (std::array::from_fn(|i| h.latency_us[i].snapshot()), std::array::from_fn(|i| h.size_bytes[i].snapshot()))
     }
 }
 
@@ -229,13 +374,31 @@ mod tests {
         let s = Stats::default();
         s.completed(Direction::Write, 100, Duration::from_micros(3));
         s.completed(Direction::Read, 7, Duration::from_micros(3));
-        s.failed(ErrorKind::Timeout);
-        s.failed(ErrorKind::Io);
+        s.failed(Direction::Write, ErrorKind::Timeout, 9, Duration::from_millis(2));
+        s.failed(Direction::Read, ErrorKind::Io, 4096, Duration::from_secs(100));
         s.served(Direction::Write, 5);
         let snap = s.snapshot(Gauges { peers_connected: 1, ..Gauges::default() });
         assert_eq!((snap.bytes_written, snap.bytes_read, snap.tasks_written, snap.tasks_read), (100, 7, 1, 1));
         assert_eq!((snap.tasks_failed, snap.failed_by_kind[0], snap.failed_by_kind[6]), (2, 1, 1));
         assert_eq!((snap.served_writes, snap.served_bytes_written, snap.gauges.peers_connected), (1, 5, 1));
         assert_eq!(snap.latency_p50_us, 3);
+        let (latency, size) = s.histogram_snapshots();
+        assert_eq!((latency[0].count(), latency[1].count()), (2, 2), "failed tasks count too");
+        assert_eq!((size[0].sum, size[1].sum), (109, 4103), "at their requested size");
+        assert_eq!(latency[1].counts[LATENCY_BOUNDS_US.len()], 1, "100 s lies past the last bound");
+        assert_eq!(size[1].counts[1], 1, "4096 bytes lie in the 4 KiB bucket (bounds are inclusive)");
+    }
+
+    #[test]
+    fn queued_tasks_rise_and_fall_with_their_peer() {
+        let s = Stats::default();
+        let peer = s.peers.entry("10.0.0.1:15000");
+        s.tasks_submitted(&peer, 3);
+        assert_eq!((s.tasks_queued.load(Relaxed), peer.queued.load(Relaxed)), (3, 3));
+        s.task_finished(&peer, Direction::Read, 10, Duration::ZERO, Ok(10));
+        let e = Error::new(ErrorKind::ConnectionLost, "gone");
+        s.task_finished(&peer, Direction::Read, 10, Duration::ZERO, Err(&e));
+        assert_eq!((s.tasks_queued.load(Relaxed), peer.queued.load(Relaxed)), (1, 1));
+        assert_eq!((s.tasks_read.load(Relaxed), s.tasks_failed.load(Relaxed)), (1, 1));
     }
 }

@@ -33,12 +33,24 @@ fn answer_hello(inner: &Inner, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> bo
         return false;
     }
     let own = &inner.identity.instance;
-    let expected = hello::decode_body(&body);
+    let request = hello::decode(&body).unwrap_or_default();
+    // A hello for another instance (a reused port) is answered as without
+    // a secret: the initiator learns its descriptor is stale.
+    let for_us = request.instance.as_deref() == Some(own.as_str());
+    if let (Some(secret), true) = (&inner.access.secret, for_us) {
+        return match super::super::auth::serve_data_hello(conn, secret, own, request) {
+            Ok(()) => true,
+            Err(why) => {
+                refused_unauthenticated(inner, conn, why);
+                false
+            }
+        };
+    }
     if let Err(e) = conn.send_all(&hello::encode_reply(own)) {
         log::debug!("data connection: hello reply: {e}");
         return false;
     }
-    match expected {
+    match request.instance {
         Some(e) if e == *own => true,
         Some(e) => {
             log::info!("data connection: a peer expected engine instance {e} at this port (we are {own}); closing");
@@ -48,6 +60,15 @@ fn answer_hello(inner: &Inner, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> bo
             log::debug!("data connection: malformed hello body; closing");
             false
         }
+    }
+}
+
+/// Count and log (at most once a second per address) a data connection
+/// closed because it did not prove the peer secret.
+fn refused_unauthenticated(inner: &Inner, conn: &Conn, why: &str) {
+    Stats::bump(&inner.stats.connections_refused_auth);
+    if let Ok(peer) = conn.stream().peer_addr() {
+        inner.access.log_refusal(peer.ip(), &format!("data port: {why}"));
     }
 }
 
@@ -64,6 +85,10 @@ pub(super) fn serve_data(inner: &Inner, conn: &mut Conn, ticket: &super::super::
                 if answer_hello(inner, conn, &h) {
                     continue;
                 }
+                break;
+            }
+            Ok(Some(_)) if first && inner.access.secret.is_some() => {
+                refused_unauthenticated(inner, conn, "it sent a request without the pdx hello (a Mooncake peer)");
                 break;
             }
             Ok(Some(h)) => RequestHeader::decode(&h),

@@ -33,15 +33,24 @@ pub(super) fn serve_handshake(inner: &Inner, stream: &mut TcpStream, ticket: &Ti
     // One deadline for the whole exchange: trickled bytes do not extend it.
     let deadline = Instant::now() + HANDSHAKE_SERVE_TIMEOUT;
     let mut stream = BoundedStream::new(stream, deadline);
-    let mut prefix = [0u8; 8];
-    if stream.read_exact(&mut prefix).is_err() {
-        return;
+    let Some(mut body) = read_frame(inner, &mut stream, ticket, deadline) else { return };
+    if let Some(secret) = &inner.access.secret {
+        // One frame charged at a time: the one before is done with.
+        let read_next = |s: &mut BoundedStream<'_>| {
+            ticket.release_handshake();
+            read_frame(inner, s, ticket, deadline)
+        };
+        match super::super::auth::server_handshake(&mut stream, secret, &body, read_next) {
+            Ok(request) => body = request,
+            Err(why) => {
+                Stats::bump(&inner.stats.connections_refused_auth);
+                if let Ok(peer) = stream.inner().peer_addr() {
+                    inner.access.log_refusal(peer.ip(), why);
+                }
+                return;
+            }
+        }
     }
-    let Ok(length) = wire::check_frame_length(prefix, inner.settings.handshake_max_len) else {
-        log::debug!("handshake: refused frame length {}", u64::from_le_bytes(prefix));
-        return;
-    };
-    let Some(body) = read_frame_body(&mut stream, length, ticket, deadline) else { return };
     let (kind, json_text) = wire::split_frame_body(&body);
     let parsed = serde_json::from_slice::<Value>(json_text);
     drop(body);
@@ -72,6 +81,18 @@ pub(super) fn serve_handshake(inner: &Inner, stream: &mut TcpStream, ticket: &Ti
     let _ = stream.inner().shutdown(Shutdown::Write);
     let mut sink = [0u8; 64];
     while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+}
+
+/// Read one frame: its length prefix, then its body, charged to the
+/// handshake budget until the caller releases it.
+fn read_frame(inner: &Inner, stream: &mut impl Read, ticket: &Ticket, deadline: Instant) -> Option<Vec<u8>> {
+    let mut prefix = [0u8; 8];
+    stream.read_exact(&mut prefix).ok()?;
+    let Ok(length) = wire::check_frame_length(prefix, inner.settings.handshake_max_len) else {
+        log::debug!("handshake: refused frame length {}", u64::from_le_bytes(prefix));
+        return None;
+    };
+    read_frame_body(stream, length, ticket, deadline)
 }
 
 /// Read a frame body of `length` bytes as they come, each read's bytes

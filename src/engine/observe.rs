@@ -1,0 +1,102 @@
+//! The native engine's figures for operators: the statistics snapshot with
+//! its gauges, the metrics scrape ([`crate::transfer::metrics`]), one
+//! peer's figures as JSON, and the periodic metrics line
+//! (`PDX_METRICS_INTERVAL_S`).
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use serde_json::{json, Map, Value};
+
+use super::Inner;
+use crate::error::{Error, Result};
+use crate::transfer::metrics::{self, MetricsSnapshot};
+use crate::transfer::stats::{kind_label, Gauges, StatsSnapshot};
+
+/// The only path the native engine has (until a same-host link exists).
+const PATH: &str = "tcp";
+const PATH_REASON: &str = "the native TCP engine has no other path to a peer";
+
+pub(super) fn stats(inner: &Inner) -> StatsSnapshot {
+    inner.stats.snapshot(Gauges {
+        peers_connected: inner.peers.len() as u64,
+        inbound_connections_open: inner.stats.inbound_open.load(Relaxed),
+        notification_bytes_queued: inner.notifications.queued_bytes() as u64,
+    })
+}
+
+pub(super) fn metrics(inner: &Inner) -> MetricsSnapshot {
+    let s = &inner.stats;
+    let mut m = MetricsSnapshot::from_stats(PATH, stats(inner));
+    (m.latency_us, m.size_bytes) = s.histogram_snapshots();
+    m.refused_address = s.connections_refused_address.load(Relaxed);
+    m.refused_auth = s.connections_refused_auth.load(Relaxed);
+    m.lanes_open = inner.peers.lanes_open();
+    m.tasks_queued = s.tasks_queued.load(Relaxed);
+    if inner.settings.metrics_per_peer {
+        m.peers = Some(s.peers.snapshots());
+    }
+    m
+}
+
+/// `session`'s figures: always `path` and `reason`; bytes and tasks each
+/// way (completed tasks), failures by kind, the last error and when (Unix
+/// seconds), lanes open, tasks queued. `InvalidArgument` for a peer this
+/// engine never sent to, or has forgotten (see
+/// [`crate::transfer::peer_stats`]).
+pub(super) fn peer_info(inner: &Inner, session: &str) -> Result<Value> {
+    let counted = inner.stats.peers.get(session);
+    let lanes = inner.peers.lanes_open_to(session);
+    if counted.is_none() && lanes.is_none() {
+        return Err(Error::invalid_argument(format!(
+            "{session}: no figures for this peer (never used, or forgotten: the engine keeps the {} most recently \
+             active peers)",
+            crate::transfer::peer_stats::MAX_PEERS_KEPT
+        )));
+    }
+    let p = counted.unwrap_or_else(|| crate::transfer::peer_stats::PeerCounters::empty_snapshot(session));
+    let failures: Map<String, Value> =
+        p.failed_by_kind.iter().enumerate().map(|(i, n)| (kind_label(i).to_owned(), json!(n))).collect();
+    let (last_error, when) = match &p.last_error {
+        Some((text, at)) => (json!(text), json!(at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64())),
+        None => (Value::Null, Value::Null),
+    };
+    Ok(json!({
+        "session": session,
+        "path": PATH,
+        "reason": PATH_REASON,
+        "bytes_written": p.bytes[0],
+        "bytes_read": p.bytes[1],
+        "tasks_written": p.tasks[0],
+        "tasks_read": p.tasks[1],
+        "tasks_failed": p.failed(),
+        "failures": failures,
+        "last_error": last_error,
+        "last_error_unix_s": when,
+        "lanes_open": lanes.unwrap_or(0),
+        "tasks_queued": p.queued,
+    }))
+}
+
+/// Log the metrics line every `interval` until the engine stops (checked
+/// every 100 ms, so stopping is not held up).
+pub(super) fn log_periodically(inner: Arc<Inner>, interval: Duration) {
+    let mut before = stats(&inner);
+    let mut since = Instant::now();
+    loop {
+        while since.elapsed() < interval {
+            if inner.registry.stopping() {
+                return;
+            }
+            std::thread::sleep((interval - since.elapsed().min(interval)).min(Duration::from_millis(100)));
+        }
+        if inner.registry.stopping() {
+            return;
+        }
+        let now = metrics(&inner);
+        log::info!("{}", metrics::line(&inner.identity.session_id, &before, &now, since.elapsed().as_secs_f64()));
+        before = now.stats;
+        since = Instant::now();
+    }
+}
