@@ -14,7 +14,7 @@
 //!    then the request frame itself, which the server serves only if the
 //!    proof holds for it.
 //!
-//! Data port: the pdx hello ([`super::hello`]) carries the nonces: the
+//! Data port: the pdx hello (`hello.rs`) carries the nonces: the
 //! request `{"instance", "nonce": cn}`, the reply `{"instance", "nonce": sn,
 //! "proof": MAC("pdx-data-server", cn, sn, instance)}`, and one more hello
 //! from the client, `{"proof": MAC("pdx-data-client", cn, sn, instance)}`,
@@ -45,9 +45,20 @@ pub(crate) const HANDSHAKE_CLIENT: &str = "pdx-handshake-client";
 pub(crate) const DATA_SERVER: &str = "pdx-data-server";
 pub(crate) const DATA_CLIENT: &str = "pdx-data-client";
 
-/// A fresh nonce: 128 random bits as 32 hex digits.
+/// A fresh nonce: 128 random bits as 32 hex digits, from the kernel (a
+/// forked process never repeats its parent's).
 pub(crate) fn nonce() -> String {
-    super::hello::new_instance()
+    let mut bytes = [0u8; 16];
+    // SAFETY: `bytes` is writable for its length; getrandom writes at most that.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got != bytes.len() as isize {
+        // No kernel entropy call: mix what differs between processes and
+        // instants (fastrand's own state is copied by fork).
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        let mix = fastrand::u128(..) ^ nanos ^ (u128::from(std::process::id()) << 64);
+        bytes = mix.to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn mac_of(secret: &[u8], label: &str, parts: &[&[u8]]) -> Hmac<Sha256> {
@@ -211,37 +222,6 @@ pub(crate) fn server_handshake<S: Write>(
         return Err("its proof of the peer secret is wrong (another secret, or a replayed handshake)");
     }
     Ok(request)
-}
-
-/// The server's side of an authenticated data-connection hello: `request`
-/// is the first hello's body, naming this engine's instance. Replies with this engine's instance, its
-/// nonce and proof, then reads the initiator's proof (one more hello).
-/// `Err` says why the connection is refused.
-pub(crate) fn serve_data_hello(
-    conn: &mut super::conn::Conn,
-    secret: &[u8],
-    own: &str,
-    request: super::hello::Body,
-) -> std::result::Result<(), &'static str> {
-    use super::hello;
-    let Some(cn) = request.nonce.filter(|n| n.len() <= 128) else {
-        return Err("its pdx hello carried no nonce (a pdx engine without a peer secret)");
-    };
-    let sn = nonce();
-    let proof = prove(secret, DATA_SERVER, &[cn.as_bytes(), sn.as_bytes(), own.as_bytes()]);
-    let reply = hello::Body { instance: Some(own.to_owned()), nonce: Some(sn.clone()), proof: Some(proof) };
-    conn.send_all(&hello::encode_reply_body(&reply)).map_err(|_| "it left during the hello")?;
-    let mut header = [0u8; super::wire::HEADER_LEN];
-    conn.recv_exact(&mut header).map_err(|_| "it sent no proof after the hello")?;
-    let len = hello::is_hello(&header).then(|| hello::request_body_len(&header)).flatten();
-    let Some(len) = len else { return Err("it sent a request instead of its proof") };
-    let mut body = vec![0u8; len];
-    conn.recv_exact(&mut body).map_err(|_| "its proof was cut short")?;
-    let theirs = hello::decode(&body).and_then(|b| b.proof).unwrap_or_default();
-    if !verify(secret, DATA_CLIENT, &[cn.as_bytes(), sn.as_bytes(), own.as_bytes()], &theirs) {
-        return Err("its proof of the peer secret is wrong (another secret, or a replayed connection)");
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -56,17 +56,7 @@ const REPLY_MAGIC: u32 = 0x5044_5848;
 /// lowercase hex digits. A restarted engine (or one in a forked process)
 /// never reuses one.
 pub(crate) fn new_instance() -> String {
-    let mut bytes = [0u8; 16];
-    // SAFETY: `bytes` is writable for its length; getrandom writes at most that.
-    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if got != bytes.len() as isize {
-        // No kernel entropy call: mix what differs between processes and
-        // instants (fastrand's own state is copied by fork).
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
-        let mix = fastrand::u128(..) ^ nanos ^ (u128::from(std::process::id()) << 64);
-        bytes = mix.to_le_bytes();
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    super::auth::nonce()
 }
 
 /// A hello body: the instance (expected or answering), and with a peer
@@ -194,6 +184,37 @@ pub(crate) fn confirm(
     };
     let ours = prove(secret, DATA_CLIENT, &[cn.as_bytes(), sn.as_bytes(), expected.as_bytes()]);
     bounded.write_all(&encode_request_body(&Body { proof: Some(ours), ..Body::default() })).map_err(io)
+}
+
+/// The server's side of an authenticated data-connection hello: `request`
+/// is the first hello's body, naming this engine's instance. Replies with this engine's instance, its
+/// nonce and proof, then reads the initiator's proof (one more hello).
+/// `Err` says why the connection is refused.
+pub(crate) fn serve_data_hello(
+    conn: &mut super::conn::Conn,
+    secret: &[u8],
+    own: &str,
+    request: Body,
+) -> std::result::Result<(), &'static str> {
+    let Some(cn) = request.nonce.filter(|n| n.len() <= 128) else {
+        return Err("its pdx hello carried no nonce (a pdx engine without a peer secret)");
+    };
+    let sn = super::auth::nonce();
+    let proof = super::auth::prove(secret, super::auth::DATA_SERVER, &[cn.as_bytes(), sn.as_bytes(), own.as_bytes()]);
+    let reply = Body { instance: Some(own.to_owned()), nonce: Some(sn.clone()), proof: Some(proof) };
+    conn.send_all(&encode_reply_body(&reply)).map_err(|_| "it left during the hello")?;
+    let mut header = [0u8; super::wire::HEADER_LEN];
+    conn.recv_exact(&mut header).map_err(|_| "it sent no proof after the hello")?;
+    let len = is_hello(&header).then(|| request_body_len(&header)).flatten();
+    let Some(len) = len else { return Err("it sent a request instead of its proof") };
+    let mut body = vec![0u8; len];
+    conn.recv_exact(&mut body).map_err(|_| "its proof was cut short")?;
+    let theirs = decode(&body).and_then(|b| b.proof).unwrap_or_default();
+    if !super::auth::verify(secret, super::auth::DATA_CLIENT, &[cn.as_bytes(), sn.as_bytes(), own.as_bytes()], &theirs)
+    {
+        return Err("its proof of the peer secret is wrong (another secret, or a replayed connection)");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ fn answer_hello(inner: &Inner, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> bo
     // a secret: the initiator learns its descriptor is stale.
     let for_us = request.instance.as_deref() == Some(own.as_str());
     if let (Some(secret), true) = (&inner.access.secret, for_us) {
-        return match super::super::auth::serve_data_hello(conn, secret, own, request) {
+        return match hello::serve_data_hello(conn, secret, own, request) {
             Ok(()) => true,
             Err(why) => {
                 refused_unauthenticated(inner, conn, why);
