@@ -92,6 +92,7 @@ pub const OPTION_VARS: &[Var] = &[
     vars::PDX_MAX_REQUEST_BYTES,
     vars::PDX_NOTIFY_QUEUE_BYTES,
     vars::PDX_MAX_CONNECTIONS_PER_ADDRESS,
+    vars::PDX_IDLE_TIMEOUT_MS,
 ];
 
 /// The option key of a variable: its name without `PDX_` / `MC_`, lower case.

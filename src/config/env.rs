@@ -289,6 +289,8 @@ vars! {
         "Bytes of received notifications kept until drained; a notification over it is refused.";
     PDX_MAX_CONNECTIONS_PER_ADDRESS: Ty::Int { min: 1, max: 65536 }, "256",
         "Inbound connections kept per peer address; past it that address's least recently used idle one is closed.";
+    PDX_IDLE_TIMEOUT_MS: Ty::Millis { min: 500, max: 600_000 }, "300000",
+        "Inbound data connections with no request for this long are closed (an initiator reconnects unseen).";
 }
 
 /// The names SGLang's rules use (the declarations' names).

@@ -7,7 +7,7 @@
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::net::{Shutdown, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use socket2::SockRef;
 
@@ -32,6 +32,9 @@ pub struct Conn {
     /// A task's stall clock (lanes): socket timeouts are then short slices
     /// and a blocked call gives up only once the clock says so.
     stall: Option<Paced>,
+    /// How long [`Conn::recv_header_idle`] waits for the first byte of a
+    /// request before it reports the connection idle (`None`: forever).
+    idle: Option<Duration>,
 }
 
 /// The stall clock of the task a lane currently serves, with its limits.
@@ -66,6 +69,7 @@ impl Conn {
             end: 0,
             spin: Spin::new(Duration::ZERO),
             stall: None,
+            idle: None,
         })
     }
 
@@ -125,6 +129,36 @@ impl Conn {
     /// The window adapts (see [`super::spin`]).
     pub fn set_spin(&mut self, spin: Duration) {
         self.spin = Spin::new(spin);
+    }
+
+    /// Close this (server) connection once no request has begun for
+    /// `idle` (see [`Conn::recv_header_idle`]).
+    pub fn set_idle_timeout(&mut self, idle: Duration) {
+        self.idle = Some(idle);
+    }
+
+    /// Wait until the socket has something to read (bytes, end of stream or
+    /// an error) or `by` passes; true if readable. Interrupted waits resume.
+    fn readable_by(&self, by: Instant) -> io::Result<bool> {
+        loop {
+            let left = by.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            let mut fds = libc::pollfd { fd: self.raw_fd(), events: libc::POLLIN, revents: 0 };
+            let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+            // SAFETY: one valid pollfd for the call.
+            match unsafe { libc::poll(&mut fds, 1, ms) } {
+                n if n > 0 => return Ok(true),
+                0 => {}
+                _ => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
     }
 
     /// The socket's descriptor (to shut it down from another thread).
@@ -250,6 +284,12 @@ impl Conn {
     /// `want` is how many bytes would complete what the caller waits for
     /// (a shorter delivery turns polling off for the next receive).
     fn fill(&mut self, want: usize) -> io::Result<usize> {
+        self.fill_by(want, None)
+    }
+
+    /// [`Conn::fill`], but when nothing is readable by `idle_by` (checked
+    /// only before blocking), `TimedOut` without a receive.
+    fn fill_by(&mut self, want: usize, idle_by: Option<Instant>) -> io::Result<usize> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -282,6 +322,11 @@ impl Conn {
                 std::hint::spin_loop();
             }
             self.spin.miss();
+        }
+        if let Some(by) = idle_by {
+            if !self.readable_by(by)? {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "idle"));
+            }
         }
         // SAFETY: as above.
         let n = unsafe { self.recv_once(tail, free, 0)? };
@@ -353,20 +398,26 @@ impl Conn {
     }
 
     /// Wait for the next request header on an idle server connection.
-    /// Returns `Ok(None)` on a clean end of stream before any byte, and keeps
-    /// waiting through receive timeouts while no byte of the header has
-    /// arrived (idle connections are never closed) unless `stop()`.
+    /// Returns `Ok(None)` on a clean end of stream before any byte, once no
+    /// byte of the header has arrived within the idle timeout (when one is
+    /// set, see [`Conn::set_idle_timeout`]), or when `stop()`; keeps waiting
+    /// through receive timeouts while no byte of the header has arrived.
     pub fn recv_header_idle<const N: usize>(&mut self, stop: &dyn Fn() -> bool) -> io::Result<Option<[u8; N]>> {
+        let idle_by = self.idle.map(|d| Instant::now() + d);
         while self.buffered() < N {
             if stop() {
                 return Ok(None);
             }
             let had = self.buffered();
-            match self.fill(N - had) {
+            match self.fill_by(N - had, idle_by.filter(|_| had == 0)) {
                 Ok(0) if had == 0 => return Ok(None),
                 Ok(0) => return Err(Self::eof()),
                 Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::TimedOut && had == 0 => continue,
+                Err(e) if e.kind() == io::ErrorKind::TimedOut && had == 0 => {
+                    if idle_by.is_some_and(|by| Instant::now() >= by) {
+                        return Ok(None);
+                    }
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -429,6 +480,27 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         assert!(!b.idle_and_alive());
         assert!(b.recv_header_idle::<4>(&|| false).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_idle_timeout_ends_the_wait_for_a_request_but_not_one_begun() {
+        let (a, mut b) = pair();
+        b.set_spin(Duration::from_micros(50));
+        b.set_idle_timeout(Duration::from_millis(100));
+        let t0 = Instant::now();
+        assert!(b.recv_header_idle::<4>(&|| false).unwrap().is_none(), "idle: no request");
+        assert!(t0.elapsed() >= Duration::from_millis(100));
+        a.send_all(&[1, 2, 3, 4]).unwrap();
+        assert_eq!(b.recv_header_idle::<4>(&|| false).unwrap(), Some([1, 2, 3, 4]));
+        // A header begun before the idle timeout is waited for as before.
+        a.send_all(&[5]).unwrap();
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            a.send_all(&[6, 7, 8]).unwrap();
+            a
+        });
+        assert_eq!(b.recv_header_idle::<4>(&|| false).unwrap(), Some([5, 6, 7, 8]));
+        drop(sender.join().unwrap());
     }
 
     #[test]

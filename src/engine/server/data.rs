@@ -52,6 +52,7 @@ fn answer_hello(inner: &Inner, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> bo
 
 pub(super) fn serve_data(inner: &Inner, conn: &mut Conn, ticket: &super::super::budget::Ticket) {
     conn.set_spin(inner.settings.spin);
+    conn.set_idle_timeout(inner.settings.idle_timeout);
     let mut pending_acks: Vec<u8> = Vec::with_capacity(256);
     let stopping = || inner.registry.stopping();
     let mut first = true;
