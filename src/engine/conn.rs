@@ -35,6 +35,16 @@ pub struct Conn {
     /// How long [`Conn::recv_header_idle`] waits for the first byte of a
     /// request before it reports the connection idle (`None`: forever).
     idle: Option<Duration>,
+    /// Served from a readiness loop: instead of blocking for the next
+    /// request, [`Conn::recv_header_idle`] gives the connection back (see
+    /// [`Conn::set_park_when_idle`]).
+    park_when_idle: bool,
+    /// It gave the connection back with nothing buffered.
+    parked: bool,
+    /// It has been parked after a request (its first request is behind it).
+    resumed: bool,
+    /// A request header was read from it.
+    seen_header: bool,
 }
 
 /// The stall clock of the task a lane currently serves, with its limits.
@@ -70,6 +80,10 @@ impl Conn {
             spin: Spin::new(Duration::ZERO),
             stall: None,
             idle: None,
+            park_when_idle: false,
+            parked: false,
+            resumed: false,
+            seen_header: false,
         })
     }
 
@@ -135,6 +149,43 @@ impl Conn {
     /// `idle` (see [`Conn::recv_header_idle`]).
     pub fn set_idle_timeout(&mut self, idle: Duration) {
         self.idle = Some(idle);
+    }
+
+    /// Serve from a readiness loop: when no request is buffered or arrives
+    /// within the spin window, [`Conn::recv_header_idle`] returns `Ok(None)`
+    /// with [`Conn::parked`] true instead of blocking.
+    pub fn set_park_when_idle(&mut self, park: bool) {
+        self.park_when_idle = park;
+    }
+
+    /// True if the last [`Conn::recv_header_idle`] gave the connection back
+    /// idle (nothing buffered) rather than at its end.
+    pub fn parked(&self) -> bool {
+        self.parked
+    }
+
+    /// True once the connection was parked after a request: what is read
+    /// next is not its first request.
+    pub fn resumed(&self) -> bool {
+        self.resumed
+    }
+
+    /// Give up the receive buffer while nothing is buffered (a parked
+    /// connection holds none); `None` if bytes are buffered or it has none.
+    pub fn take_buffer(&mut self) -> Option<Box<[u8]>> {
+        if self.buffered() > 0 || self.buf.is_empty() {
+            return None;
+        }
+        (self.start, self.end) = (0, 0);
+        Some(std::mem::take(&mut self.buf))
+    }
+
+    /// Give the connection a receive buffer again: `buf`, or a new one.
+    pub fn lend_buffer(&mut self, buf: Option<Box<[u8]>>) {
+        if self.buf.is_empty() {
+            self.buf = buf.filter(|b| b.len() == RECV_BUF).unwrap_or_else(|| vec![0u8; RECV_BUF].into_boxed_slice());
+            (self.start, self.end) = (0, 0);
+        }
     }
 
     /// Wait until the socket has something to read (bytes, end of stream or
@@ -284,12 +335,13 @@ impl Conn {
     /// `want` is how many bytes would complete what the caller waits for
     /// (a shorter delivery turns polling off for the next receive).
     fn fill(&mut self, want: usize) -> io::Result<usize> {
-        self.fill_by(want, None)
+        self.fill_by(want, None, false)
     }
 
     /// [`Conn::fill`], but when nothing is readable by `idle_by` (checked
-    /// only before blocking), `TimedOut` without a receive.
-    fn fill_by(&mut self, want: usize, idle_by: Option<Instant>) -> io::Result<usize> {
+    /// only before blocking), `TimedOut` without a receive; with `park`,
+    /// `WouldBlock` instead of blocking at all.
+    fn fill_by(&mut self, want: usize, idle_by: Option<Instant>, park: bool) -> io::Result<usize> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -322,6 +374,19 @@ impl Conn {
                 std::hint::spin_loop();
             }
             self.spin.miss();
+        }
+        if park {
+            // SAFETY: as above.
+            return match unsafe { self.recv_once(tail, free, libc::MSG_DONTWAIT) } {
+                Ok(n) => {
+                    self.end += n;
+                    Ok(n)
+                }
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    Err(io::Error::new(io::ErrorKind::WouldBlock, "no request: park"))
+                }
+                Err(e) => Err(e),
+            };
         }
         if let Some(by) = idle_by {
             if !self.readable_by(by)? {
@@ -404,15 +469,20 @@ impl Conn {
     /// through receive timeouts while no byte of the header has arrived.
     pub fn recv_header_idle<const N: usize>(&mut self, stop: &dyn Fn() -> bool) -> io::Result<Option<[u8; N]>> {
         let idle_by = self.idle.map(|d| Instant::now() + d);
+        self.parked = false;
         while self.buffered() < N {
             if stop() {
                 return Ok(None);
             }
             let had = self.buffered();
-            match self.fill_by(N - had, idle_by.filter(|_| had == 0)) {
+            match self.fill_by(N - had, idle_by.filter(|_| had == 0), self.park_when_idle && had == 0) {
                 Ok(0) if had == 0 => return Ok(None),
                 Ok(0) => return Err(Self::eof()),
                 Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && had == 0 => {
+                    (self.parked, self.resumed) = (true, self.seen_header);
+                    return Ok(None);
+                }
                 Err(e) if e.kind() == io::ErrorKind::TimedOut && had == 0 => {
                     if idle_by.is_some_and(|by| Instant::now() >= by) {
                         return Ok(None);
@@ -424,6 +494,7 @@ impl Conn {
         let mut out = [0u8; N];
         out.copy_from_slice(&self.buf[self.start..self.start + N]);
         self.start += N;
+        self.seen_header = true;
         Ok(Some(out))
     }
 

@@ -55,7 +55,9 @@ pub(super) fn serve_data(inner: &Inner, conn: &mut Conn, ticket: &super::super::
     conn.set_idle_timeout(inner.settings.idle_timeout);
     let mut pending_acks: Vec<u8> = Vec::with_capacity(256);
     let stopping = || inner.registry.stopping();
-    let mut first = true;
+    // Only a connection's first request may be a hello (a connection served
+    // from the readiness loop may have been parked after it).
+    let mut first = !conn.resumed();
     loop {
         let header = match conn.recv_header_idle::<HEADER_LEN>(&stopping) {
             // Only a connection's first request may be a hello.
