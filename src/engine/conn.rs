@@ -29,6 +29,8 @@ pub struct Conn {
     end: usize,
     /// How long a receive polls before it blocks (see [`Conn::set_spin`]).
     spin: Spin,
+    /// The window [`Conn::set_spin`] was last given.
+    spin_max: Option<Duration>,
     /// A task's stall clock (lanes): socket timeouts are then short slices
     /// and a blocked call gives up only once the clock says so.
     stall: Option<Paced>,
@@ -45,6 +47,10 @@ pub struct Conn {
     resumed: bool,
     /// A request header was read from it.
     seen_header: bool,
+    /// Parked and not read since: the readiness loop hands it back when
+    /// bytes are there, so the first receive takes them without polling
+    /// (and without counting as a poll that caught them).
+    woken: bool,
 }
 
 /// The stall clock of the task a lane currently serves, with its limits.
@@ -78,12 +84,14 @@ impl Conn {
             start: 0,
             end: 0,
             spin: Spin::new(Duration::ZERO),
+            spin_max: None,
             stall: None,
             idle: None,
             park_when_idle: false,
             parked: false,
             resumed: false,
             seen_header: false,
+            woken: false,
         })
     }
 
@@ -141,8 +149,13 @@ impl Conn {
     /// within the window is taken without a sleep and a wake-up, which on a
     /// virtual machine cost tens of microseconds per round trip.
     /// The window adapts (see [`super::spin`]).
+    /// Setting the same window again keeps what it learned (a parked
+    /// connection resumes with the window it had).
     pub fn set_spin(&mut self, spin: Duration) {
-        self.spin = Spin::new(spin);
+        if self.spin_max != Some(spin) {
+            self.spin = Spin::new(spin);
+            self.spin_max = Some(spin);
+        }
     }
 
     /// Close this (server) connection once no request has begun for
@@ -353,6 +366,18 @@ impl Conn {
         let free = self.buf.len() - self.end;
         // SAFETY: the tail of our own buffer is writable.
         let tail = unsafe { self.buf.as_mut_ptr().add(self.end) };
+        if std::mem::take(&mut self.woken) {
+            // SAFETY: as above.
+            match unsafe { self.recv_once(tail, free, libc::MSG_DONTWAIT) } {
+                Ok(n) => {
+                    self.end += n;
+                    self.spin.delivered(n, want.min(free), true);
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {} // woken for nothing: as usual
+                Err(e) => return Err(e),
+            }
+        }
         let window = self.spin.window();
         if !window.is_zero() {
             let started = std::time::Instant::now();
@@ -480,7 +505,7 @@ impl Conn {
                 Ok(0) => return Err(Self::eof()),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock && had == 0 => {
-                    (self.parked, self.resumed) = (true, self.seen_header);
+                    (self.parked, self.resumed, self.woken) = (true, self.seen_header, true);
                     return Ok(None);
                 }
                 Err(e) if e.kind() == io::ErrorKind::TimedOut && had == 0 => {

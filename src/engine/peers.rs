@@ -100,24 +100,55 @@ pub fn exchange_by(
     json: &str,
     by: Option<Instant>,
 ) -> Result<Vec<u8>> {
+    // A target closes the oldest handshake connections when more arrive
+    // than it serves at once (hundreds of peers starting together): a
+    // request that may be repeated (metadata, probe) whose connection was
+    // closed before the reply is sent once more, after a short random pause.
+    let repeatable = matches!(kind, FrameType::Metadata | FrameType::Probe);
+    match exchange_once(inner, addr, kind, json, by) {
+        Err((e, true)) if repeatable && !inner.registry.stopping() => {
+            std::thread::sleep(Duration::from_millis(fastrand::u64(5..50)));
+            log::debug!("{e}; asking once more");
+            exchange_once(inner, addr, kind, json, by).map_err(|(e, _)| e)
+        }
+        other => other.map_err(|(e, _)| e),
+    }
+}
+
+/// One [`exchange_by`]; the error says whether the connection was closed
+/// under the exchange (end of stream or reset before the whole reply).
+fn exchange_once(
+    inner: &Inner,
+    addr: &SessionAddr,
+    kind: FrameType,
+    json: &str,
+    by: Option<Instant>,
+) -> std::result::Result<Vec<u8>, (Error, bool)> {
     let settings = &inner.settings;
-    let mut stream = connect_by(settings, &addr.host, addr.port, by)?;
+    let mut stream = connect_by(settings, &addr.host, addr.port, by).map_err(|e| (e, false))?;
     // Tracked so that stopping the engine interrupts a peer that never answers.
-    let _tracked =
-        inner.registry.track(&stream).ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
+    let _tracked = inner
+        .registry
+        .track(&stream)
+        .ok_or_else(|| (Error::new(ErrorKind::Shutdown, "engine is shutting down"), false))?;
     let where_ = format!("handshake with {}:{}", addr.host, addr.port);
     let mut deadline = Instant::now() + settings.handshake_timeout;
     if let Some(by) = by {
         deadline = deadline.min(by);
     }
     let io_err = |e: std::io::Error| {
+        use std::io::ErrorKind as Io;
         if inner.registry.stopping() {
-            return Error::new(ErrorKind::Shutdown, format!("{where_}: engine is shutting down"));
+            return (Error::new(ErrorKind::Shutdown, format!("{where_}: engine is shutting down")), false);
         }
-        if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
-            return Error::timeout(format!("{where_}: no complete reply within {:?}", settings.handshake_timeout));
+        if matches!(e.kind(), Io::WouldBlock | Io::TimedOut) {
+            return (
+                Error::timeout(format!("{where_}: no complete reply within {:?}", settings.handshake_timeout)),
+                false,
+            );
         }
-        Error::new(ErrorKind::PeerUnreachable, format!("{where_}: {e}"))
+        let closed = matches!(e.kind(), Io::UnexpectedEof | Io::ConnectionReset | Io::BrokenPipe);
+        (Error::new(ErrorKind::PeerUnreachable, format!("{where_}: {e}")), closed)
     };
     stream.set_nodelay(true).map_err(io_err)?;
     let mut bounded = BoundedStream::new(&mut stream, deadline);
@@ -125,15 +156,15 @@ pub fn exchange_by(
     let mut prefix = [0u8; 8];
     bounded.read_exact(&mut prefix).map_err(io_err)?;
     let length = wire::check_frame_length(prefix, settings.handshake_max_len)
-        .map_err(|e| Error::protocol(format!("{where_}: reply length refused ({e:?})")))?;
+        .map_err(|e| (Error::protocol(format!("{where_}: reply length refused ({e:?})")), false))?;
     let mut body = Vec::with_capacity(length.min(64 * 1024));
     (&mut bounded).take(length as u64).read_to_end(&mut body).map_err(io_err)?;
     if body.len() != length {
-        return Err(Error::new(ErrorKind::ConnectionLost, format!("{where_}: reply truncated")));
+        return Err((Error::new(ErrorKind::ConnectionLost, format!("{where_}: reply truncated")), true));
     }
     let (got, json) = wire::split_frame_body(&body);
     if got != kind {
-        return Err(Error::protocol(format!("{where_}: reply type {got:?} does not match request {kind:?}")));
+        return Err((Error::protocol(format!("{where_}: reply type {got:?} does not match request {kind:?}")), false));
     }
     Ok(json.to_vec())
 }

@@ -38,10 +38,11 @@ const IDLE_EXIT: Duration = Duration::from_secs(5);
 /// Pool threads kept when idle.
 const BASE_THREADS: usize = 2;
 
-/// The most pool threads: twice the cores, at least 4, at most 32.
+/// The most pool threads: twice the cores, at least 8, at most 32 (each can
+/// be held by a request whose payload trickles in; see SECURITY.md).
 pub(super) fn max_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(2, usize::from);
-    (2 * cores).clamp(4, 32)
+    (2 * cores).clamp(8, 32)
 }
 
 /// Counts an inbound data connection as open while it lives.
