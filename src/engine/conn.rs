@@ -31,6 +31,10 @@ pub struct Conn {
     spin: Spin,
     /// The window [`Conn::set_spin`] was last given.
     spin_max: Option<Duration>,
+    /// Poll only while this is non-zero (a pool's free threads: a thread
+    /// polling one connection while every other is busy would keep ready
+    /// connections waiting).
+    spin_while: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
     /// A task's stall clock (lanes): socket timeouts are then short slices
     /// and a blocked call gives up only once the clock says so.
     stall: Option<Paced>,
@@ -85,6 +89,7 @@ impl Conn {
             end: 0,
             spin: Spin::new(Duration::ZERO),
             spin_max: None,
+            spin_while: None,
             stall: None,
             idle: None,
             park_when_idle: false,
@@ -162,6 +167,12 @@ impl Conn {
     /// `idle` (see [`Conn::recv_header_idle`]).
     pub fn set_idle_timeout(&mut self, idle: Duration) {
         self.idle = Some(idle);
+    }
+
+    /// Poll for the next bytes only while `free` is non-zero (see
+    /// [`Conn::set_spin`]).
+    pub fn set_spin_while(&mut self, free: std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        self.spin_while = Some(free);
     }
 
     /// Serve from a readiness loop: when no request is buffered or arrives
@@ -378,7 +389,10 @@ impl Conn {
                 Err(e) => return Err(e),
             }
         }
-        let window = self.spin.window();
+        let mut window = self.spin.window();
+        if self.spin_while.as_ref().is_some_and(|free| free.load(std::sync::atomic::Ordering::Relaxed) == 0) {
+            window = Duration::ZERO;
+        }
         if !window.is_zero() {
             let started = std::time::Instant::now();
             loop {

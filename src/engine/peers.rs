@@ -103,16 +103,28 @@ pub fn exchange_by(
     // A target closes the oldest handshake connections when more arrive
     // than it serves at once (hundreds of peers starting together): a
     // request that may be repeated (metadata, probe) whose connection was
-    // closed before the reply is sent once more, after a short random pause.
+    // closed before the reply is sent again, up to 3 more times, after
+    // random pauses growing from tens to hundreds of milliseconds, all
+    // within the exchange's bound.
     let repeatable = matches!(kind, FrameType::Metadata | FrameType::Probe);
-    match exchange_once(inner, addr, kind, json, by) {
-        Err((e, true)) if repeatable && !inner.registry.stopping() => {
-            std::thread::sleep(Duration::from_millis(fastrand::u64(5..50)));
-            log::debug!("{e}; asking once more");
-            exchange_once(inner, addr, kind, json, by).map_err(|(e, _)| e)
+    let bound = Instant::now() + inner.settings.handshake_timeout;
+    let bound = by.map_or(bound, |by| by.min(bound));
+    let mut pause_ms = 20;
+    for _ in 0..3 {
+        match exchange_once(inner, addr, kind, json, by) {
+            Err((e, true)) if repeatable && !inner.registry.stopping() => {
+                let pause = Duration::from_millis(fastrand::u64(pause_ms / 4..=pause_ms));
+                if Instant::now() + pause >= bound {
+                    return Err(e);
+                }
+                log::debug!("{e}; asking again in {pause:?}");
+                std::thread::sleep(pause);
+                pause_ms *= 4;
+            }
+            other => return other.map_err(|(e, _)| e),
         }
-        other => other.map_err(|(e, _)| e),
     }
+    exchange_once(inner, addr, kind, json, by).map_err(|(e, _)| e)
 }
 
 /// One [`exchange_by`]; the error says whether the connection was closed

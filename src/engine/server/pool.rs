@@ -97,6 +97,9 @@ pub(super) struct DataPlane {
     next_key: AtomicUsize,
     lead: Mutex<Lead>,
     counts: Mutex<Counts>,
+    /// Pool threads not serving a connection (connections poll for their
+    /// next request only while one is free).
+    free: Arc<AtomicUsize>,
     max_threads: usize,
 }
 
@@ -110,6 +113,7 @@ impl DataPlane {
             next_key: AtomicUsize::new(1),
             lead: Mutex::new(Lead { events: Events::new(), ready: VecDeque::new(), next_scan: Instant::now() }),
             counts: Mutex::new(Counts::default()),
+            free: Arc::new(AtomicUsize::new(0)),
             max_threads: max_threads(),
         });
         for _ in 0..BASE_THREADS {
@@ -119,13 +123,21 @@ impl DataPlane {
     }
 
     fn add_thread(self: &Arc<Self>) -> std::io::Result<()> {
-        self.counts.lock().threads += 1;
+        self.count(|c| c.threads += 1);
         let me = self.clone();
         let spawned = self.inner.registry.spawn("pdx-data".to_owned(), move || me.run());
         if spawned.is_err() {
-            self.counts.lock().threads -= 1;
+            self.count(|c| c.threads -= 1);
         }
         spawned
+    }
+
+    /// Change the counts (and the free threads with them); returns them.
+    fn count(&self, change: impl FnOnce(&mut Counts)) -> (usize, usize) {
+        let mut c = self.counts.lock();
+        change(&mut c);
+        self.free.store(c.threads.saturating_sub(c.busy), Ordering::Relaxed);
+        (c.threads, c.busy)
     }
 
     /// Wake the waiter (the engine is stopping).
@@ -137,6 +149,7 @@ impl DataPlane {
     pub(super) fn admit(&self, conn: Conn, ticket: Ticket, tracked: OwnedSocketGuard) {
         let mut conn = conn;
         conn.set_park_when_idle(true);
+        conn.set_spin_while(self.free.clone());
         drop(conn.take_buffer());
         let served = Served {
             ticket,
@@ -218,9 +231,14 @@ impl DataPlane {
                 lead.next_scan = now + scan_interval(self.inner.settings.idle_timeout);
             }
             if now.saturating_duration_since(idle_since) >= IDLE_EXIT {
-                let mut c = self.counts.lock();
-                if c.threads > BASE_THREADS {
-                    c.threads -= 1;
+                let mut leaving = false;
+                self.count(|c| {
+                    leaving = c.threads > BASE_THREADS;
+                    if leaving {
+                        c.threads -= 1;
+                    }
+                });
+                if leaving {
                     return None;
                 }
                 idle_since = now;
@@ -266,11 +284,8 @@ impl DataPlane {
         // This thread's receive buffer, lent to the connection it serves.
         let mut buf: Option<Box<[u8]>> = None;
         while let Some(mut s) = self.next() {
-            let grow = {
-                let mut c = self.counts.lock();
-                c.busy += 1;
-                c.busy == c.threads && c.threads < self.max_threads
-            };
+            let (threads, busy) = self.count(|c| c.busy += 1);
+            let grow = busy == threads && threads < self.max_threads;
             if grow {
                 // Every thread is serving: one more waits for the others.
                 if let Err(e) = self.add_thread() {
@@ -279,7 +294,7 @@ impl DataPlane {
             }
             s.conn.lend_buffer(buf.take());
             super::data::serve_data(&self.inner, &mut s.conn, &s.ticket);
-            self.counts.lock().busy -= 1;
+            self.count(|c| c.busy -= 1);
             if s.conn.parked() {
                 buf = s.conn.take_buffer();
                 self.park(s);
