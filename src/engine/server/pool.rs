@@ -7,10 +7,13 @@
 //! readiness, the others wait for it); the one that sees a connection ready
 //! serves it itself with [`super::data::serve_data`], lending it the
 //! thread's own receive buffer, until no request is buffered or arrives
-//! within the spin window, then parks it again. So the threads serving N
-//! connections are bounded by [`max_threads`] however large N is (requests
-//! beyond them wait in their sockets), and a parked connection costs its
-//! socket and one map entry.
+//! within the spin window (polled only while another thread is free), then
+//! parks it again. So the threads serving N connections are bounded by
+//! [`max_threads`] however large N is (requests beyond them wait in their
+//! sockets), and a parked connection costs its socket and one map entry.
+//! At the cap one thread keeps waiting for readiness; when every busy one
+//! has held its connection for [`STUCK`] (payloads that trickle), another
+//! is added, up to [`HARD_MAX_THREADS`].
 //!
 //! The waiter also closes connections parked longer than the idle timeout
 //! (`PDX_IDLE_TIMEOUT_MS`); an initiator sees the close at its next use of
@@ -38,8 +41,16 @@ const IDLE_EXIT: Duration = Duration::from_secs(5);
 /// Pool threads kept when idle.
 const BASE_THREADS: usize = 2;
 
-/// The most pool threads: twice the cores, at least 8, at most 32 (each can
-/// be held by a request whose payload trickles in; see SECURITY.md).
+/// Past [`max_threads`], a thread is added only when every busy one has
+/// served its connection for this long (a request whose payload trickles),
+/// up to [`HARD_MAX_THREADS`].
+const STUCK: Duration = Duration::from_millis(200);
+
+/// The most pool threads, however many requests trickle.
+const HARD_MAX_THREADS: usize = 256;
+
+/// The pool's cap: twice the cores, at least 8, at most 32 (past it, see
+/// [`STUCK`]).
 pub(super) fn max_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(2, usize::from);
     (2 * cores).clamp(8, 32)
@@ -87,6 +98,8 @@ struct Lead {
 struct Counts {
     threads: usize,
     busy: usize,
+    /// When each busy thread (by id) took its connection.
+    serving: HashMap<usize, Instant>,
 }
 
 /// The data port's readiness loop and its pool.
@@ -100,6 +113,7 @@ pub(super) struct DataPlane {
     /// Pool threads not serving a connection (connections poll for their
     /// next request only while one is free).
     free: Arc<AtomicUsize>,
+    next_thread: AtomicUsize,
     max_threads: usize,
 }
 
@@ -114,6 +128,7 @@ impl DataPlane {
             lead: Mutex::new(Lead { events: Events::new(), ready: VecDeque::new(), next_scan: Instant::now() }),
             counts: Mutex::new(Counts::default()),
             free: Arc::new(AtomicUsize::new(0)),
+            next_thread: AtomicUsize::new(0),
             max_threads: max_threads(),
         });
         for _ in 0..BASE_THREADS {
@@ -208,7 +223,7 @@ impl DataPlane {
 
     /// The next connection to serve, waiting for readiness as the leader;
     /// `None` when the engine stops or this thread should leave.
-    fn next(&self) -> Option<Served> {
+    fn next(self: &Arc<Self>) -> Option<Served> {
         let mut lead = self.lead.lock();
         let mut idle_since = Instant::now();
         loop {
@@ -222,8 +237,26 @@ impl DataPlane {
                 self.wake(); // the next thread in line sees the stop too
                 return None;
             }
-            if let Some(s) = lead.ready.pop_front() {
-                return Some(s);
+            if !lead.ready.is_empty() {
+                match self.may_serve() {
+                    Some(true) => return lead.ready.pop_front(),
+                    Some(false) => {
+                        // At the cap: keep waiting for readiness (and for a
+                        // busy thread to finish, which wakes us) rather than
+                        // leave nobody waiting.
+                        lead.events.clear();
+                        let _ = self.poller.wait_deadline(&mut lead.events, Instant::now() + STUCK / 2);
+                        self.take_ready(&mut lead);
+                        continue;
+                    }
+                    None => {
+                        // Every busy thread is held by one connection: one more.
+                        if let Err(e) = self.add_thread() {
+                            log::warn!("cannot start another data connection thread ({e})");
+                        }
+                        return lead.ready.pop_front();
+                    }
+                }
             }
             let now = Instant::now();
             if now >= lead.next_scan {
@@ -250,17 +283,42 @@ impl DataPlane {
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
-            let keys: Vec<usize> = lead.events.iter().map(|e| e.key).collect();
-            if keys.is_empty() {
-                continue;
+            if self.take_ready(&mut lead) {
+                idle_since = Instant::now();
             }
-            idle_since = Instant::now();
-            let mut parked = self.parked.lock();
-            for key in keys {
-                if let Some(s) = parked.remove(&key) {
-                    lead.ready.push_back(s);
-                }
+        }
+    }
+
+    /// Move the connections the last wait reported from the map to the
+    /// ready queue; true if there were any.
+    fn take_ready(&self, lead: &mut Lead) -> bool {
+        let keys: Vec<usize> = lead.events.iter().map(|e| e.key).collect();
+        if keys.is_empty() {
+            return false;
+        }
+        let mut parked = self.parked.lock();
+        for key in keys {
+            if let Some(s) = parked.remove(&key) {
+                lead.ready.push_back(s);
             }
+        }
+        true
+    }
+
+    /// Whether the waiter may take a ready connection itself: yes below the
+    /// cap or while another thread is free to wait; no at the cap (`None`
+    /// when a thread should be added: every busy one is stuck).
+    fn may_serve(&self) -> Option<bool> {
+        let c = self.counts.lock();
+        if c.busy + 1 < c.threads || c.threads < self.max_threads {
+            return Some(true);
+        }
+        let now = Instant::now();
+        let stuck = c.serving.values().all(|t| now.saturating_duration_since(*t) >= STUCK);
+        if stuck && c.threads < HARD_MAX_THREADS {
+            None
+        } else {
+            Some(false)
         }
     }
 
@@ -283,8 +341,12 @@ impl DataPlane {
     fn run(self: Arc<Self>) {
         // This thread's receive buffer, lent to the connection it serves.
         let mut buf: Option<Box<[u8]>> = None;
+        let id = self.next_thread.fetch_add(1, Ordering::Relaxed);
         while let Some(mut s) = self.next() {
-            let (threads, busy) = self.count(|c| c.busy += 1);
+            let (threads, busy) = self.count(|c| {
+                c.busy += 1;
+                c.serving.insert(id, Instant::now());
+            });
             let grow = busy == threads && threads < self.max_threads;
             if grow {
                 // Every thread is serving: one more waits for the others.
@@ -294,7 +356,13 @@ impl DataPlane {
             }
             s.conn.lend_buffer(buf.take());
             super::data::serve_data(&self.inner, &mut s.conn, &s.ticket);
-            self.count(|c| c.busy -= 1);
+            let (threads, _) = self.count(|c| {
+                c.busy -= 1;
+                c.serving.remove(&id);
+            });
+            if threads >= self.max_threads {
+                self.wake(); // a waiter holding ready connections at the cap
+            }
             if s.conn.parked() {
                 buf = s.conn.take_buffer();
                 self.park(s);
@@ -400,5 +468,70 @@ mod tests {
         let mut byte = [0u8; 1];
         assert_eq!(clients[0].read(&mut byte).unwrap(), 0, "closed by the target");
         eprintln!("{CONNS} connections: at most {peak} pool threads (cap {})", max_threads());
+    }
+
+    /// As many requests as the pool has threads, each trickling its payload
+    /// (a byte every 50 ms), do not keep another connection's request
+    /// waiting: past the cap, a thread is added once every busy one is held.
+    #[test]
+    fn trickling_requests_do_not_hold_every_thread() {
+        let mut s = Settings::from_env();
+        s.max_data_connections = 4096;
+        s.max_connections_per_address = 4096;
+        let engine = Engine::start_with("127.0.0.1", s).unwrap();
+        let inner = engine.inner.clone();
+        let region = vec![0u8; 4 << 20];
+        engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
+        let plane = DataPlane::start(&inner).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap();
+        let connect = || {
+            let client = TcpStream::connect(at).unwrap();
+            client.set_nodelay(true).unwrap();
+            let (stream, from) = listener.accept().unwrap();
+            let t = Duration::from_secs(10);
+            let conn = Conn::new(stream, t, t).unwrap();
+            let ticket = inner.budget.admit(super::super::Plane::Data, from.ip(), conn.raw_fd()).unwrap();
+            let tracked = inner.registry.track_owned(conn.stream()).unwrap();
+            plane.admit(conn, ticket, tracked);
+            client
+        };
+        let write = |c: &mut TcpStream, size: u64, payload: &[u8]| {
+            let h =
+                RequestHeader { size, addr: region.as_ptr() as u64, direction: Direction::Write, acknowledged: true };
+            let mut request = h.encode().to_vec();
+            request.extend_from_slice(payload);
+            c.write_all(&request).unwrap();
+        };
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            for _ in 0..max_threads() {
+                let mut c = connect();
+                write(&mut c, 1 << 20, &[1]);
+                let stop = &stop;
+                sc.spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(50));
+                        if c.write_all(&[1]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            let mut c = connect();
+            let t0 = Instant::now();
+            write(&mut c, 64, &[2; 64]);
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut status = [0u8; STATUS_LEN];
+            let answered = c.read_exact(&mut status);
+            let took = t0.elapsed();
+            stop.store(true, Ordering::Relaxed);
+            answered.expect("the request was answered");
+            assert_eq!(wire::decode_status(status), Some(wire::STATUS_OK));
+            assert!(took < Duration::from_secs(3), "served after {took:?} behind {} trickling requests", max_threads());
+            assert!(plane.counts.lock().threads <= HARD_MAX_THREADS);
+        });
+        drop(engine);
     }
 }
