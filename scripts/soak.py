@@ -11,6 +11,13 @@ region withdrawn; any other failure is *unexplained*. The report lists
 transfers, bytes, failures expected and seen, and each peer's peak RSS,
 threads and fds against the baseline taken after start (back to baseline
 once its work stops). Exit status 1 on any unexplained failure or mismatch.
+
+With --netns (inside `scripts/netns-testbed --hosts 4`), peer i runs on host
+i of the test bed (its own namespace and address), so every transfer crosses
+a veth link. With --idle-gaps, the targets close data connections idle for
+500 ms (PDX_IDLE_TIMEOUT_MS) and each writer thread pauses 0.5-1.5 s now and
+then, so pooled lanes are closed under the initiators between transfers:
+that must never show as a failure.
 """
 import argparse
 import ctypes
@@ -53,13 +60,13 @@ def proc_stats(pid: str = "self") -> dict:
 # ----------------------------------------------------------------- a peer
 
 
-def peer_main(index: int, workdir: Path, duration: float, seed: int) -> None:
+def peer_main(index: int, workdir: Path, duration: float, seed: int, host: str, idle_gaps: bool) -> None:
     import pdx
 
     rng = random.Random(seed)
     log = open(workdir / f"ops{index}.{os.getpid()}.jsonl", "a", buffering=1)
     before = proc_stats()  # before the engine: what closing it must return to
-    engine = pdx.Engine("127.0.0.1", "tcp")
+    engine = pdx.Engine(host, "tcp")
     region = ctypes.create_string_buffer(REGION)
     base = engine.register(region)
     me = {"session": engine.session_id, "base": base, "pid": os.getpid()}
@@ -88,6 +95,8 @@ def peer_main(index: int, workdir: Path, duration: float, seed: int) -> None:
         src = ctypes.create_string_buffer(SLOT)
         dst = ctypes.create_string_buffer(SLOT)
         while now() < deadline:
+            if idle_gaps and wrng.random() < 0.05:
+                time.sleep(wrng.uniform(0.5, 1.5))  # longer than the targets' idle timeout
             options = targets()
             if not options:
                 time.sleep(0.1)
@@ -175,11 +184,21 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=300.0, help="seconds of load (default 300)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--netns", action="store_true", help="one peer per host of scripts/netns-testbed")
+    ap.add_argument("--idle-gaps", action="store_true", help="500 ms idle timeout, writers pausing past it")
     ap.add_argument("--peer", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer is not None:
-        peer_main(args.peer, args.workdir, args.duration, args.seed)
+        peer_main(args.peer, args.workdir, args.duration, args.seed, args.host, args.idle_gaps)
         return 0
+    hosts = [("", "127.0.0.1")] * PEERS
+    if args.netns:
+        names, addrs = os.environ.get("PDX_TESTBED_NS", "").split(), os.environ.get("PDX_TESTBED_ADDRS", "").split()
+        if len(names) < PEERS:
+            print(f"SKIP: soak --netns needs scripts/netns-testbed --hosts {PEERS}", file=sys.stderr)
+            return 77
+        hosts = list(zip(names, addrs))[:PEERS]
     import tempfile
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pdx-soak-"))
@@ -188,6 +207,8 @@ def main() -> int:
     env.setdefault("RUST_LOG", "error")  # failed transfers are expected here
     for var in ("PDX_PROGRESS_TIMEOUT_MS", "PDX_STATUS_TIMEOUT_MS", "PDX_HANDSHAKE_TIMEOUT_MS", "PDX_CONNECT_TIMEOUT_MS", "PDX_LANE_WAIT_TIMEOUT_MS"):
         env[var] = str(TIMEOUT_S * 1000)
+    if args.idle_gaps:
+        env["PDX_IDLE_TIMEOUT_MS"] = "500"
     rng = random.Random(args.seed)
     end = now() + args.duration
     procs = {}
@@ -195,7 +216,12 @@ def main() -> int:
 
     def start(i: int, remaining: float) -> None:
         (workdir / f"peer{i}.json").unlink(missing_ok=True)
-        cmd = [sys.executable, __file__, "--peer", str(i), "--workdir", str(workdir), "--duration", str(max(remaining, 1.0)), "--seed", str(rng.randrange(1 << 30))]
+        ns, host = hosts[i]
+        cmd = [sys.executable, __file__, "--peer", str(i), "--workdir", str(workdir), "--duration", str(max(remaining, 1.0)), "--seed", str(rng.randrange(1 << 30)), "--host", host]
+        if args.idle_gaps:
+            cmd.append("--idle-gaps")
+        if ns:
+            cmd = ["ip", "netns", "exec", ns, *cmd]
         procs[i] = subprocess.Popen(cmd, env=env)
         while not (workdir / f"peer{i}.json").exists():
             if procs[i].poll() is not None:
@@ -261,7 +287,8 @@ def main() -> int:
     expected = [o for o in failed if explained(o)]
     unexplained = [o for o in failed if not explained(o)]
     moved = sum(2 * o["size"] for o in ok)
-    print(f"soak: {args.duration:.0f} s, {PEERS} peers x {THREADS} threads, {kills} kills, {stops} stops, {len(withdrawals)} withdrawals")
+    where = f"{PEERS} hosts ({', '.join(h for _, h in hosts)})" if args.netns else "loopback"
+    print(f"soak: {args.duration:.0f} s, {PEERS} peers x {THREADS} threads on {where}, {kills} kills, {stops} stops, {len(withdrawals)} withdrawals{', idle gaps' if args.idle_gaps else ''}")
     print(f"transfers: {len(ops)} write+read pairs, {len(ok)} verified, {moved / 1e9:.2f} GB moved and checksummed")
     print(f"failures: {len(failed)} seen, {len(expected)} expected, {len(unexplained)} unexplained; {len(bad_crc)} unexplained checksum mismatches")
     for o in (unexplained + bad_crc)[:10]:

@@ -2,7 +2,8 @@
 # Runs every test: the lint gates (rustfmt, clippy with warnings as errors),
 # cargo (unit, integration, header freshness), the C tests under ctest with
 # AddressSanitizer, install plus C/C++ consumer programs, the Python
-# ctypes tests and a 60 s soak (scripts/soak.sh).
+# ctypes tests, a 60 s soak (scripts/soak.sh) and a 30 s soak across 4
+# hosts in network namespaces (scripts/soak-netns.sh; SKIP when not root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,3 +27,6 @@ python3 -m pytest -q python
 
 echo "== soak (60 s: 4 processes, kills, stops, withdrawals, checksums)"
 scripts/soak.sh 60
+
+echo "== soak across 4 namespaced hosts (30 s: kills, stops, withdrawals, idle gaps; SKIP when not root)"
+scripts/soak-netns.sh 30

@@ -7,7 +7,7 @@
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::net::{Shutdown, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use socket2::SockRef;
 
@@ -29,9 +29,32 @@ pub struct Conn {
     end: usize,
     /// How long a receive polls before it blocks (see [`Conn::set_spin`]).
     spin: Spin,
+    /// The window [`Conn::set_spin`] was last given.
+    spin_max: Option<Duration>,
+    /// Poll only while this is non-zero (a pool's free threads: a thread
+    /// polling one connection while every other is busy would keep ready
+    /// connections waiting).
+    spin_while: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
     /// A task's stall clock (lanes): socket timeouts are then short slices
     /// and a blocked call gives up only once the clock says so.
     stall: Option<Paced>,
+    /// How long [`Conn::recv_header_idle`] waits for the first byte of a
+    /// request before it reports the connection idle (`None`: forever).
+    idle: Option<Duration>,
+    /// Served from a readiness loop: instead of blocking for the next
+    /// request, [`Conn::recv_header_idle`] gives the connection back (see
+    /// [`Conn::set_park_when_idle`]).
+    park_when_idle: bool,
+    /// It gave the connection back with nothing buffered.
+    parked: bool,
+    /// It has been parked after a request (its first request is behind it).
+    resumed: bool,
+    /// A request header was read from it.
+    seen_header: bool,
+    /// Parked and not read since: the readiness loop hands it back when
+    /// bytes are there, so the first receive takes them without polling
+    /// (and without counting as a poll that caught them).
+    woken: bool,
 }
 
 /// The stall clock of the task a lane currently serves, with its limits.
@@ -65,7 +88,15 @@ impl Conn {
             start: 0,
             end: 0,
             spin: Spin::new(Duration::ZERO),
+            spin_max: None,
+            spin_while: None,
             stall: None,
+            idle: None,
+            park_when_idle: false,
+            parked: false,
+            resumed: false,
+            seen_header: false,
+            woken: false,
         })
     }
 
@@ -123,8 +154,86 @@ impl Conn {
     /// within the window is taken without a sleep and a wake-up, which on a
     /// virtual machine cost tens of microseconds per round trip.
     /// The window adapts (see [`super::spin`]).
+    /// Setting the same window again keeps what it learned (a parked
+    /// connection resumes with the window it had).
     pub fn set_spin(&mut self, spin: Duration) {
-        self.spin = Spin::new(spin);
+        if self.spin_max != Some(spin) {
+            self.spin = Spin::new(spin);
+            self.spin_max = Some(spin);
+        }
+    }
+
+    /// Close this (server) connection once no request has begun for
+    /// `idle` (see [`Conn::recv_header_idle`]).
+    pub fn set_idle_timeout(&mut self, idle: Duration) {
+        self.idle = Some(idle);
+    }
+
+    /// Poll for the next bytes only while `free` is non-zero (see
+    /// [`Conn::set_spin`]).
+    pub fn set_spin_while(&mut self, free: std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        self.spin_while = Some(free);
+    }
+
+    /// Serve from a readiness loop: when no request is buffered or arrives
+    /// within the spin window, [`Conn::recv_header_idle`] returns `Ok(None)`
+    /// with [`Conn::parked`] true instead of blocking.
+    pub fn set_park_when_idle(&mut self, park: bool) {
+        self.park_when_idle = park;
+    }
+
+    /// True if the last [`Conn::recv_header_idle`] gave the connection back
+    /// idle (nothing buffered) rather than at its end.
+    pub fn parked(&self) -> bool {
+        self.parked
+    }
+
+    /// True once the connection was parked after a request: what is read
+    /// next is not its first request.
+    pub fn resumed(&self) -> bool {
+        self.resumed
+    }
+
+    /// Give up the receive buffer while nothing is buffered (a parked
+    /// connection holds none); `None` if bytes are buffered or it has none.
+    pub fn take_buffer(&mut self) -> Option<Box<[u8]>> {
+        if self.buffered() > 0 || self.buf.is_empty() {
+            return None;
+        }
+        (self.start, self.end) = (0, 0);
+        Some(std::mem::take(&mut self.buf))
+    }
+
+    /// Give the connection a receive buffer again: `buf`, or a new one.
+    pub fn lend_buffer(&mut self, buf: Option<Box<[u8]>>) {
+        if self.buf.is_empty() {
+            self.buf = buf.filter(|b| b.len() == RECV_BUF).unwrap_or_else(|| vec![0u8; RECV_BUF].into_boxed_slice());
+            (self.start, self.end) = (0, 0);
+        }
+    }
+
+    /// Wait until the socket has something to read (bytes, end of stream or
+    /// an error) or `by` passes; true if readable. Interrupted waits resume.
+    fn readable_by(&self, by: Instant) -> io::Result<bool> {
+        loop {
+            let left = by.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            let mut fds = libc::pollfd { fd: self.raw_fd(), events: libc::POLLIN, revents: 0 };
+            let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+            // SAFETY: one valid pollfd for the call.
+            match unsafe { libc::poll(&mut fds, 1, ms) } {
+                n if n > 0 => return Ok(true),
+                0 => {}
+                _ => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
     }
 
     /// The socket's descriptor (to shut it down from another thread).
@@ -250,6 +359,13 @@ impl Conn {
     /// `want` is how many bytes would complete what the caller waits for
     /// (a shorter delivery turns polling off for the next receive).
     fn fill(&mut self, want: usize) -> io::Result<usize> {
+        self.fill_by(want, None, false)
+    }
+
+    /// [`Conn::fill`], but when nothing is readable by `idle_by` (checked
+    /// only before blocking), `TimedOut` without a receive; with `park`,
+    /// `WouldBlock` instead of blocking at all.
+    fn fill_by(&mut self, want: usize, idle_by: Option<Instant>, park: bool) -> io::Result<usize> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -261,7 +377,22 @@ impl Conn {
         let free = self.buf.len() - self.end;
         // SAFETY: the tail of our own buffer is writable.
         let tail = unsafe { self.buf.as_mut_ptr().add(self.end) };
-        let window = self.spin.window();
+        if std::mem::take(&mut self.woken) {
+            // SAFETY: as above.
+            match unsafe { self.recv_once(tail, free, libc::MSG_DONTWAIT) } {
+                Ok(n) => {
+                    self.end += n;
+                    self.spin.delivered(n, want.min(free), true);
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {} // woken for nothing: as usual
+                Err(e) => return Err(e),
+            }
+        }
+        let mut window = self.spin.window();
+        if self.spin_while.as_ref().is_some_and(|free| free.load(std::sync::atomic::Ordering::Relaxed) == 0) {
+            window = Duration::ZERO;
+        }
         if !window.is_zero() {
             let started = std::time::Instant::now();
             loop {
@@ -282,6 +413,24 @@ impl Conn {
                 std::hint::spin_loop();
             }
             self.spin.miss();
+        }
+        if park {
+            // SAFETY: as above.
+            return match unsafe { self.recv_once(tail, free, libc::MSG_DONTWAIT) } {
+                Ok(n) => {
+                    self.end += n;
+                    Ok(n)
+                }
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    Err(io::Error::new(io::ErrorKind::WouldBlock, "no request: park"))
+                }
+                Err(e) => Err(e),
+            };
+        }
+        if let Some(by) = idle_by {
+            if !self.readable_by(by)? {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "idle"));
+            }
         }
         // SAFETY: as above.
         let n = unsafe { self.recv_once(tail, free, 0)? };
@@ -353,26 +502,38 @@ impl Conn {
     }
 
     /// Wait for the next request header on an idle server connection.
-    /// Returns `Ok(None)` on a clean end of stream before any byte, and keeps
-    /// waiting through receive timeouts while no byte of the header has
-    /// arrived (idle connections are never closed) unless `stop()`.
+    /// Returns `Ok(None)` on a clean end of stream before any byte, once no
+    /// byte of the header has arrived within the idle timeout (when one is
+    /// set, see [`Conn::set_idle_timeout`]), or when `stop()`; keeps waiting
+    /// through receive timeouts while no byte of the header has arrived.
     pub fn recv_header_idle<const N: usize>(&mut self, stop: &dyn Fn() -> bool) -> io::Result<Option<[u8; N]>> {
+        let idle_by = self.idle.map(|d| Instant::now() + d);
+        self.parked = false;
         while self.buffered() < N {
             if stop() {
                 return Ok(None);
             }
             let had = self.buffered();
-            match self.fill(N - had) {
+            match self.fill_by(N - had, idle_by.filter(|_| had == 0), self.park_when_idle && had == 0) {
                 Ok(0) if had == 0 => return Ok(None),
                 Ok(0) => return Err(Self::eof()),
                 Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::TimedOut && had == 0 => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && had == 0 => {
+                    (self.parked, self.resumed, self.woken) = (true, self.seen_header, true);
+                    return Ok(None);
+                }
+                Err(e) if e.kind() == io::ErrorKind::TimedOut && had == 0 => {
+                    if idle_by.is_some_and(|by| Instant::now() >= by) {
+                        return Ok(None);
+                    }
+                }
                 Err(e) => return Err(e),
             }
         }
         let mut out = [0u8; N];
         out.copy_from_slice(&self.buf[self.start..self.start + N]);
         self.start += N;
+        self.seen_header = true;
         Ok(Some(out))
     }
 
@@ -429,6 +590,27 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         assert!(!b.idle_and_alive());
         assert!(b.recv_header_idle::<4>(&|| false).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_idle_timeout_ends_the_wait_for_a_request_but_not_one_begun() {
+        let (a, mut b) = pair();
+        b.set_spin(Duration::from_micros(50));
+        b.set_idle_timeout(Duration::from_millis(100));
+        let t0 = Instant::now();
+        assert!(b.recv_header_idle::<4>(&|| false).unwrap().is_none(), "idle: no request");
+        assert!(t0.elapsed() >= Duration::from_millis(100));
+        a.send_all(&[1, 2, 3, 4]).unwrap();
+        assert_eq!(b.recv_header_idle::<4>(&|| false).unwrap(), Some([1, 2, 3, 4]));
+        // A header begun before the idle timeout is waited for as before.
+        a.send_all(&[5]).unwrap();
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            a.send_all(&[6, 7, 8]).unwrap();
+            a
+        });
+        assert_eq!(b.recv_header_idle::<4>(&|| false).unwrap(), Some([5, 6, 7, 8]));
+        drop(sender.join().unwrap());
     }
 
     #[test]

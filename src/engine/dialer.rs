@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -119,49 +119,95 @@ impl Dialer {
     /// (Mooncake serves handshakes one at a time, so lingering would stall its
     /// other clients).
     pub fn exchange_by(&self, addr: &SessionAddr, kind: FrameType, json: &str, by: Option<Instant>) -> Result<Vec<u8>> {
+        // A target closes the oldest handshake connections when more arrive
+        // than it serves at once (hundreds of peers starting together): a
+        // request that may be repeated (metadata, probe) whose connection was
+        // closed before the reply is sent again, up to 3 more times, after
+        // random pauses growing from tens to hundreds of milliseconds, all
+        // within the exchange's bound.
+        let repeatable = matches!(kind, FrameType::Metadata | FrameType::Probe);
+        let bound = Instant::now() + self.settings.handshake_timeout;
+        let bound = by.map_or(bound, |by| by.min(bound));
+        let mut pause_ms = 20;
+        for _ in 0..3 {
+            match self.exchange_once(addr, kind, json, by) {
+                Err((e, true)) if repeatable && !self.registry.stopping() => {
+                    let pause = Duration::from_millis(fastrand::u64(pause_ms / 4..=pause_ms));
+                    if Instant::now() + pause >= bound {
+                        return Err(e);
+                    }
+                    log::debug!("{e}; asking again in {pause:?}");
+                    std::thread::sleep(pause);
+                    pause_ms *= 4;
+                }
+                other => return other.map_err(|(e, _)| e),
+            }
+        }
+        self.exchange_once(addr, kind, json, by).map_err(|(e, _)| e)
+    }
+
+    /// One [`exchange_by`](Self::exchange_by); the error says whether the
+    /// connection was closed under the exchange (end of stream or reset
+    /// before the whole reply).
+    fn exchange_once(
+        &self,
+        addr: &SessionAddr,
+        kind: FrameType,
+        json: &str,
+        by: Option<Instant>,
+    ) -> std::result::Result<Vec<u8>, (Error, bool)> {
         let settings = &self.settings;
-        let mut stream = connect_by(settings, &addr.host, addr.port, by)?;
+        let mut stream = connect_by(settings, &addr.host, addr.port, by).map_err(|e| (e, false))?;
         // Tracked so that stopping the engine interrupts a peer that never answers.
-        let _tracked =
-            self.registry.track(&stream).ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
+        let _tracked = self
+            .registry
+            .track(&stream)
+            .ok_or_else(|| (Error::new(ErrorKind::Shutdown, "engine is shutting down"), false))?;
         let where_ = format!("handshake with {}:{}", addr.host, addr.port);
         let mut deadline = Instant::now() + settings.handshake_timeout;
         if let Some(by) = by {
             deadline = deadline.min(by);
         }
         let io_err = |e: std::io::Error| {
+            use std::io::ErrorKind as Io;
             if self.registry.stopping() {
-                return Error::new(ErrorKind::Shutdown, format!("{where_}: engine is shutting down"));
+                return (Error::new(ErrorKind::Shutdown, format!("{where_}: engine is shutting down")), false);
             }
-            if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
-                return Error::timeout(format!("{where_}: no complete reply within {:?}", settings.handshake_timeout));
+            if matches!(e.kind(), Io::WouldBlock | Io::TimedOut) {
+                let e = Error::timeout(format!("{where_}: no complete reply within {:?}", settings.handshake_timeout));
+                return (e, false);
             }
-            Error::new(ErrorKind::PeerUnreachable, format!("{where_}: {e}"))
+            let closed = matches!(e.kind(), Io::UnexpectedEof | Io::ConnectionReset | Io::BrokenPipe);
+            (Error::new(ErrorKind::PeerUnreachable, format!("{where_}: {e}")), closed)
         };
         stream.set_nodelay(true).map_err(io_err)?;
         let mut bounded = BoundedStream::new(&mut stream, deadline);
         let frame = wire::encode_frame(kind, json);
         match &self.secret {
             // Mutual proof of the peer secret first (see [`super::auth`]).
-            Some(secret) => super::auth::client_handshake(&mut bounded, secret, &frame, &where_)?,
+            Some(secret) => {
+                super::auth::client_handshake(&mut bounded, secret, &frame, &where_).map_err(|e| (e, false))?
+            }
             None => bounded.write_all(&frame).map_err(io_err)?,
         }
         let mut prefix = [0u8; 8];
         bounded.read_exact(&mut prefix).map_err(io_err)?;
         let length = wire::check_frame_length(prefix, settings.handshake_max_len)
-            .map_err(|e| Error::protocol(format!("{where_}: reply length refused ({e:?})")))?;
+            .map_err(|e| (Error::protocol(format!("{where_}: reply length refused ({e:?})")), false))?;
         let mut body = Vec::with_capacity(length.min(64 * 1024));
         (&mut bounded).take(length as u64).read_to_end(&mut body).map_err(io_err)?;
         if body.len() != length {
-            return Err(Error::new(ErrorKind::ConnectionLost, format!("{where_}: reply truncated")));
+            return Err((Error::new(ErrorKind::ConnectionLost, format!("{where_}: reply truncated")), true));
         }
         if let Some(refusal) = super::auth::decode_frame_body(&body) {
             let why = refusal.error.unwrap_or_else(|| "it asked for authentication".to_owned());
-            return Err(Error::new(ErrorKind::PeerUnreachable, format!("{where_}: peer authentication failed: {why}")));
+            let e = Error::new(ErrorKind::PeerUnreachable, format!("{where_}: peer authentication failed: {why}"));
+            return Err((e, false));
         }
         let (got, json) = wire::split_frame_body(&body);
         if got != kind {
-            return Err(Error::protocol(format!("{where_}: reply type {got:?} does not match request {kind:?}")));
+            let e = Error::protocol(format!("{where_}: reply type {got:?} does not match request {kind:?}"));
+            return Err((e, false));
         }
         Ok(json.to_vec())
     }

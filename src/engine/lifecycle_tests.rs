@@ -27,7 +27,7 @@ fn engine_on(rpc: Option<u16>, data: Option<u16>) -> Engine {
 }
 
 /// A port nothing listens on now.
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
@@ -100,7 +100,7 @@ fn a_pdx_peer_that_is_gone_fails_clearly_when_its_name_is_not_taken_again() {
 
 /// A handshake server that answers Metadata with whatever `desc` holds now
 /// and counts the requests (a Mooncake peer: no instance in its descriptor).
-fn fake_mooncake_session(desc: Arc<Mutex<String>>, fetches: Arc<AtomicUsize>) -> String {
+pub(super) fn fake_mooncake_session(desc: Arc<Mutex<String>>, fetches: Arc<AtomicUsize>) -> String {
     let rpc = TcpListener::bind("127.0.0.1:0").unwrap();
     let session = format!("127.0.0.1:{}", rpc.local_addr().unwrap().port());
     std::thread::spawn(move || {
@@ -130,7 +130,7 @@ fn fake_mooncake_session(desc: Arc<Mutex<String>>, fetches: Arc<AtomicUsize>) ->
 }
 
 /// Mooncake's descriptor: no `pdx_instance`.
-fn mooncake_descriptor(session: &str, data_port: u16, buf: &[u8]) -> String {
+pub(super) fn mooncake_descriptor(session: &str, data_port: u16, buf: &[u8]) -> String {
     let with = encode_descriptor(
         session,
         "00",

@@ -53,6 +53,8 @@ mod hardening_tests;
 mod lifecycle_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod traffic_tests;
 
 use std::net::{IpAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;

@@ -103,7 +103,8 @@ impl Peer {
     /// engine there confirm it is the instance `desc` names (see
     /// [`super::hello`]), all by `by`.
     fn connect_to(&self, desc: &PeerDescriptor, by: Instant) -> Result<TcpStream> {
-        let mut stream = super::dialer::connect_by(&self.dialer.settings, &desc.data_host, desc.data_port, Some(by))?;
+        let mut stream = super::dialer::connect_by(&self.dialer.settings, &desc.data_host, desc.data_port, Some(by))
+            .map_err(|e| e.context(format!("data connection to {} (as its descriptor advertises)", self.session)))?;
         if let Some(instance) = &desc.instance {
             let what = format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session);
             let by = by.min(Instant::now() + self.dialer.settings.handshake_timeout);

@@ -57,6 +57,8 @@ pub struct Settings {
     pub notify_queue_bytes: usize,
     /// Inbound connections kept per peer address.
     pub max_connections_per_address: usize,
+    /// Inbound data connections with no request for this long are closed.
+    pub idle_timeout: Duration,
     /// Cap on pinned host memory for staging device memory
     /// (`PDX_CUDA_STAGING_BYTES`).
     pub staging_bytes: usize,
@@ -123,6 +125,7 @@ impl Settings {
             max_request_bytes: read(env, &PDX_MAX_REQUEST_BYTES).unwrap_or(1 << 40),
             notify_queue_bytes: read(env, &PDX_NOTIFY_QUEUE_BYTES).unwrap_or(8 << 20),
             max_connections_per_address: read(env, &PDX_MAX_CONNECTIONS_PER_ADDRESS).unwrap_or(256),
+            idle_timeout: read(env, &PDX_IDLE_TIMEOUT_MS).unwrap_or(Duration::from_secs(300)),
             staging_bytes: staging_bytes(env),
             metrics_per_peer: read(env, &PDX_METRICS_PER_PEER).unwrap_or(false),
             metrics_interval: read(env, &PDX_METRICS_INTERVAL_S).unwrap_or(Duration::ZERO),

@@ -74,9 +74,12 @@ fn refused_unauthenticated(inner: &Inner, conn: &Conn, why: &str) {
 
 pub(super) fn serve_data(inner: &Inner, conn: &mut Conn, ticket: &super::super::budget::Ticket) {
     conn.set_spin(inner.settings.spin);
+    conn.set_idle_timeout(inner.settings.idle_timeout);
     let mut acks = Acks::default();
     let stopping = || inner.registry.stopping();
-    let mut first = true;
+    // Only a connection's first request may be a hello (a connection served
+    // from the readiness loop may have been parked after it).
+    let mut first = !conn.resumed();
     loop {
         let header = match conn.recv_header_idle::<HEADER_LEN>(&stopping) {
             // Only a connection's first request may be a hello.

@@ -1,13 +1,15 @@
 //! Serving the two listeners (bound in [`super::listen`]): the accept loop
 //! here, the handshake port in [`handshake`] (one framed JSON request per
-//! connection) and the data port in [`data`] (persistent connections
-//! carrying 24-byte requests). Everything a peer sends is bounded and
+//! connection, on a thread of its own) and the data port in [`data`]
+//! (persistent connections carrying 24-byte requests, served by the
+//! bounded pool of [`pool`]). Everything a peer sends is bounded and
 //! checked; a bad peer loses its connection, never the engine.
 
 mod acks;
 mod data;
 mod device;
 mod handshake;
+mod pool;
 
 use std::io;
 use std::net::TcpListener;
@@ -78,17 +80,28 @@ impl AcceptBackoff {
     }
 }
 
-/// Accept connections until the engine stops; one thread per admitted
-/// connection (see [`super::budget`] for the caps and eviction).
+/// Accept connections until the engine stops (see [`super::budget`] for
+/// the caps and eviction): a handshake connection gets a thread for its
+/// one exchange; a data connection goes to the pool of [`pool`] (or, if
+/// that could not start, a thread of its own).
 pub fn accept_loop(inner: Arc<Inner>, listener: TcpListener, plane: Plane) {
     let mut backoff = AcceptBackoff::default();
     let name = match plane {
         Plane::Handshake => "pdx-handshake",
         Plane::Data => "pdx-data",
     };
+    let pool = match plane {
+        Plane::Handshake => None,
+        Plane::Data => pool::DataPlane::start(&inner)
+            .map_err(|e| log::warn!("data connections get a thread each: the readiness loop cannot start ({e})"))
+            .ok(),
+    };
     loop {
         let accepted = listener.accept();
         if inner.registry.stopping() {
+            if let Some(pool) = &pool {
+                pool.wake();
+            }
             return;
         }
         let (stream, from) = match accepted {
@@ -107,6 +120,14 @@ pub fn accept_loop(inner: Arc<Inner>, listener: TcpListener, plane: Plane) {
             Stats::bump(&inner.stats.connections_refused_address);
             drop(stream);
             inner.access.log_refusal(from.ip(), &format!("not in the allowed peers ({plane:?} port)"));
+            continue;
+        }
+        if let (Some(pool), Plane::Data) = (&pool, plane) {
+            let t = inner.settings.progress_timeout;
+            let Ok(conn) = Conn::new(stream, t, t) else { continue };
+            let Some(ticket) = inner.budget.admit(plane, from.ip(), conn.raw_fd()) else { continue };
+            let Some(tracked) = inner.registry.track_owned(conn.stream()) else { continue };
+            pool.admit(conn, ticket, tracked);
             continue;
         }
         let inner2 = inner.clone();

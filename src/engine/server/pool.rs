@@ -1,0 +1,537 @@
+//! The data port's connections, served by a bounded pool of threads.
+//!
+//! A connection with no request in flight is *parked*: registered with a
+//! readiness loop (epoll through the `polling` crate, one-shot), holding no
+//! receive buffer and no thread. Pool threads take turns as the loop's
+//! waiter (leader/follower: whoever holds [`DataPlane::lead`] waits for
+//! readiness, the others wait for it); the one that sees a connection ready
+//! serves it itself with [`super::data::serve_data`], lending it the
+//! thread's own receive buffer, until no request is buffered or arrives
+//! within the spin window (polled only while another thread is free), then
+//! parks it again. So the threads serving N connections are bounded by
+//! [`max_threads`] however large N is (requests beyond them wait in their
+//! sockets), and a parked connection costs its socket and one map entry.
+//! At the cap one thread keeps waiting for readiness; when every busy one
+//! has held its connection for [`STUCK`] (payloads that trickle), another
+//! is added, up to [`HARD_MAX_THREADS`].
+//!
+//! The waiter also closes connections parked longer than the idle timeout
+//! (`PDX_IDLE_TIMEOUT_MS`); an initiator sees the close at its next use of
+//! the lane and opens another.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use polling::{Event, Events, Poller};
+
+use super::super::budget::Ticket;
+use super::super::conn::Conn;
+use super::super::registry::OwnedSocketGuard;
+use super::super::Inner;
+use crate::transfer::stats::Stats;
+
+/// How long a pool thread above the base count may wait for work before it
+/// leaves.
+const IDLE_EXIT: Duration = Duration::from_secs(5);
+
+/// Pool threads kept when idle.
+const BASE_THREADS: usize = 2;
+
+/// Past [`max_threads`], a thread is added only when every busy one has
+/// served its connection for this long (a request whose payload trickles),
+/// up to [`HARD_MAX_THREADS`].
+const STUCK: Duration = Duration::from_millis(200);
+
+/// The most pool threads, however many requests trickle.
+const HARD_MAX_THREADS: usize = 256;
+
+/// The pool's cap: twice the cores, at least 8, at most 32 (past it, see
+/// [`STUCK`]).
+pub(super) fn max_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, usize::from);
+    (2 * cores).clamp(8, 32)
+}
+
+/// Counts an inbound data connection as open while it lives.
+struct OpenData(Arc<Inner>);
+
+impl OpenData {
+    fn new(inner: &Arc<Inner>) -> OpenData {
+        Stats::bump(&inner.stats.inbound_connections);
+        inner.stats.inbound_open.fetch_add(1, Ordering::Relaxed);
+        OpenData(inner.clone())
+    }
+}
+
+impl Drop for OpenData {
+    fn drop(&mut self) {
+        self.0.stats.inbound_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An admitted data connection. Fields drop in order: the ticket and the
+/// registry entry (both name the descriptor) before the socket closes.
+pub(super) struct Served {
+    ticket: Ticket,
+    _tracked: OwnedSocketGuard,
+    _open: OpenData,
+    conn: Conn,
+    /// Registered with the poller (then it must be deleted before closing).
+    registered: bool,
+    /// When it was last parked.
+    since: Instant,
+}
+
+/// The waiter's state (held by the thread waiting for readiness).
+struct Lead {
+    events: Events,
+    /// Connections seen ready and not yet taken by a thread.
+    ready: VecDeque<Served>,
+    next_scan: Instant,
+}
+
+#[derive(Default)]
+struct Counts {
+    threads: usize,
+    busy: usize,
+    /// When each busy thread (by id) took its connection.
+    serving: HashMap<usize, Instant>,
+}
+
+/// The data port's readiness loop and its pool.
+pub(super) struct DataPlane {
+    inner: Arc<Inner>,
+    poller: Poller,
+    parked: Mutex<HashMap<usize, Served>>,
+    next_key: AtomicUsize,
+    lead: Mutex<Lead>,
+    counts: Mutex<Counts>,
+    /// Pool threads not serving a connection (connections poll for their
+    /// next request only while one is free).
+    free: Arc<AtomicUsize>,
+    next_thread: AtomicUsize,
+    max_threads: usize,
+}
+
+impl DataPlane {
+    /// A data plane with its base threads started.
+    pub(super) fn start(inner: &Arc<Inner>) -> std::io::Result<Arc<DataPlane>> {
+        let plane = Arc::new(DataPlane {
+            inner: inner.clone(),
+            poller: Poller::new()?,
+            parked: Mutex::new(HashMap::new()),
+            next_key: AtomicUsize::new(1),
+            lead: Mutex::new(Lead { events: Events::new(), ready: VecDeque::new(), next_scan: Instant::now() }),
+            counts: Mutex::new(Counts::default()),
+            free: Arc::new(AtomicUsize::new(0)),
+            next_thread: AtomicUsize::new(0),
+            max_threads: max_threads(),
+        });
+        for _ in 0..BASE_THREADS {
+            plane.add_thread()?;
+        }
+        Ok(plane)
+    }
+
+    fn add_thread(self: &Arc<Self>) -> std::io::Result<()> {
+        self.count(|c| c.threads += 1);
+        let me = self.clone();
+        let spawned = self.inner.registry.spawn("pdx-data".to_owned(), move || me.run());
+        if spawned.is_err() {
+            self.count(|c| c.threads -= 1);
+        }
+        spawned
+    }
+
+    /// Change the counts (and the free threads with them); returns them.
+    fn count(&self, change: impl FnOnce(&mut Counts)) -> (usize, usize) {
+        let mut c = self.counts.lock();
+        change(&mut c);
+        self.free.store(c.threads.saturating_sub(c.busy), Ordering::Relaxed);
+        (c.threads, c.busy)
+    }
+
+    /// Wake the waiter (the engine is stopping).
+    pub(super) fn wake(&self) {
+        let _ = self.poller.notify();
+    }
+
+    /// Admit a new connection: parked until its first request arrives.
+    pub(super) fn admit(&self, conn: Conn, ticket: Ticket, tracked: OwnedSocketGuard) {
+        let mut conn = conn;
+        conn.set_park_when_idle(true);
+        conn.set_spin_while(self.free.clone());
+        drop(conn.take_buffer());
+        let served = Served {
+            ticket,
+            _tracked: tracked,
+            _open: OpenData::new(&self.inner),
+            conn,
+            registered: false,
+            since: Instant::now(),
+        };
+        self.park(served);
+    }
+
+    /// Register `s` for its next request (one readiness event).
+    fn park(&self, mut s: Served) {
+        if self.inner.registry.stopping() {
+            self.close(s);
+            return;
+        }
+        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        let fd = s.conn.raw_fd();
+        s.since = Instant::now();
+        let was_registered = s.registered;
+        s.registered = true;
+        // Armed under the map's lock: the waiter cannot close it (and the
+        // descriptor be reused) between the insert and the registration.
+        let mut parked = self.parked.lock();
+        let armed = if was_registered {
+            // SAFETY: the socket is open (owned by `s`, in the map) for the call.
+            self.poller.modify(unsafe { BorrowedFd::borrow_raw(fd) }, Event::readable(key))
+        } else {
+            // SAFETY: the descriptor stays open until `close` deletes it
+            // from the poller (every `Served` leaves through `close`).
+            unsafe { self.poller.add(fd, Event::readable(key)) }
+        };
+        match armed {
+            Ok(()) => {
+                parked.insert(key, s);
+            }
+            Err(e) => {
+                drop(parked);
+                log::warn!("data connection: cannot register with the readiness loop: {e}");
+                s.registered = was_registered;
+                self.close(s);
+            }
+        }
+    }
+
+    /// Close a connection (deleted from the poller first).
+    fn close(&self, s: Served) {
+        if s.registered {
+            // SAFETY: the socket is still open (owned by `s`).
+            let _ = self.poller.delete(unsafe { BorrowedFd::borrow_raw(s.conn.raw_fd()) });
+        }
+        drop(s);
+    }
+
+    /// The next connection to serve, waiting for readiness as the leader;
+    /// `None` when the engine stops or this thread should leave.
+    fn next(self: &Arc<Self>) -> Option<Served> {
+        let mut lead = self.lead.lock();
+        let mut idle_since = Instant::now();
+        loop {
+            if self.inner.registry.stopping() {
+                let parked: Vec<Served> = self.parked.lock().drain().map(|(_, s)| s).collect();
+                let ready: Vec<Served> = lead.ready.drain(..).collect();
+                drop(lead);
+                for s in parked.into_iter().chain(ready) {
+                    self.close(s);
+                }
+                self.wake(); // the next thread in line sees the stop too
+                return None;
+            }
+            if !lead.ready.is_empty() {
+                match self.may_serve() {
+                    Some(true) => return lead.ready.pop_front(),
+                    Some(false) => {
+                        // At the cap: keep waiting for readiness (and for a
+                        // busy thread to finish, which wakes us) rather than
+                        // leave nobody waiting.
+                        lead.events.clear();
+                        let _ = self.poller.wait_deadline(&mut lead.events, Instant::now() + STUCK / 2);
+                        self.take_ready(&mut lead);
+                        continue;
+                    }
+                    None => {
+                        // Every busy thread is held by one connection: one more.
+                        if let Err(e) = self.add_thread() {
+                            log::warn!("cannot start another data connection thread ({e})");
+                        }
+                        return lead.ready.pop_front();
+                    }
+                }
+            }
+            let now = Instant::now();
+            if now >= lead.next_scan {
+                self.close_idle(now);
+                lead.next_scan = now + scan_interval(self.inner.settings.idle_timeout);
+            }
+            if now.saturating_duration_since(idle_since) >= IDLE_EXIT {
+                let mut leaving = false;
+                self.count(|c| {
+                    leaving = c.threads > BASE_THREADS;
+                    if leaving {
+                        c.threads -= 1;
+                    }
+                });
+                if leaving {
+                    return None;
+                }
+                idle_since = now;
+            }
+            let deadline = lead.next_scan.min(idle_since + IDLE_EXIT);
+            lead.events.clear();
+            if let Err(e) = self.poller.wait_deadline(&mut lead.events, deadline) {
+                log::warn!("data connections: readiness wait failed: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            if self.take_ready(&mut lead) {
+                idle_since = Instant::now();
+            }
+        }
+    }
+
+    /// Move the connections the last wait reported from the map to the
+    /// ready queue; true if there were any.
+    fn take_ready(&self, lead: &mut Lead) -> bool {
+        let keys: Vec<usize> = lead.events.iter().map(|e| e.key).collect();
+        if keys.is_empty() {
+            return false;
+        }
+        let mut parked = self.parked.lock();
+        for key in keys {
+            if let Some(s) = parked.remove(&key) {
+                lead.ready.push_back(s);
+            }
+        }
+        true
+    }
+
+    /// Whether the waiter may take a ready connection itself: yes below the
+    /// cap or while another thread is free to wait; no at the cap (`None`
+    /// when a thread should be added: every busy one is stuck).
+    fn may_serve(&self) -> Option<bool> {
+        let c = self.counts.lock();
+        if c.busy + 1 < c.threads || c.threads < self.max_threads {
+            return Some(true);
+        }
+        let now = Instant::now();
+        let stuck = c.serving.values().all(|t| now.saturating_duration_since(*t) >= STUCK);
+        if stuck && c.threads < HARD_MAX_THREADS {
+            None
+        } else {
+            Some(false)
+        }
+    }
+
+    /// Close the connections parked longer than the idle timeout.
+    fn close_idle(&self, now: Instant) {
+        let idle = self.inner.settings.idle_timeout;
+        let mut parked = self.parked.lock();
+        let old: Vec<usize> =
+            parked.iter().filter(|(_, s)| now.saturating_duration_since(s.since) >= idle).map(|(k, _)| *k).collect();
+        let closing: Vec<Served> = old.iter().filter_map(|k| parked.remove(k)).collect();
+        drop(parked);
+        if !closing.is_empty() {
+            log::debug!("closing {} data connections idle for {idle:?}", closing.len());
+        }
+        for s in closing {
+            self.close(s);
+        }
+    }
+
+    fn run(self: Arc<Self>) {
+        // This thread's receive buffer, lent to the connection it serves.
+        let mut buf: Option<Box<[u8]>> = None;
+        let id = self.next_thread.fetch_add(1, Ordering::Relaxed);
+        while let Some(mut s) = self.next() {
+            let (threads, busy) = self.count(|c| {
+                c.busy += 1;
+                c.serving.insert(id, Instant::now());
+            });
+            let grow = busy == threads && threads < self.max_threads;
+            if grow {
+                // Every thread is serving: one more waits for the others.
+                if let Err(e) = self.add_thread() {
+                    log::warn!("cannot start another data connection thread ({e}); requests wait for a free one");
+                }
+            }
+            s.conn.lend_buffer(buf.take());
+            super::data::serve_data(&self.inner, &mut s.conn, &s.ticket);
+            let (threads, _) = self.count(|c| {
+                c.busy -= 1;
+                c.serving.remove(&id);
+            });
+            if threads >= self.max_threads {
+                self.wake(); // a waiter holding ready connections at the cap
+            }
+            if s.conn.parked() {
+                buf = s.conn.take_buffer();
+                self.park(s);
+            } else {
+                buf = s.conn.take_buffer();
+                self.close(s);
+            }
+        }
+    }
+}
+
+/// How often the waiter looks for idle connections: a quarter of the idle
+/// timeout, at most a second.
+fn scan_interval(idle: Duration) -> Duration {
+    (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    use super::super::super::wire::{self, RequestHeader, STATUS_LEN};
+    use super::super::super::{Engine, Settings};
+    use super::*;
+    use crate::transfer::Direction;
+
+    /// 300 connections, each writing verified data in turns, are served by
+    /// at most `max_threads()` pool threads; parked, none holds a receive
+    /// buffer; idle past the timeout, all are closed.
+    #[test]
+    fn many_connections_few_threads_no_idle_buffers() {
+        const CONNS: usize = 300;
+        let mut s = Settings::from_env();
+        s.idle_timeout = Duration::from_millis(800);
+        s.max_data_connections = 4096;
+        s.max_connections_per_address = 4096;
+        let engine = Engine::start_with("127.0.0.1", s).unwrap();
+        let inner = engine.inner.clone();
+        let region = vec![0u8; CONNS * 64];
+        engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
+        let plane = DataPlane::start(&inner).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap();
+        let mut clients = Vec::new();
+        for _ in 0..CONNS {
+            let client = TcpStream::connect(at).unwrap();
+            client.set_nodelay(true).unwrap();
+            clients.push(client);
+            let (stream, from) = listener.accept().unwrap();
+            let t = Duration::from_secs(10);
+            let conn = Conn::new(stream, t, t).unwrap();
+            let ticket = inner.budget.admit(super::super::Plane::Data, from.ip(), conn.raw_fd()).unwrap();
+            let tracked = inner.registry.track_owned(conn.stream()).unwrap();
+            plane.admit(conn, ticket, tracked);
+        }
+        let peak = AtomicUsize::new(0);
+        for round in 0..3u8 {
+            std::thread::scope(|sc| {
+                for (k, chunk) in clients.chunks_mut(CONNS / 6).enumerate() {
+                    let (region, plane, peak) = (&region, &plane, &peak);
+                    sc.spawn(move || {
+                        for (j, c) in chunk.iter_mut().enumerate() {
+                            let i = k * (CONNS / 6) + j;
+                            let h = RequestHeader {
+                                size: 64,
+                                addr: region.as_ptr() as u64 + (i * 64) as u64,
+                                direction: Direction::Write,
+                                acknowledged: true,
+                            };
+                            let mut request = h.encode().to_vec();
+                            request.extend_from_slice(&[round.wrapping_add(i as u8); 64]);
+                            c.write_all(&request).unwrap();
+                            let mut status = [0u8; STATUS_LEN];
+                            c.read_exact(&mut status).unwrap();
+                            assert_eq!(wire::decode_status(status), Some(wire::STATUS_OK));
+                            peak.fetch_max(plane.counts.lock().threads, Ordering::Relaxed);
+                        }
+                    });
+                }
+            });
+            for (i, chunk) in region.chunks(64).enumerate() {
+                assert!(chunk.iter().all(|&b| b == round.wrapping_add(i as u8)), "connection {i}, round {round}");
+            }
+        }
+        let peak = peak.load(Ordering::Relaxed);
+        assert!(peak <= max_threads(), "{peak} pool threads for {CONNS} connections");
+        // Parked again (each within the spin window after its request).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while plane.parked.lock().len() < CONNS && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut parked = plane.parked.lock();
+        assert_eq!(parked.len(), CONNS);
+        assert!(parked.values_mut().all(|s| s.conn.take_buffer().is_none()), "a parked connection holds a buffer");
+        drop(parked);
+        // Idle past 800 ms: all closed (the clients see the end of stream).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !plane.parked.lock().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(plane.parked.lock().is_empty(), "idle connections left parked");
+        let mut byte = [0u8; 1];
+        assert_eq!(clients[0].read(&mut byte).unwrap(), 0, "closed by the target");
+        eprintln!("{CONNS} connections: at most {peak} pool threads (cap {})", max_threads());
+    }
+
+    /// As many requests as the pool has threads, each trickling its payload
+    /// (a byte every 50 ms), do not keep another connection's request
+    /// waiting: past the cap, a thread is added once every busy one is held.
+    #[test]
+    fn trickling_requests_do_not_hold_every_thread() {
+        let mut s = Settings::from_env();
+        s.max_data_connections = 4096;
+        s.max_connections_per_address = 4096;
+        let engine = Engine::start_with("127.0.0.1", s).unwrap();
+        let inner = engine.inner.clone();
+        let region = vec![0u8; 4 << 20];
+        engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
+        let plane = DataPlane::start(&inner).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap();
+        let connect = || {
+            let client = TcpStream::connect(at).unwrap();
+            client.set_nodelay(true).unwrap();
+            let (stream, from) = listener.accept().unwrap();
+            let t = Duration::from_secs(10);
+            let conn = Conn::new(stream, t, t).unwrap();
+            let ticket = inner.budget.admit(super::super::Plane::Data, from.ip(), conn.raw_fd()).unwrap();
+            let tracked = inner.registry.track_owned(conn.stream()).unwrap();
+            plane.admit(conn, ticket, tracked);
+            client
+        };
+        let write = |c: &mut TcpStream, size: u64, payload: &[u8]| {
+            let h =
+                RequestHeader { size, addr: region.as_ptr() as u64, direction: Direction::Write, acknowledged: true };
+            let mut request = h.encode().to_vec();
+            request.extend_from_slice(payload);
+            c.write_all(&request).unwrap();
+        };
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            for _ in 0..max_threads() {
+                let mut c = connect();
+                write(&mut c, 1 << 20, &[1]);
+                let stop = &stop;
+                sc.spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(50));
+                        if c.write_all(&[1]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            let mut c = connect();
+            let t0 = Instant::now();
+            write(&mut c, 64, &[2; 64]);
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut status = [0u8; STATUS_LEN];
+            let answered = c.read_exact(&mut status);
+            let took = t0.elapsed();
+            stop.store(true, Ordering::Relaxed);
+            answered.expect("the request was answered");
+            assert_eq!(wire::decode_status(status), Some(wire::STATUS_OK));
+            assert!(took < Duration::from_secs(3), "served after {took:?} behind {} trickling requests", max_threads());
+            assert!(plane.counts.lock().threads <= HARD_MAX_THREADS);
+        });
+        drop(engine);
+    }
+}
