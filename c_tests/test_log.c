@@ -173,7 +173,7 @@ static void test_level_filter(void) {
   sink_reset(&s);
   CHECK_OK(pdx_set_log_callback(record_call, &s, PDX_LOG_DEBUG));
   failed_write(e);
-  i = find_record(&s, "cannot connect", "pdx::engine::peers");
+  i = find_record(&s, "cannot connect", "pdx::engine::dialer");
   CHECK(i >= 0);
   if (i >= 0) CHECK(s.records[i].level == PDX_LOG_DEBUG);
   CHECK(find_record(&s, "failed", "pdx::engine::batch") >= 0);

@@ -19,6 +19,21 @@ pub use crate::device::{device_error, driver, driver_path, resident_driver};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::location::{Location, Requested};
 
+/// Refuse an event up front when it cannot be honoured: no CUDA driver in
+/// the process, or one without the event calls.
+pub fn check_events_usable() -> Result<()> {
+    let api = resident_driver().ok_or_else(|| {
+        Error::new(ErrorKind::DeviceUnavailable, "wait_event given, but no CUDA driver is loaded in this process")
+    })?;
+    if api.stream_wait_event.is_none() || api.event_synchronize.is_none() {
+        return Err(Error::new(
+            ErrorKind::DeviceUnavailable,
+            "wait_event given, but the CUDA driver lacks cuStreamWaitEvent or cuEventSynchronize",
+        ));
+    }
+    Ok(())
+}
+
 /// Wait on this thread until the CUDA event `event` (a `CUevent`) has
 /// completed (`cuEventSynchronize`: the driver blocks, no busy wait): what
 /// a transfer of host memory ordered after a kernel needs.

@@ -345,6 +345,9 @@ impl TransferBackend for Engine {
         notify: Option<(String, String)>,
         after: Option<usize>,
     ) -> Result<u64> {
+        if after.is_some() {
+            cuda::check_events_usable()?;
+        }
         let prepared = self.prepare(session, reqs)?;
         let run = BatchRun::new(&self.inner, session, direction, prepared, notify, after);
         let id = self.inner.batches.insert(run.clone())?;

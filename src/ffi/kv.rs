@@ -220,8 +220,9 @@ pub unsafe extern "C" fn pdx_kv_plan_requests(
 /// streams wait on the event, no host-side wait), and host memory is moved
 /// once the event completed (`cuEventSynchronize` on a pdx thread), so the
 /// caller needs no synchronize. The event must stay valid until the batch
-/// is finished. The Mooncake backend cannot order after an event and
-/// refuses a non-NULL one (`PDX_ERR_INVALID_ARGUMENT`). A READ of a plan whose local pages repeat is refused (two writes
+/// is finished. With no CUDA driver loaded in the process a non-NULL event
+/// is `PDX_ERR_DEVICE_UNAVAILABLE`; the Mooncake backend cannot order after
+/// an event and refuses one (`PDX_ERR_INVALID_ARGUMENT`). A READ of a plan whose local pages repeat is refused (two writes
 /// to one page). A submit of more requests than `PDX_MAX_BATCH_ENTRIES`
 /// allows is refused; submit fewer buffers at once. Bad arguments fail as
 /// `pdx_batch_submit`'s do, and as `pdx_kv_plan_requests`'s for the buffer
