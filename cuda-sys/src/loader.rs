@@ -221,14 +221,59 @@ const RTLD_NOLOAD: c_int = 0x4;
 const RTLD_NOLOAD: c_int = 0x10;
 
 /// True if the library `path` names is mapped into this process already.
-#[cfg(any(target_os = "linux", target_os = "macos"))]
+/// Asked on every transfer, so it must cost no file-system access: a walk
+/// over the loaded objects (`dl_iterate_phdr`) looks for one of the same
+/// file name first, and only then does `dlopen` with `RTLD_NOLOAD` (which,
+/// for a name not loaded, searches the library path on disk) confirm it.
+#[cfg(target_os = "linux")]
 fn is_mapped(path: &str) -> bool {
-    if path.is_empty() {
+    if path.is_empty() || !file_name_loaded(path) {
         return false;
     }
     // SAFETY: with RTLD_NOLOAD nothing is loaded, so no initializer runs;
     // the handle only raises the count of a library already mapped, and
     // dropping it lowers it again.
+    unsafe { libloading::os::unix::Library::open(Some(path), RTLD_NOLOAD | libloading::os::unix::RTLD_LAZY) }.is_ok()
+}
+
+/// Whether an object whose file name is `path`'s is loaded.
+#[cfg(target_os = "linux")]
+fn file_name_loaded(path: &str) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    struct Search<'a> {
+        want: &'a std::ffi::OsStr,
+        found: bool,
+    }
+    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+        // SAFETY: `data` is the `Search` passed below, alive for the walk;
+        // `info` and its name are valid during this call.
+        let (search, name) = unsafe { (&mut *data.cast::<Search<'_>>(), (*info).dlpi_name) };
+        if name.is_null() {
+            return 0;
+        }
+        // SAFETY: a NUL-terminated name owned by the loader.
+        let name = std::ffi::OsStr::from_bytes(unsafe { CStr::from_ptr(name) }.to_bytes());
+        if std::path::Path::new(name).file_name() == Some(search.want) {
+            search.found = true;
+            return 1;
+        }
+        0
+    }
+    let Some(want) = std::path::Path::new(path).file_name() else { return false };
+    let mut search = Search { want, found: false };
+    // SAFETY: the callback only reads what the loader hands it and writes
+    // `search`, which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search<'_>).cast()) };
+    search.found
+}
+
+/// True if the library `path` names is mapped into this process already.
+#[cfg(target_os = "macos")]
+fn is_mapped(path: &str) -> bool {
+    if path.is_empty() {
+        return false;
+    }
+    // SAFETY: with RTLD_NOLOAD nothing is loaded, so no initializer runs.
     unsafe { libloading::os::unix::Library::open(Some(path), RTLD_NOLOAD | libloading::os::unix::RTLD_LAZY) }.is_ok()
 }
 
@@ -240,6 +285,15 @@ fn is_mapped(_path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn loaded_objects_are_found_by_file_name_without_loading_any() {
+        // libc is mapped in every test binary; a made-up library is not.
+        assert!(file_name_loaded("libc.so.6") && is_mapped("libc.so.6"));
+        assert!(!file_name_loaded("libpdx-not-a-library.so.1") && !is_mapped("libpdx-not-a-library.so.1"));
+        assert!(!is_mapped(""));
+    }
 
     #[test]
     fn absent_library_is_named() {
