@@ -354,6 +354,20 @@ static struct dbl_stream *resolve_stream(CUstream s) {
   return current ? &default_stream[current->device] : NULL;
 }
 
+/* Queue `o` on `s` (the lock held). */
+static CUresult push_op(struct dbl_stream *s, struct op o) {
+  if (s->n_ops == s->cap_ops) {
+    size_t cap = s->cap_ops ? s->cap_ops * 2 : 16;
+    struct op *ops = realloc(s->ops, cap * sizeof *ops);
+    if (!ops) return ERR_OUT_OF_MEMORY;
+    s->ops = ops;
+    s->cap_ops = cap;
+  }
+  s->ops[s->n_ops++] = o;
+  s->queued++;
+  return SUCCESS;
+}
+
 static CUresult enqueue(int h2d, uintptr_t dev, void *host, size_t n, CUstream s) {
   if (!inited) return ERR_NOT_INITIALIZED;
   pthread_mutex_lock(&lock);
@@ -381,19 +395,7 @@ static CUresult enqueue(int h2d, uintptr_t dev, void *host, size_t n, CUstream s
     else
       st.d2h_copies++;
     st.copies_by_device[current->device]++;
-    if (stream->n_ops == stream->cap_ops) {
-      size_t cap = stream->cap_ops ? stream->cap_ops * 2 : 16;
-      struct op *ops = realloc(stream->ops, cap * sizeof *ops);
-      if (!ops) rc = ERR_OUT_OF_MEMORY;
-      else {
-        stream->ops = ops;
-        stream->cap_ops = cap;
-      }
-    }
-    if (rc == SUCCESS) {
-      stream->ops[stream->n_ops++] = (struct op){h2d, dev, host, n, injected("copy"), NULL};
-      stream->queued++;
-    }
+    rc = push_op(stream, (struct op){h2d, dev, host, n, injected("copy"), NULL});
   }
   pthread_mutex_unlock(&lock);
   return rc;
@@ -485,20 +487,8 @@ EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
   struct dbl_stream *stream = resolve_stream(s);
   CUresult rc = stream ? SUCCESS : ERR_INVALID_CONTEXT;
   if (rc == SUCCESS && e->stream) {
-    if (stream->n_ops == stream->cap_ops) {
-      size_t cap = stream->cap_ops ? stream->cap_ops * 2 : 16;
-      struct op *ops = realloc(stream->ops, cap * sizeof *ops);
-      if (!ops) rc = ERR_OUT_OF_MEMORY;
-      else {
-        stream->ops = ops;
-        stream->cap_ops = cap;
-      }
-    }
-    if (rc == SUCCESS) {
-      stream->ops[stream->n_ops++] = (struct op){0, 0, NULL, 0, 0, e};
-      stream->queued++;
-      st.event_waits++;
-    }
+    rc = push_op(stream, (struct op){0, 0, NULL, 0, 0, e});
+    if (rc == SUCCESS) st.event_waits++;
   }
   pthread_mutex_unlock(&lock);
   return rc;

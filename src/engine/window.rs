@@ -65,8 +65,9 @@ pub(crate) trait LocalMemory {
     fn ready_out(&mut self, g: usize) -> Result<Cow<'_, [Request]>>;
     /// Whether group `g + 1` may be staged before group `g` is sent.
     fn ahead(&self) -> bool;
-    /// Reads: where group `g` is received (its buffer free to refill).
-    fn recv_view(&mut self, g: usize) -> Result<Cow<'_, [Request]>>;
+    /// Reads: where group `g` is received (its buffer free to refill);
+    /// `None`: into the requests' own local ranges.
+    fn recv_view(&mut self, g: usize) -> Result<Option<Vec<Request>>>;
     /// Reads: the first `got` requests of group `g` arrived in its view;
     /// move them home (possibly queued).
     fn landed(&mut self, g: usize, got: usize) -> Result<()>;
@@ -107,8 +108,8 @@ impl LocalMemory for HostMemory<'_> {
     fn ahead(&self) -> bool {
         false
     }
-    fn recv_view(&mut self, _: usize) -> Result<Cow<'_, [Request]>> {
-        Ok(Cow::Borrowed(self.reqs))
+    fn recv_view(&mut self, _: usize) -> Result<Option<Vec<Request>>> {
+        Ok(None)
     }
     fn landed(&mut self, _: usize, got: usize) -> Result<()> {
         self.landed += got;
@@ -285,12 +286,13 @@ unsafe fn read(conn: &mut Conn, v2: bool, reqs: &[Request], memory: &mut dyn Loc
     let groups = memory.groups().to_vec();
     for g in 0..groups.len() {
         let mut failure: Option<(bool, Error)> = None;
-        let view = match memory.recv_view(g) {
-            Ok(v) => v.into_owned(),
+        let staged = match memory.recv_view(g) {
+            Ok(v) => v,
             Err(e) => return WindowOutcome::failed(memory.confirmed(), e),
         };
+        let view = staged.as_deref().unwrap_or(&reqs[groups[g].clone()]);
         let mut got = 0usize;
-        for r in &view {
+        for r in view {
             if v2 {
                 let mut one = 0;
                 if let Err((rejected, err)) = take_acks(conn, 1, &mut one, true) {

@@ -154,12 +154,12 @@ impl LocalMemory for StagedMemory<'_> {
         self.lease.len() > 1
     }
 
-    fn recv_view(&mut self, g: usize) -> Result<Cow<'_, [Request]>> {
+    fn recv_view(&mut self, g: usize) -> Result<Option<Vec<Request>>> {
         // The buffer's previous group must be home before it is refilled.
         while self.next_settle + self.lease.len() <= g {
             self.settle_one()?;
         }
-        Ok(Cow::Owned(self.host_view(g)))
+        Ok(Some(self.host_view(g)))
     }
 
     fn landed(&mut self, g: usize, got: usize) -> Result<()> {
