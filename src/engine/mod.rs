@@ -92,23 +92,25 @@ pub(crate) struct Identity {
 }
 
 /// State shared by the engine's threads. Its fields are private to the
-/// engine's modules; only the executor (`batch`) and the server take it whole.
+/// engine's modules; only the executor (`batch`) and the figures (`observe`)
+/// take it whole, the others get the parts they use (the server a
+/// [`server::Serving`]).
 pub(crate) struct Inner {
     settings: Settings,
     identity: Identity,
     registry: Arc<Registry>,
     regions: Arc<Regions>,
-    notifications: Notifications,
+    notifications: Arc<Notifications>,
     peers: Peers,
     workers: Arc<Workers>,
     /// Caps on inbound connections and handshake bytes (see [`budget`]).
     budget: Arc<budget::Budget>,
     batches: IdTable<BatchRun>,
-    stats: Stats,
+    stats: Arc<Stats>,
     /// Pinned buffers and streams for device memory (allocated on first use).
-    staging: staging::Staging,
+    staging: Arc<staging::Staging>,
     /// Who may connect (allowlist, shared secret).
-    access: access::Access,
+    access: Arc<access::Access>,
 }
 
 /// A running engine. Dropping it (or calling [`Engine::stop`]) stops the
@@ -172,7 +174,7 @@ impl Engine {
         let secret = access.secret.clone();
         let dialer = dialer::Dialer::new(settings.clone(), registry.clone(), regions.clone(), identity.clone(), secret);
         let inner = Arc::new(Inner {
-            notifications: Notifications::new(settings.max_queued_notifications, settings.notify_queue_bytes),
+            notifications: Arc::new(Notifications::new(settings.max_queued_notifications, settings.notify_queue_bytes)),
             identity,
             registry,
             regions,
@@ -180,9 +182,9 @@ impl Engine {
             workers: workers.clone(),
             budget: Arc::new(budget_for(&settings)),
             batches: IdTable::new("batch id", 0),
-            stats: Stats::default(),
-            staging: staging::Staging::new(settings.staging_bytes, settings.lane_wait_timeout),
-            access,
+            stats: Arc::default(),
+            staging: Arc::new(staging::Staging::new(settings.staging_bytes, settings.lane_wait_timeout)),
+            access: Arc::new(access),
             settings,
         });
         let clone = |l: &TcpListener| l.try_clone().map_err(|e| Error::io(format!("listener: {e}")));
@@ -191,13 +193,14 @@ impl Engine {
         workers
             .start(&inner.registry, inner.settings.workers, inner.settings.lanes_per_peer)
             .map_err(|e| Error::io(format!("cannot start worker threads: {e}")))?;
+        let serving = Arc::new(server::Serving::of(&inner));
         for (listener, plane, name) in
             [(rpc, Plane::Handshake, "pdx-rpc-accept"), (data, Plane::Data, "pdx-data-accept")]
         {
-            let inner2 = inner.clone();
+            let serving = serving.clone();
             inner
                 .registry
-                .spawn(name.to_owned(), move || server::accept_loop(inner2, listener, plane))
+                .spawn(name.to_owned(), move || server::accept_loop(serving, listener, plane))
                 .map_err(|e| Error::io(format!("cannot start listener thread: {e}")))?;
         }
         let inner2 = inner.clone();

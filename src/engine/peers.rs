@@ -286,7 +286,7 @@ impl Peers {
     }
 
     /// The handshake client the peers use.
-    pub fn dialer(&self) -> &Dialer {
+    pub fn dialer(&self) -> &Arc<Dialer> {
         &self.dialer
     }
 

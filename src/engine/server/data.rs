@@ -6,8 +6,8 @@ use std::io;
 use super::super::conn::{Conn, MAX_IO_CHUNK};
 use super::super::hello;
 use super::super::wire::{RequestHeader, HEADER_LEN};
-use super::super::Inner;
 use super::acks::Acks;
+use super::Serving;
 use crate::transfer::stats::Stats;
 use crate::transfer::Direction;
 
@@ -22,7 +22,7 @@ impl Drop for IdleAgain<'_> {
 
 /// Answer a hello with our instance; true if the initiator expects us
 /// (the connection then serves requests), false to close it.
-fn answer_hello(inner: &Inner, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> bool {
+fn answer_hello(inner: &Serving, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> bool {
     let Some(len) = hello::request_body_len(header) else {
         log::debug!("data connection: hello with a body length out of bounds; closing");
         return false;
@@ -65,14 +65,14 @@ fn answer_hello(inner: &Inner, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> bo
 
 /// Count and log (at most once a second per address) a data connection
 /// closed because it did not prove the peer secret.
-fn refused_unauthenticated(inner: &Inner, conn: &Conn, why: &str) {
+fn refused_unauthenticated(inner: &Serving, conn: &Conn, why: &str) {
     Stats::bump(&inner.stats.connections_refused_auth);
     if let Ok(peer) = conn.stream().peer_addr() {
         inner.access.log_refusal(peer.ip(), &format!("data port: {why}"));
     }
 }
 
-pub(super) fn serve_data(inner: &Inner, conn: &mut Conn, ticket: &super::super::budget::Ticket) {
+pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::super::budget::Ticket) {
     conn.set_spin(inner.settings.spin);
     conn.set_idle_timeout(inner.settings.idle_timeout);
     let mut acks = Acks::default();

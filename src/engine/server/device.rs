@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use super::super::conn::Conn;
 use super::super::cuda::Device;
-use super::super::regions::Hold;
+use super::super::regions::{Hold, Regions};
 use super::super::staging::{Lease, Side, Staging};
 use super::super::wire::{self, RequestHeader, HEADER_LEN};
-use super::super::Inner;
 use super::acks::Acks;
+use super::Serving;
 use crate::error::{Error, ErrorKind};
 use crate::transfer::Direction;
 
@@ -53,10 +53,10 @@ impl From<Error> for Failure {
 /// one synchronize, one send. A failed driver call answers REJECTED for the
 /// request it concerns where requests are acknowledged, after confirming
 /// the ones before it, and closes the connection (`false`).
-pub(crate) fn serve_device(inner: &Inner, dev: &Arc<Device>, header: &RequestHeader, io: Inbound<'_>) -> bool {
+pub(crate) fn serve_device(serving: &Serving, dev: &Arc<Device>, header: &RequestHeader, io: Inbound<'_>) -> bool {
     let Inbound { conn, acks, revoked } = io;
     let size = header.size as usize;
-    let staging = &inner.staging;
+    let staging = &serving.staging;
     let result = match header.direction {
         // One request larger than a staging buffer, pipelined in chunks.
         Direction::Write if size > staging.chunk() => {
@@ -72,10 +72,10 @@ pub(crate) fn serve_device(inner: &Inner, dev: &Arc<Device>, header: &RequestHea
         Direction::Read if size > staging.chunk() => {
             send_from_device(staging, conn, dev, header.addr, size, acks, header.acknowledged, revoked)
         }
-        _ => small_run(inner, dev, header, Inbound { conn, acks, revoked }),
+        _ => small_run(serving, dev, header, Inbound { conn, acks, revoked }),
     };
     if size > staging.chunk() && result.is_ok() {
-        inner.stats.served(header.direction, header.size);
+        serving.stats.served(header.direction, header.size);
     }
     match result {
         Ok(()) => true,
@@ -87,9 +87,9 @@ pub(crate) fn serve_device(inner: &Inner, dev: &Arc<Device>, header: &RequestHea
             // The wire can only reject: the peer cannot tell this from a bad
             // range, so it is logged and, for a driver fault, counted here.
             if e.kind() == ErrorKind::Device {
-                crate::transfer::stats::Stats::bump(&inner.stats.served_device_failures);
+                crate::transfer::stats::Stats::bump(&serving.stats.served_device_failures);
             }
-            if !inner.registry.stopping() {
+            if !serving.registry.stopping() {
                 log::warn!(
                     "data connection: a peer's {} of {} bytes at {:#x} ({dev:?}) failed on this side and is rejected: {e}",
                     header.direction.name(),
@@ -109,12 +109,18 @@ fn reject(conn: &Conn, acks: &mut Acks, acknowledged: bool, e: Error) -> Failure
 
 /// The next pipelined request, if it can join a run of small requests in
 /// direction `d` on `dev` with `room` bytes left in the buffer.
-fn next_small(inner: &Inner, conn: &Conn, d: Direction, dev: &Device, room: usize) -> Option<(RequestHeader, Hold)> {
+fn next_small(
+    regions: &Regions,
+    conn: &Conn,
+    d: Direction,
+    dev: &Device,
+    room: usize,
+) -> Option<(RequestHeader, Hold)> {
     let h = RequestHeader::decode(&conn.peek_buffered::<HEADER_LEN>()?);
     if h.direction != d || h.size == 0 || h.size as usize > room {
         return None;
     }
-    let r = inner.regions.lookup(h.addr, h.size)?;
+    let r = regions.lookup(h.addr, h.size)?;
     if r.device.as_ref()?.ordinal != dev.ordinal {
         return None;
     }
@@ -124,13 +130,13 @@ fn next_small(inner: &Inner, conn: &Conn, d: Direction, dev: &Device, room: usiz
 
 /// A run of small requests staged in one buffer with one synchronize.
 fn small_run(
-    inner: &Inner,
+    serving: &Serving,
     dev: &Arc<Device>,
     first: &RequestHeader,
     io: Inbound<'_>,
 ) -> std::result::Result<(), Failure> {
     let Inbound { conn, acks, revoked } = io;
-    let staging = &inner.staging;
+    let staging = &serving.staging;
     let lease = match staging.lease(Side::Inbound, dev, 1, revoked) {
         Ok(l) => l,
         // A driver call failed (pinned buffer, stream): refuse this request.
@@ -171,7 +177,7 @@ fn small_run(
         }
         run.push((header, off));
         off += size;
-        match next_small(inner, conn, header.direction, dev, staging.chunk() - off) {
+        match next_small(&serving.regions, conn, header.direction, dev, staging.chunk() - off) {
             Some((h, r)) => {
                 let mut raw = [0u8; HEADER_LEN];
                 conn.recv_exact(&mut raw)?; // the header peeked at, now consumed
@@ -189,7 +195,7 @@ fn small_run(
     finish_run(conn, &lease, &run, acks)?;
     drop(held);
     for (h, _) in &run {
-        inner.stats.served(h.direction, h.size);
+        serving.stats.served(h.direction, h.size);
     }
     Ok(())
 }

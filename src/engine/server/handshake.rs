@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use super::super::budget::Ticket;
 use super::super::deadline::BoundedStream;
 use super::super::wire::{self, FrameType};
-use super::super::Inner;
+use super::Serving;
 use crate::transfer::stats::Stats;
 
 /// How long a handshake client may take for its whole exchange.
@@ -28,24 +28,24 @@ fn empty_handshake_desc() -> Value {
 /// serving thread's stack; the frame's own buffer grows with what arrived).
 const READ_CHUNK: usize = 16 * 1024;
 
-pub(super) fn serve_handshake(inner: &Inner, stream: &mut TcpStream, ticket: &Ticket) {
+pub(super) fn serve_handshake(serving: &Serving, stream: &mut TcpStream, ticket: &Ticket) {
     let _ = stream.set_nodelay(true);
     // One deadline for the whole exchange: trickled bytes do not extend it.
     let deadline = Instant::now() + HANDSHAKE_SERVE_TIMEOUT;
     let mut stream = BoundedStream::new(stream, deadline);
-    let Some(mut body) = read_frame(inner, &mut stream, ticket, deadline) else { return };
-    if let Some(secret) = &inner.access.secret {
+    let Some(mut body) = read_frame(serving, &mut stream, ticket, deadline) else { return };
+    if let Some(secret) = &serving.access.secret {
         // One frame charged at a time: the one before is done with.
         let read_next = |s: &mut BoundedStream<'_>| {
             ticket.release_handshake();
-            read_frame(inner, s, ticket, deadline)
+            read_frame(serving, s, ticket, deadline)
         };
         match super::super::auth::server_handshake(&mut stream, secret, &body, read_next) {
             Ok(request) => body = request,
             Err(why) => {
-                Stats::bump(&inner.stats.connections_refused_auth);
+                Stats::bump(&serving.stats.connections_refused_auth);
                 if let Ok(peer) = stream.inner().peer_addr() {
-                    inner.access.log_refusal(peer.ip(), why);
+                    serving.access.log_refusal(peer.ip(), why);
                 }
                 return;
             }
@@ -60,13 +60,13 @@ pub(super) fn serve_handshake(inner: &Inner, stream: &mut TcpStream, ticket: &Ti
         return;
     };
     let reply = match kind {
-        FrameType::Metadata => inner.peers.dialer().own_descriptor(),
+        FrameType::Metadata => serving.dialer.own_descriptor(),
         FrameType::Probe => json!({"status": "success"}).to_string(),
         FrameType::Notify => {
             let name = request.get("name").and_then(Value::as_str);
             let msg = request.get("notify_msg").and_then(Value::as_str);
             let accepted = match (name, msg) {
-                (Some(n), Some(m)) => inner.notifications.push(n, m),
+                (Some(n), Some(m)) => serving.notifications.push(n, m),
                 _ => false,
             };
             json!({"name": "", "notify_msg": if accepted { "success" } else { "" }}).to_string()
@@ -76,7 +76,7 @@ pub(super) fn serve_handshake(inner: &Inner, stream: &mut TcpStream, ticket: &Ti
     if stream.write_all(&wire::encode_frame(kind, &reply)).is_err() {
         return;
     }
-    Stats::bump(&inner.stats.handshakes);
+    Stats::bump(&serving.stats.handshakes);
     // Half-close, then let the client close first (bounded by the deadline).
     let _ = stream.inner().shutdown(Shutdown::Write);
     let mut sink = [0u8; 64];
@@ -85,10 +85,10 @@ pub(super) fn serve_handshake(inner: &Inner, stream: &mut TcpStream, ticket: &Ti
 
 /// Read one frame: its length prefix, then its body, charged to the
 /// handshake budget until the caller releases it.
-fn read_frame(inner: &Inner, stream: &mut impl Read, ticket: &Ticket, deadline: Instant) -> Option<Vec<u8>> {
+fn read_frame(serving: &Serving, stream: &mut impl Read, ticket: &Ticket, deadline: Instant) -> Option<Vec<u8>> {
     let mut prefix = [0u8; 8];
     stream.read_exact(&mut prefix).ok()?;
-    let Ok(length) = wire::check_frame_length(prefix, inner.settings.handshake_max_len) else {
+    let Ok(length) = wire::check_frame_length(prefix, serving.settings.handshake_max_len) else {
         log::debug!("handshake: refused frame length {}", u64::from_le_bytes(prefix));
         return None;
     };

@@ -18,10 +18,53 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::budget::Plane;
+use super::access::Access;
+use super::budget::{Budget, Plane};
 use super::conn::Conn;
-use super::Inner;
+use super::dialer::Dialer;
+use super::notify::Notifications;
+use super::regions::Regions;
+use super::registry::Registry;
+use super::settings::Settings;
+use super::staging::Staging;
+use super::{Identity, Inner};
 use crate::transfer::stats::Stats;
+
+/// The parts of the engine's state that serving inbound connections uses
+/// (shared with the engine, or copies of what never changes), so that the
+/// modules serving them never see the rest.
+pub(super) struct Serving {
+    settings: Settings,
+    identity: Identity,
+    registry: Arc<Registry>,
+    regions: Arc<Regions>,
+    stats: Arc<Stats>,
+    access: Arc<Access>,
+    budget: Arc<Budget>,
+    /// Pinned buffers for inbound requests on device memory.
+    staging: Arc<Staging>,
+    /// Answers metadata requests with our descriptor.
+    dialer: Arc<Dialer>,
+    /// Where inbound notifications are queued.
+    notifications: Arc<Notifications>,
+}
+
+impl Serving {
+    pub(super) fn of(inner: &Inner) -> Serving {
+        Serving {
+            settings: inner.settings.clone(),
+            identity: inner.identity.clone(),
+            registry: inner.registry.clone(),
+            regions: inner.regions.clone(),
+            stats: inner.stats.clone(),
+            access: inner.access.clone(),
+            budget: inner.budget.clone(),
+            staging: inner.staging.clone(),
+            dialer: inner.peers.dialer().clone(),
+            notifications: inner.notifications.clone(),
+        }
+    }
+}
 
 /// Counts an inbound connection as open while it lives.
 struct OpenConnection<'a>(&'a Stats);
@@ -84,7 +127,7 @@ impl AcceptBackoff {
 /// the caps and eviction): a handshake connection gets a thread for its
 /// one exchange; a data connection goes to the pool of [`pool`] (or, if
 /// that could not start, a thread of its own).
-pub fn accept_loop(inner: Arc<Inner>, listener: TcpListener, plane: Plane) {
+pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
     let mut backoff = AcceptBackoff::default();
     let name = match plane {
         Plane::Handshake => "pdx-handshake",
@@ -92,13 +135,13 @@ pub fn accept_loop(inner: Arc<Inner>, listener: TcpListener, plane: Plane) {
     };
     let pool = match plane {
         Plane::Handshake => None,
-        Plane::Data => pool::DataPlane::start(&inner)
+        Plane::Data => pool::DataPlane::start(&serving)
             .map_err(|e| log::warn!("data connections get a thread each: the readiness loop cannot start ({e})"))
             .ok(),
     };
     loop {
         let accepted = listener.accept();
-        if inner.registry.stopping() {
+        if serving.registry.stopping() {
             if let Some(pool) = &pool {
                 pool.wake();
             }
@@ -114,40 +157,40 @@ pub fn accept_loop(inner: Arc<Inner>, listener: TcpListener, plane: Plane) {
             }
         };
         backoff.succeeded();
-        if !inner.access.allowlist.admits(from.ip()) {
+        if !serving.access.allowlist.admits(from.ip()) {
             // Closed before a byte is read (PDX_ALLOWED_PEERS); counted first,
             // so that whoever sees the close sees the count.
-            Stats::bump(&inner.stats.connections_refused_address);
+            Stats::bump(&serving.stats.connections_refused_address);
             drop(stream);
-            inner.access.log_refusal(from.ip(), &format!("not in the allowed peers ({plane:?} port)"));
+            serving.access.log_refusal(from.ip(), &format!("not in the allowed peers ({plane:?} port)"));
             continue;
         }
         if let (Some(pool), Plane::Data) = (&pool, plane) {
-            let t = inner.settings.progress_timeout;
+            let t = serving.settings.progress_timeout;
             let Ok(conn) = Conn::new(stream, t, t) else { continue };
-            let Some(ticket) = inner.budget.admit(plane, from.ip(), conn.raw_fd()) else { continue };
-            let Some(tracked) = inner.registry.track_owned(conn.stream()) else { continue };
+            let Some(ticket) = serving.budget.admit(plane, from.ip(), conn.raw_fd()) else { continue };
+            let Some(tracked) = serving.registry.track_owned(conn.stream()) else { continue };
             pool.admit(conn, ticket, tracked);
             continue;
         }
-        let inner2 = inner.clone();
-        let spawned = inner.registry.spawn(name.to_owned(), move || {
+        let serving2 = serving.clone();
+        let spawned = serving.registry.spawn(name.to_owned(), move || {
             let ip = from.ip();
-            let _open = OpenConnection::new(&inner2.stats);
+            let _open = OpenConnection::new(&serving2.stats);
             match plane {
                 Plane::Handshake => {
                     let mut stream = stream;
                     // Declared after the stream: dropped (unlisted) before it closes.
-                    let Some(ticket) = inner2.budget.admit(plane, ip, stream.as_raw_fd()) else { return };
-                    let Some(_tracked) = inner2.registry.track(&stream) else { return };
-                    handshake::serve_handshake(&inner2, &mut stream, &ticket);
+                    let Some(ticket) = serving2.budget.admit(plane, ip, stream.as_raw_fd()) else { return };
+                    let Some(_tracked) = serving2.registry.track(&stream) else { return };
+                    handshake::serve_handshake(&serving2, &mut stream, &ticket);
                 }
                 Plane::Data => {
-                    let t = inner2.settings.progress_timeout;
+                    let t = serving2.settings.progress_timeout;
                     let Ok(mut conn) = Conn::new(stream, t, t) else { return };
-                    let Some(ticket) = inner2.budget.admit(plane, ip, conn.raw_fd()) else { return };
-                    let Some(_tracked) = inner2.registry.track(conn.stream()) else { return };
-                    data::serve_data(&inner2, &mut conn, &ticket);
+                    let Some(ticket) = serving2.budget.admit(plane, ip, conn.raw_fd()) else { return };
+                    let Some(_tracked) = serving2.registry.track(conn.stream()) else { return };
+                    data::serve_data(&serving2, &mut conn, &ticket);
                 }
             }
         });

@@ -31,7 +31,7 @@ use polling::{Event, Events, Poller};
 use super::super::budget::Ticket;
 use super::super::conn::Conn;
 use super::super::registry::OwnedSocketGuard;
-use super::super::Inner;
+use super::Serving;
 use crate::transfer::stats::Stats;
 
 /// How long a pool thread above the base count may wait for work before it
@@ -57,19 +57,19 @@ pub(super) fn max_threads() -> usize {
 }
 
 /// Counts an inbound data connection as open while it lives.
-struct OpenData(Arc<Inner>);
+struct OpenData(Arc<Stats>);
 
 impl OpenData {
-    fn new(inner: &Arc<Inner>) -> OpenData {
-        Stats::bump(&inner.stats.inbound_connections);
-        inner.stats.inbound_open.fetch_add(1, Ordering::Relaxed);
-        OpenData(inner.clone())
+    fn new(stats: &Arc<Stats>) -> OpenData {
+        Stats::bump(&stats.inbound_connections);
+        stats.inbound_open.fetch_add(1, Ordering::Relaxed);
+        OpenData(stats.clone())
     }
 }
 
 impl Drop for OpenData {
     fn drop(&mut self) {
-        self.0.stats.inbound_open.fetch_sub(1, Ordering::Relaxed);
+        self.0.inbound_open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -104,7 +104,7 @@ struct Counts {
 
 /// The data port's readiness loop and its pool.
 pub(super) struct DataPlane {
-    inner: Arc<Inner>,
+    serving: Arc<Serving>,
     poller: Poller,
     parked: Mutex<HashMap<usize, Served>>,
     next_key: AtomicUsize,
@@ -119,9 +119,9 @@ pub(super) struct DataPlane {
 
 impl DataPlane {
     /// A data plane with its base threads started.
-    pub(super) fn start(inner: &Arc<Inner>) -> std::io::Result<Arc<DataPlane>> {
+    pub(super) fn start(serving: &Arc<Serving>) -> std::io::Result<Arc<DataPlane>> {
         let plane = Arc::new(DataPlane {
-            inner: inner.clone(),
+            serving: serving.clone(),
             poller: Poller::new()?,
             parked: Mutex::new(HashMap::new()),
             next_key: AtomicUsize::new(1),
@@ -140,7 +140,7 @@ impl DataPlane {
     fn add_thread(self: &Arc<Self>) -> std::io::Result<()> {
         self.count(|c| c.threads += 1);
         let me = self.clone();
-        let spawned = self.inner.registry.spawn("pdx-data".to_owned(), move || me.run());
+        let spawned = self.serving.registry.spawn("pdx-data".to_owned(), move || me.run());
         if spawned.is_err() {
             self.count(|c| c.threads -= 1);
         }
@@ -169,7 +169,7 @@ impl DataPlane {
         let served = Served {
             ticket,
             _tracked: tracked,
-            _open: OpenData::new(&self.inner),
+            _open: OpenData::new(&self.serving.stats),
             conn,
             registered: false,
             since: Instant::now(),
@@ -179,7 +179,7 @@ impl DataPlane {
 
     /// Register `s` for its next request (one readiness event).
     fn park(&self, mut s: Served) {
-        if self.inner.registry.stopping() {
+        if self.serving.registry.stopping() {
             self.close(s);
             return;
         }
@@ -227,7 +227,7 @@ impl DataPlane {
         let mut lead = self.lead.lock();
         let mut idle_since = Instant::now();
         loop {
-            if self.inner.registry.stopping() {
+            if self.serving.registry.stopping() {
                 let parked: Vec<Served> = self.parked.lock().drain().map(|(_, s)| s).collect();
                 let ready: Vec<Served> = lead.ready.drain(..).collect();
                 drop(lead);
@@ -261,7 +261,7 @@ impl DataPlane {
             let now = Instant::now();
             if now >= lead.next_scan {
                 self.close_idle(now);
-                lead.next_scan = now + scan_interval(self.inner.settings.idle_timeout);
+                lead.next_scan = now + scan_interval(self.serving.settings.idle_timeout);
             }
             if now.saturating_duration_since(idle_since) >= IDLE_EXIT {
                 let mut leaving = false;
@@ -324,7 +324,7 @@ impl DataPlane {
 
     /// Close the connections parked longer than the idle timeout.
     fn close_idle(&self, now: Instant) {
-        let idle = self.inner.settings.idle_timeout;
+        let idle = self.serving.settings.idle_timeout;
         let mut parked = self.parked.lock();
         let old: Vec<usize> =
             parked.iter().filter(|(_, s)| now.saturating_duration_since(s.since) >= idle).map(|(k, _)| *k).collect();
@@ -355,7 +355,7 @@ impl DataPlane {
                 }
             }
             s.conn.lend_buffer(buf.take());
-            super::data::serve_data(&self.inner, &mut s.conn, &s.ticket);
+            super::data::serve_data(&self.serving, &mut s.conn, &s.ticket);
             let (threads, _) = self.count(|c| {
                 c.busy -= 1;
                 c.serving.remove(&id);
@@ -401,10 +401,10 @@ mod tests {
         s.max_data_connections = 4096;
         s.max_connections_per_address = 4096;
         let engine = Engine::start_with("127.0.0.1", s).unwrap();
-        let inner = engine.inner.clone();
+        let serving = Arc::new(Serving::of(&engine.inner));
         let region = vec![0u8; CONNS * 64];
         engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
-        let plane = DataPlane::start(&inner).unwrap();
+        let plane = DataPlane::start(&serving).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = listener.local_addr().unwrap();
         let mut clients = Vec::new();
@@ -415,8 +415,8 @@ mod tests {
             let (stream, from) = listener.accept().unwrap();
             let t = Duration::from_secs(10);
             let conn = Conn::new(stream, t, t).unwrap();
-            let ticket = inner.budget.admit(super::super::Plane::Data, from.ip(), conn.raw_fd()).unwrap();
-            let tracked = inner.registry.track_owned(conn.stream()).unwrap();
+            let ticket = serving.budget.admit(super::super::Plane::Data, from.ip(), conn.raw_fd()).unwrap();
+            let tracked = serving.registry.track_owned(conn.stream()).unwrap();
             plane.admit(conn, ticket, tracked);
         }
         let peak = AtomicUsize::new(0);
@@ -479,10 +479,10 @@ mod tests {
         s.max_data_connections = 4096;
         s.max_connections_per_address = 4096;
         let engine = Engine::start_with("127.0.0.1", s).unwrap();
-        let inner = engine.inner.clone();
+        let serving = Arc::new(Serving::of(&engine.inner));
         let region = vec![0u8; 4 << 20];
         engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
-        let plane = DataPlane::start(&inner).unwrap();
+        let plane = DataPlane::start(&serving).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = listener.local_addr().unwrap();
         let connect = || {
@@ -491,8 +491,8 @@ mod tests {
             let (stream, from) = listener.accept().unwrap();
             let t = Duration::from_secs(10);
             let conn = Conn::new(stream, t, t).unwrap();
-            let ticket = inner.budget.admit(super::super::Plane::Data, from.ip(), conn.raw_fd()).unwrap();
-            let tracked = inner.registry.track_owned(conn.stream()).unwrap();
+            let ticket = serving.budget.admit(super::super::Plane::Data, from.ip(), conn.raw_fd()).unwrap();
+            let tracked = serving.registry.track_owned(conn.stream()).unwrap();
             plane.admit(conn, ticket, tracked);
             client
         };
