@@ -92,9 +92,9 @@ pub(crate) struct Identity {
 }
 
 /// State shared by the engine's threads. Its fields are private to the
-/// engine's modules; only the executor (`batch`) and the figures (`observe`)
-/// take it whole, the others get the parts they use (the server a
-/// [`server::Serving`]).
+/// engine's modules; only the executor (`batch`) takes it whole, the others
+/// get the parts they use (the server a [`server::Serving`], the figures an
+/// [`observe::Sources`]).
 pub(crate) struct Inner {
     settings: Settings,
     identity: Identity,
@@ -111,6 +111,18 @@ pub(crate) struct Inner {
     staging: Arc<staging::Staging>,
     /// Who may connect (allowlist, shared secret).
     access: Arc<access::Access>,
+}
+
+impl Inner {
+    /// The parts of the state the engine's figures are read from.
+    fn figures(&self) -> observe::Sources<'_> {
+        observe::Sources {
+            stats: &self.stats,
+            peers: &self.peers,
+            notifications: &self.notifications,
+            per_peer: self.settings.metrics_per_peer,
+        }
+    }
 }
 
 /// A running engine. Dropping it (or calling [`Engine::stop`]) stops the
@@ -210,9 +222,13 @@ impl Engine {
             .map_err(|e| Error::io(format!("cannot start the peer sweeper: {e}")))?;
         if !inner.settings.metrics_interval.is_zero() {
             let (inner2, every) = (inner.clone(), inner.settings.metrics_interval);
+            let log = move || {
+                let session = &inner2.identity.session_id;
+                observe::log_periodically(&inner2.figures(), &inner2.registry, session, every)
+            };
             inner
                 .registry
-                .spawn("pdx-metrics-log".to_owned(), move || observe::log_periodically(inner2, every))
+                .spawn("pdx-metrics-log".to_owned(), log)
                 .map_err(|e| Error::io(format!("cannot start the metrics line's thread: {e}")))?;
         }
         let (total, handshakes, data, per_ip) = inner.budget.caps();
@@ -408,15 +424,15 @@ impl TransferBackend for Engine {
     }
 
     fn stats(&self) -> StatsSnapshot {
-        observe::stats(&self.inner)
+        observe::stats(&self.inner.figures())
     }
 
     fn metrics(&self) -> crate::transfer::metrics::MetricsSnapshot {
-        observe::metrics(&self.inner)
+        observe::metrics(&self.inner.figures())
     }
 
     fn peer_info(&self, session: &str) -> Result<Value> {
-        observe::peer_info(&self.inner, session)
+        observe::peer_info(&self.inner.figures(), session)
     }
 
     /// Take every notification received so far, oldest first.

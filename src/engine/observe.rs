@@ -4,37 +4,47 @@
 //! (`PDX_METRICS_INTERVAL_S`).
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use serde_json::{json, Map, Value};
 
-use super::Inner;
+use super::notify::Notifications;
+use super::peers::Peers;
+use super::registry::Registry;
 use crate::error::{Error, Result};
 use crate::transfer::metrics::{self, MetricsSnapshot};
-use crate::transfer::stats::{kind_label, Gauges, StatsSnapshot};
+use crate::transfer::stats::{kind_label, Gauges, Stats, StatsSnapshot};
 
 /// The only path the native engine has (until a same-host link exists).
 const PATH: &str = "tcp";
 const PATH_REASON: &str = "the native TCP engine has no other path to a peer";
 
-pub(super) fn stats(inner: &Inner) -> StatsSnapshot {
-    inner.stats.snapshot(Gauges {
-        peers_connected: inner.peers.len() as u64,
-        inbound_connections_open: inner.stats.inbound_open.load(Relaxed),
-        notification_bytes_queued: inner.notifications.queued_bytes() as u64,
+/// The parts of the engine's state the figures are read from.
+pub(super) struct Sources<'a> {
+    pub(super) stats: &'a Stats,
+    pub(super) peers: &'a Peers,
+    pub(super) notifications: &'a Notifications,
+    /// Whether the scrape carries each peer's figures (`PDX_METRICS_PER_PEER`).
+    pub(super) per_peer: bool,
+}
+
+pub(super) fn stats(from: &Sources<'_>) -> StatsSnapshot {
+    from.stats.snapshot(Gauges {
+        peers_connected: from.peers.len() as u64,
+        inbound_connections_open: from.stats.inbound_open.load(Relaxed),
+        notification_bytes_queued: from.notifications.queued_bytes() as u64,
     })
 }
 
-pub(super) fn metrics(inner: &Inner) -> MetricsSnapshot {
-    let s = &inner.stats;
-    let mut m = MetricsSnapshot::from_stats(PATH, stats(inner));
+pub(super) fn metrics(from: &Sources<'_>) -> MetricsSnapshot {
+    let s = from.stats;
+    let mut m = MetricsSnapshot::from_stats(PATH, stats(from));
     (m.latency_us, m.size_bytes) = s.histogram_snapshots();
     m.refused_address = s.connections_refused_address.load(Relaxed);
     m.refused_auth = s.connections_refused_auth.load(Relaxed);
-    m.lanes_open = inner.peers.lanes_open();
+    m.lanes_open = from.peers.lanes_open();
     m.tasks_queued = s.tasks_queued.load(Relaxed);
-    if inner.settings.metrics_per_peer {
+    if from.per_peer {
         m.peers = Some(s.peers.snapshots());
     }
     m
@@ -45,9 +55,9 @@ pub(super) fn metrics(inner: &Inner) -> MetricsSnapshot {
 /// seconds), lanes open, tasks queued. `InvalidArgument` for a peer this
 /// engine never sent to, or has forgotten (see
 /// [`crate::transfer::peer_stats`]).
-pub(super) fn peer_info(inner: &Inner, session: &str) -> Result<Value> {
-    let counted = inner.stats.peers.get(session);
-    let lanes = inner.peers.lanes_open_to(session);
+pub(super) fn peer_info(from: &Sources<'_>, session: &str) -> Result<Value> {
+    let counted = from.stats.peers.get(session);
+    let lanes = from.peers.lanes_open_to(session);
     if counted.is_none() && lanes.is_none() {
         return Err(Error::invalid_argument(format!(
             "{session}: no figures for this peer (never used, or forgotten: the engine keeps the {} most recently \
@@ -79,23 +89,24 @@ pub(super) fn peer_info(inner: &Inner, session: &str) -> Result<Value> {
     }))
 }
 
-/// Log the metrics line every `interval` until the engine stops (checked
-/// every 100 ms, so stopping is not held up).
-pub(super) fn log_periodically(inner: Arc<Inner>, interval: Duration) {
-    let mut before = stats(&inner);
+/// Log the metrics line of engine `session` every `interval` until
+/// `registry` says the engine stops (checked every 100 ms, so stopping is
+/// not held up).
+pub(super) fn log_periodically(from: &Sources<'_>, registry: &Registry, session: &str, interval: Duration) {
+    let mut before = stats(from);
     let mut since = Instant::now();
     loop {
         while since.elapsed() < interval {
-            if inner.registry.stopping() {
+            if registry.stopping() {
                 return;
             }
             std::thread::sleep((interval - since.elapsed().min(interval)).min(Duration::from_millis(100)));
         }
-        if inner.registry.stopping() {
+        if registry.stopping() {
             return;
         }
-        let now = metrics(&inner);
-        log::info!("{}", metrics::line(&inner.identity.session_id, &before, &now, since.elapsed().as_secs_f64()));
+        let now = metrics(from);
+        log::info!("{}", metrics::line(session, &before, &now, since.elapsed().as_secs_f64()));
         before = now.stats;
         since = Instant::now();
     }

@@ -403,7 +403,7 @@ impl Peers {
     }
 }
 
-/// Lanes for the statistics (see [`super::observe`]).
+/// Lanes open, for the engine's statistics and metrics.
 impl Peers {
     /// Lanes open (idle or in use) to every peer.
     pub fn lanes_open(&self) -> u64 {
