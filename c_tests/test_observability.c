@@ -83,7 +83,12 @@ int main(void) {
   CHECK_OK(pdx_engine_metrics(a, text, mlen + 4096, &mgot));
   CHECK(mgot >= mlen - 64 && strlen(text) == mgot);
   CHECK(strstr(text, "# TYPE pdx_transferred_bytes_total counter\n") != NULL);
-  CHECK(strstr(text, "pdx_transferred_bytes_total{direction=\"write\",path=\"tcp\"} 35096\n") != NULL);
+  /* Two engines of one process: every completed byte took the same-host link. */
+  CHECK(strstr(text, "pdx_transferred_bytes_total{direction=\"write\",path=\"same-host\"} 35096\n") != NULL);
+  CHECK(strstr(text, "pdx_transferred_bytes_total{direction=\"write\",path=\"tcp\"} 0\n") != NULL);
+  /* The empty write moved nothing over either path: it counts under tcp. */
+  CHECK(strstr(text, "pdx_tasks_completed_total{direction=\"write\",path=\"same-host\"} 3\n") != NULL);
+  CHECK(strstr(text, "pdx_tasks_completed_total{direction=\"write\",path=\"tcp\"} 1\n") != NULL);
   CHECK(strstr(text, "pdx_tasks_failed_total{kind=\"remote_rejected\",path=\"tcp\"} 1\n") != NULL);
   CHECK(strstr(text, "pdx_task_size_bytes_count{direction=\"write\",path=\"tcp\"} 5\n") != NULL);
   CHECK(strstr(text, "pdx_task_latency_seconds_count{direction=\"read\",path=\"tcp\"} 2\n") != NULL);
@@ -93,7 +98,8 @@ int main(void) {
   size_t ilen = 0;
   CHECK_OK(pdx_peer_info(a, peer, info, sizeof info, &ilen));
   CHECK(ilen == strlen(info));
-  CHECK(strstr(info, "\"path\":\"tcp\"") != NULL && strstr(info, "\"reason\":") != NULL);
+  CHECK(strstr(info, "\"path\":\"same-host\"") != NULL && strstr(info, "\"reason\":\"same host") != NULL);
+  CHECK(strstr(info, "\"same_host_bytes_written\":35096") != NULL);
   CHECK(strstr(info, "\"bytes_written\":35096") != NULL && strstr(info, "\"tasks_written\":4") != NULL);
   CHECK(strstr(info, "\"remote_rejected\":1") != NULL && strstr(info, "\"last_error\":\"") != NULL);
   CHECK_STATUS(pdx_peer_info(a, "127.0.0.1:1", info, sizeof info, &ilen), PDX_ERR_INVALID_ARGUMENT);

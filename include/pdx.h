@@ -404,6 +404,24 @@ typedef struct {
    * the call. Native engine only.
    */
   uint64_t served_device_failures;
+  /**
+   * Payload bytes of completed writes (of `bytes_written`) that moved
+   * entirely over the same-host link (one cross-process copy, not TCP).
+   */
+  uint64_t same_host_bytes_written;
+  /**
+   * The same for reads (of `bytes_read`).
+   */
+  uint64_t same_host_bytes_read;
+  /**
+   * Completed writes (of `tasks_written`) that moved entirely over the
+   * same-host link.
+   */
+  uint64_t same_host_tasks_written;
+  /**
+   * The same for reads (of `tasks_read`).
+   */
+  uint64_t same_host_tasks_read;
 } pdx_stats;
 
 /**

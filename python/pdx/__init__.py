@@ -547,6 +547,7 @@ STATS_FIELDS = (
     "served_bytes_written", "served_bytes_read", "served_writes", "served_reads", "requests_refused",
     "handshakes", "inbound_connections", "inbound_connections_open", "peers_connected",
     "notification_bytes_queued", "latency_p50_us", "latency_p99_us", "served_device_failures",
+    "same_host_bytes_written", "same_host_bytes_read", "same_host_tasks_written", "same_host_tasks_read",
 )
 
 

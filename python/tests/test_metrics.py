@@ -24,6 +24,22 @@ def value(fams: dict, family: str, sample: str, **labels: str) -> float:
     raise KeyError(f"{sample} {labels}")
 
 
+def test_completed_work_is_split_by_path():
+    """The same workload over the same-host link: bytes and tasks under
+    path="same-host", none under "tcp"; the peer's figures say why."""
+    with pdx.Engine("127.0.0.1", "tcp") as a, pdx.Engine("127.0.0.1", "tcp") as b:
+        known_workload(a, b)
+        fa = families(a)
+        info = a.peer_info(b.session_id)
+    for path, (w_bytes, r_bytes, w_tasks) in [("same-host", (1030, 500, 3)), ("tcp", (0, 0, 0))]:
+        w, r = {"direction": "write", "path": path}, {"direction": "read", "path": path}
+        assert value(fa, "pdx_transferred_bytes", "pdx_transferred_bytes_total", **w) == w_bytes
+        assert value(fa, "pdx_transferred_bytes", "pdx_transferred_bytes_total", **r) == r_bytes
+        assert value(fa, "pdx_tasks_completed", "pdx_tasks_completed_total", **w) == w_tasks
+    assert info["path"] == "same-host" and "probe copy" in info["reason"], info
+    assert (info["same_host_bytes_written"], info["same_host_bytes_read"]) == (1030, 500)
+
+
 def known_workload(a: pdx.Engine, b: pdx.Engine) -> tuple[int, bytearray]:
     """Writes of 1000, 10 and 20 bytes, a read of 500, a read refused."""
     pool = bytearray(1 << 16)
@@ -38,7 +54,8 @@ def known_workload(a: pdx.Engine, b: pdx.Engine) -> tuple[int, bytearray]:
 
 
 def test_metrics_parse_and_equal_a_known_workload():
-    with pdx.Engine("127.0.0.1", "tcp") as a, pdx.Engine("127.0.0.1", "tcp") as b:
+    # Over TCP (two engines of one process would otherwise take the same-host link).
+    with pdx.Engine("127.0.0.1", "tcp", same_host="off") as a, pdx.Engine("127.0.0.1", "tcp") as b:
         known_workload(a, b)
         fa, fb = families(a), families(b)
     w, r = {"direction": "write", "path": "tcp"}, {"direction": "read", "path": "tcp"}
@@ -77,7 +94,7 @@ def test_metrics_parse_and_equal_a_known_workload():
 
 
 def test_per_peer_series_and_peer_info():
-    with pdx.Engine("127.0.0.1", "tcp", metrics_per_peer="1") as a, pdx.Engine("127.0.0.1", "tcp") as b:
+    with pdx.Engine("127.0.0.1", "tcp", metrics_per_peer="1", same_host="off") as a, pdx.Engine("127.0.0.1", "tcp") as b:
         remote, _pool = known_workload(a, b)
         fa = families(a)
         peer = b.session_id
@@ -110,7 +127,7 @@ def test_collector_for_prometheus_client():
     import pdx.metrics
 
     registry = prometheus_client.CollectorRegistry()
-    with pdx.Engine("127.0.0.1", "tcp") as a, pdx.Engine("127.0.0.1", "tcp") as b:
+    with pdx.Engine("127.0.0.1", "tcp", same_host="off") as a, pdx.Engine("127.0.0.1", "tcp") as b:
         pdx.metrics.register(a, registry)
         known_workload(a, b)
         got = registry.get_sample_value(

@@ -97,6 +97,7 @@ pub const OPTION_VARS: &[Var] = &[
     vars::PDX_ALLOWED_PEERS,
     vars::PDX_PEER_SECRET_FILE,
     vars::PDX_IDLE_TIMEOUT_MS,
+    vars::PDX_SAME_HOST,
 ];
 
 /// The option key of a variable: its name without `PDX_` / `MC_`, lower case.

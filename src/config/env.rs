@@ -299,6 +299,8 @@ vars! {
         "File with a shared secret (>= 32 bytes, not readable by group or others): pdx peers authenticate every handshake and data connection; Mooncake peers are refused.";
     PDX_IDLE_TIMEOUT_MS: Ty::Millis { min: 500, max: 600_000 }, "300000",
         "Inbound data connections with no request for this long are closed (an initiator reconnects unseen).";
+    PDX_SAME_HOST: Ty::Choice(&["auto", "off"]), "auto",
+        "`auto`: two pdx engines on one host move bytes with one cross-process copy instead of TCP; `off` (on either side): TCP.";
 }
 
 /// The names SGLang's rules use (the declarations' names).

@@ -190,7 +190,7 @@ fn replayed_handshakes_and_data_connections_achieve_nothing() {
     let mut stream = TcpStream::connect(("127.0.0.1", data_port)).unwrap();
     let by = Instant::now() + Duration::from_secs(10);
     let secret = super::access::read_secret(&k).unwrap();
-    super::hello::confirm(&mut stream, &b.inner.identity.instance, by, "test", Some(&secret)).unwrap();
+    super::hello::confirm(&mut stream, &b.inner.identity.instance, by, "test", Some(&secret), None).unwrap();
     stream.write_all(&raw_write(remote, &[3u8; 256])).unwrap();
     let mut status = [0u8; 8];
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();

@@ -3,7 +3,7 @@
 //! are reached through a table of ids (index + generation, never a pointer),
 //! so a stale or made-up id is an error, not a crash.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,8 @@ struct Task {
     requested: u64,
     /// Pieces of this task not yet terminal.
     pieces_left: AtomicUsize,
+    /// A piece of it went over TCP (else it moved over the same-host link).
+    over_tcp: AtomicBool,
     error: Mutex<Option<Error>>,
 }
 
@@ -89,6 +91,7 @@ impl BatchRun {
                 bytes: AtomicU64::new(0),
                 requested: r.len as u64,
                 pieces_left: AtomicUsize::new(count),
+                over_tcp: AtomicBool::new(false),
                 error: Mutex::new(None),
             })
             .collect();
@@ -180,6 +183,9 @@ impl BatchRun {
             None => Ok(task.bytes.load(Ordering::Acquire)),
         };
         inner.stats.task_finished(&self.peer_stats, self.direction, task.requested, self.started.elapsed(), outcome);
+        if let (Ok(bytes), false) = (outcome, task.over_tcp.load(Ordering::Acquire)) {
+            inner.stats.same_host_task(&self.peer_stats, self.direction, bytes);
+        }
         let failure = error.as_ref().map(Error::kind);
         let state = if failure.is_some() { TaskState::Failed } else { TaskState::Completed };
         task.state.store(state.to_u8(), Ordering::Release);
@@ -320,6 +326,7 @@ impl BatchRun {
         match peer.acquire(stall) {
             Ok(mut l) => {
                 l.conn.set_stall(stall.clone());
+                self.peer_stats.set_path(peer.path.get());
                 Ok(l)
             }
             Err(e) => {
@@ -360,6 +367,11 @@ impl BatchRun {
                 }
             }
         };
+        if link.path() != super::samehost::PATH {
+            for &i in &idx[..out.confirmed] {
+                self.tasks[self.plan.piece_task[i]].over_tcp.store(true, Ordering::Release);
+            }
+        }
         if let Some(e) = out.broken.take() {
             let named = matches!(e.kind(), ErrorKind::ConnectionLost | ErrorKind::Timeout | ErrorKind::Protocol);
             out.broken = Some(if named { e.context(format!("{} to {}", link.path(), self.session)) } else { e });

@@ -51,6 +51,9 @@ pub struct Conn {
     resumed: bool,
     /// A request header was read from it.
     seen_header: bool,
+    /// Served with the same-host link to this initiator pid (kept while the
+    /// connection is parked between requests).
+    same_host_pid: Option<u32>,
     /// Parked and not read since: the readiness loop hands it back when
     /// bytes are there, so the first receive takes them without polling
     /// (and without counting as a poll that caught them).
@@ -96,6 +99,7 @@ impl Conn {
             parked: false,
             resumed: false,
             seen_header: false,
+            same_host_pid: None,
             woken: false,
         })
     }
@@ -192,6 +196,16 @@ impl Conn {
     /// next is not its first request.
     pub fn resumed(&self) -> bool {
         self.resumed
+    }
+
+    /// The initiator pid of the same-host link on this connection, if any.
+    pub fn same_host_pid(&self) -> Option<u32> {
+        self.same_host_pid
+    }
+
+    /// Serve this connection with the same-host link to `pid` (or not).
+    pub fn set_same_host_pid(&mut self, pid: Option<u32>) {
+        self.same_host_pid = pid;
     }
 
     /// Give up the receive buffer while nothing is buffered (a parked

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::samehost::HostIdentity;
 use crate::error::{Error, Result};
 
 /// One registered region as advertised in a descriptor.
@@ -27,6 +28,8 @@ pub struct PeerDescriptor {
     /// `pdx_instance`: the engine instance of a pdx peer, which its data
     /// port confirms (see [`super::hello`]); `None` for a Mooncake peer.
     pub instance: Option<String>,
+    /// `pdx_host`: where a pdx peer runs (see [`super::samehost`]).
+    pub host: Option<HostIdentity>,
 }
 
 /// Our descriptor as it goes on the wire: fields in Mooncake's (sorted) order.
@@ -34,6 +37,8 @@ pub struct PeerDescriptor {
 struct OwnDescriptor<'a> {
     buffers: Vec<OwnBuffer<'a>>,
     name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pdx_host: Option<&'a HostIdentity>,
     pdx_instance: &'a str,
     protocol: &'static str,
     rdma_server_name: &'static str,
@@ -59,6 +64,8 @@ struct PeerFields {
     tcp_data_host: Option<String>,
     name: Option<String>,
     pdx_instance: Option<String>,
+    /// Read leniently: a malformed identity only means no same-host link.
+    pdx_host: Option<serde_json::Value>,
     buffers: Option<Vec<PeerBuffer>>,
 }
 
@@ -75,6 +82,7 @@ struct PeerBuffer {
 /// handshake limit; the list is optional for peers.
 /// `instance` is this engine's (see [`super::hello`]); a Mooncake peer ignores
 /// the field.
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn encode_descriptor(
     name: &str,
     instance: &str,
@@ -82,7 +90,20 @@ pub fn encode_descriptor(
     data_port: u16,
     buffers: &[AdvertisedBuffer],
 ) -> String {
+    encode_with_host(name, instance, data_host, data_port, buffers, None)
+}
+
+/// [`encode_descriptor`] with the engine's host identity.
+fn encode_with_host(
+    name: &str,
+    instance: &str,
+    data_host: &str,
+    data_port: u16,
+    buffers: &[AdvertisedBuffer],
+    host: Option<&HostIdentity>,
+) -> String {
     let own = OwnDescriptor {
+        pdx_host: host,
         buffers: buffers.iter().map(|b| OwnBuffer { addr: b.addr, length: b.length, name }).collect(),
         name,
         pdx_instance: instance,
@@ -144,6 +165,7 @@ pub fn parse_descriptor(text: &[u8], session_name: &str, session_host: &str) -> 
         notify_name: non_empty(d.name, session_name),
         buffers,
         instance,
+        host: d.pdx_host.and_then(|h| serde_json::from_value(h).ok()),
     })
 }
 
@@ -152,7 +174,8 @@ pub fn parse_descriptor(text: &[u8], session_name: &str, session_host: &str) -> 
 pub(crate) fn own(identity: &super::Identity, mut buffers: Vec<AdvertisedBuffer>, max_frame: usize) -> String {
     loop {
         let id = identity;
-        let text = encode_descriptor(&id.session_id, &id.instance, &id.data_host, id.data_port, &buffers);
+        let host = HostIdentity::current();
+        let text = encode_with_host(&id.session_id, &id.instance, &id.data_host, id.data_port, &buffers, host);
         if text.len() + 2 <= max_frame || buffers.is_empty() {
             return text;
         }

@@ -38,6 +38,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::deadline::BoundedStream;
+use super::samehost::{Answer, Offer};
 use super::wire::HEADER_LEN;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -69,6 +70,12 @@ pub(crate) struct Body {
     pub nonce: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proof: Option<String>,
+    /// Request: the initiator offers the same-host link (see [`super::samehost`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_host: Option<Offer>,
+    /// Reply: the target's answer to that offer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_host_answer: Option<Answer>,
 }
 
 /// True if `header` opens a hello; its `size` is the body length.
@@ -112,6 +119,7 @@ pub(crate) fn decode(body: &[u8]) -> Option<Body> {
 }
 
 /// The reply naming `own`.
+#[cfg(test)]
 pub(crate) fn encode_reply(own: &str) -> Vec<u8> {
     encode_reply_body(&Body { instance: Some(own.to_owned()), ..Body::default() })
 }
@@ -133,17 +141,19 @@ pub(crate) fn reply_body_len(prefix: [u8; 8]) -> Option<usize> {
 }
 
 /// Ask the engine behind `stream` to confirm it is `expected`, all by
-/// `deadline`; with `secret`, both sides also prove they hold it. `what`
-/// names the connection for error texts. Anything but a well-formed reply
-/// naming `expected` is an error: the caller then treats its descriptor as
-/// stale.
+/// `deadline`; with `secret`, both sides also prove they hold it; with
+/// `offer`, offer the same-host link and return the answer (`None`: the
+/// engine did not answer it). `what` names the connection for error
+/// texts. Anything but a well-formed reply naming `expected` is an error:
+/// the caller then treats its descriptor as stale.
 pub(crate) fn confirm(
     stream: &mut TcpStream,
     expected: &str,
     deadline: Instant,
     what: &str,
     secret: Option<&[u8]>,
-) -> Result<()> {
+    offer: Option<Offer>,
+) -> Result<Option<Answer>> {
     let io = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
             Error::timeout(format!("{what}: no answer to the pdx hello within the connect bound"))
@@ -157,7 +167,7 @@ pub(crate) fn confirm(
     let not_the_peer = |why: &str| Error::new(ErrorKind::PeerUnreachable, format!("{what}: {why}"));
     let mut bounded = BoundedStream::new(stream, deadline);
     let cn = secret.map(|_| super::auth::nonce());
-    let request = Body { instance: Some(expected.to_owned()), nonce: cn.clone(), proof: None };
+    let request = Body { instance: Some(expected.to_owned()), nonce: cn.clone(), same_host: offer, ..Body::default() };
     bounded.write_all(&encode_request_body(&request)).map_err(io)?;
     let mut prefix = [0u8; 8];
     bounded.read_exact(&mut prefix).map_err(io)?;
@@ -169,7 +179,8 @@ pub(crate) fn confirm(
     if instance != expected {
         return Err(not_the_peer(&format!("is engine instance {instance}, not {expected} (the port was reused)")));
     }
-    let (Some(secret), Some(cn)) = (secret, cn) else { return Ok(()) };
+    let answer = reply.same_host_answer;
+    let (Some(secret), Some(cn)) = (secret, cn) else { return Ok(answer) };
     use super::auth::{prove, verify, DATA_CLIENT, DATA_SERVER};
     let proven = match (&reply.nonce, &reply.proof) {
         (Some(sn), Some(proof)) => {
@@ -183,25 +194,34 @@ pub(crate) fn confirm(
         ));
     };
     let ours = prove(secret, DATA_CLIENT, &[cn.as_bytes(), sn.as_bytes(), expected.as_bytes()]);
-    bounded.write_all(&encode_request_body(&Body { proof: Some(ours), ..Body::default() })).map_err(io)
+    bounded.write_all(&encode_request_body(&Body { proof: Some(ours), ..Body::default() })).map_err(io)?;
+    Ok(answer)
 }
 
 /// The server's side of an authenticated data-connection hello: `request`
-/// is the first hello's body, naming this engine's instance. Replies with this engine's instance, its
-/// nonce and proof, then reads the initiator's proof (one more hello).
+/// is the first hello's body, naming this engine's instance. Replies with
+/// this engine's instance, its nonce and proof (and `answer` to a
+/// same-host offer), then reads the initiator's proof (one more hello).
 /// `Err` says why the connection is refused.
 pub(crate) fn serve_data_hello(
     conn: &mut super::conn::Conn,
     secret: &[u8],
     own: &str,
     request: Body,
+    answer: Option<Answer>,
 ) -> std::result::Result<(), &'static str> {
     let Some(cn) = request.nonce.filter(|n| n.len() <= 128) else {
         return Err("its pdx hello carried no nonce (a pdx engine without a peer secret)");
     };
     let sn = super::auth::nonce();
     let proof = super::auth::prove(secret, super::auth::DATA_SERVER, &[cn.as_bytes(), sn.as_bytes(), own.as_bytes()]);
-    let reply = Body { instance: Some(own.to_owned()), nonce: Some(sn.clone()), proof: Some(proof) };
+    let reply = Body {
+        instance: Some(own.to_owned()),
+        nonce: Some(sn.clone()),
+        proof: Some(proof),
+        same_host_answer: answer,
+        ..Body::default()
+    };
     conn.send_all(&encode_reply_body(&reply)).map_err(|_| "it left during the hello")?;
     let mut header = [0u8; super::wire::HEADER_LEN];
     conn.recv_exact(&mut header).map_err(|_| "it sent no proof after the hello")?;

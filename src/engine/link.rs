@@ -2,10 +2,11 @@
 //! peer. A link runs one window of pieces with the window protocol over its
 //! transport and reports what the target confirmed; the executor plans,
 //! claims windows, retries and reports, whatever the link. TCP data
-//! connections (`peers::Lane`) are the one link today; another (a same-host
-//! link) is one more implementation, chosen where lanes are opened.
+//! connections (`peers::Lane`) carry two: TCP, and the same-host link
+//! ([`samehost`]) where the connection's hello negotiated it.
 
 use super::peers::Lane;
+use super::samehost;
 use super::window::{self, LocalMemory, WindowOutcome};
 use crate::transfer::{Direction, Request};
 
@@ -27,9 +28,15 @@ pub(crate) trait Link {
     ) -> WindowOutcome;
 }
 
+/// A lane is the TCP link, or the same-host link where its hello
+/// negotiated that (the requests still travel on its connection).
 impl Link for Lane {
     fn path(&self) -> &'static str {
-        "tcp"
+        if self.same_host {
+            samehost::PATH
+        } else {
+            "tcp"
+        }
     }
 
     unsafe fn run_window(
@@ -38,7 +45,16 @@ impl Link for Lane {
         reqs: &[Request],
         memory: &mut dyn LocalMemory,
     ) -> WindowOutcome {
-        // SAFETY: forwarded from the caller.
-        unsafe { window::run_window(&mut self.conn, direction, self.v2, reqs, memory) }
+        if !self.same_host {
+            // SAFETY: forwarded from the caller.
+            return unsafe { window::run_window(&mut self.conn, direction, self.v2, reqs, memory) };
+        }
+        // SAFETY: forwarded from the caller (the views stay valid until
+        // confirmed, which is before this call returns).
+        let ran = unsafe { samehost::window::run_window(&mut self.conn, direction, reqs, memory) };
+        if let Some(why) = ran.link_failed {
+            self.path.fall_back(&self.session, why);
+        }
+        ran.outcome
     }
 }

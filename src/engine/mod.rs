@@ -32,6 +32,7 @@ mod plan;
 mod prepare;
 mod regions;
 mod registry;
+mod samehost;
 mod server;
 pub mod settings;
 mod spin;
@@ -51,6 +52,8 @@ mod fuzz_tests;
 mod hardening_tests;
 #[cfg(test)]
 mod lifecycle_tests;
+#[cfg(test)]
+mod samehost_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -15,9 +15,8 @@ use crate::error::{Error, Result};
 use crate::transfer::metrics::{self, MetricsSnapshot};
 use crate::transfer::stats::{kind_label, Gauges, Stats, StatsSnapshot};
 
-/// The only path the native engine has (until a same-host link exists).
+/// The engine's main path (the same-host link is counted apart).
 const PATH: &str = "tcp";
-const PATH_REASON: &str = "the native TCP engine has no other path to a peer";
 
 /// The parts of the engine's state the figures are read from.
 pub(super) struct Sources<'a> {
@@ -50,8 +49,9 @@ pub(super) fn metrics(from: &Sources<'_>) -> MetricsSnapshot {
     m
 }
 
-/// `session`'s figures: always `path` and `reason`; bytes and tasks each
-/// way (completed tasks), failures by kind, the last error and when (Unix
+/// `session`'s figures: always `path` and `reason` (of its last data
+/// connection); bytes and tasks each way (completed tasks; bytes also of
+/// the same-host link), failures by kind, the last error and when (Unix
 /// seconds), lanes open, tasks queued. `InvalidArgument` for a peer this
 /// engine never sent to, or has forgotten (see
 /// [`crate::transfer::peer_stats`]).
@@ -66,6 +66,13 @@ pub(super) fn peer_info(from: &Sources<'_>, session: &str) -> Result<Value> {
         )));
     }
     let p = counted.unwrap_or_else(|| crate::transfer::peer_stats::PeerCounters::empty_snapshot(session));
+    // The live peer's path, else the last one recorded.
+    let (path, reason) = from
+        .peers
+        .cached(session)
+        .map(|peer| peer.path.get())
+        .or_else(|| p.path.clone())
+        .unwrap_or(("tcp", "no data connection opened yet".to_owned()));
     let failures: Map<String, Value> =
         p.failed_by_kind.iter().enumerate().map(|(i, n)| (kind_label(i).to_owned(), json!(n))).collect();
     let (last_error, when) = match &p.last_error {
@@ -74,10 +81,12 @@ pub(super) fn peer_info(from: &Sources<'_>, session: &str) -> Result<Value> {
     };
     Ok(json!({
         "session": session,
-        "path": PATH,
-        "reason": PATH_REASON,
+        "path": path,
+        "reason": reason,
         "bytes_written": p.bytes[0],
         "bytes_read": p.bytes[1],
+        "same_host_bytes_written": p.same_host_bytes[0],
+        "same_host_bytes_read": p.same_host_bytes[1],
         "tasks_written": p.tasks[0],
         "tasks_read": p.tasks[1],
         "tasks_failed": p.failed(),

@@ -15,6 +15,7 @@ use super::deadline::{Progress, Stall};
 use super::descriptor::{parse_descriptor, PeerDescriptor};
 use super::dialer::Dialer;
 use super::registry::OwnedSocketGuard;
+use super::samehost::{self, PathChoice};
 use super::settings::Settings;
 use super::wire::FrameType;
 use crate::error::{Error, ErrorKind, Result};
@@ -34,6 +35,8 @@ pub struct Peer {
     pub progress: Arc<Progress>,
     lanes: Mutex<LaneState>,
     lane_freed: Condvar,
+    /// The path its data connections take, and why.
+    pub path: Arc<PathChoice>,
 }
 
 struct LaneState {
@@ -52,6 +55,12 @@ pub struct Lane {
     /// Whether requests on this lane use data protocol v2 (decided when the
     /// lane opens: the peer's descriptor, unless v1 is forced).
     pub v2: bool,
+    /// Whether the target copies the payload itself (the same-host link,
+    /// negotiated in the hello when the lane opened).
+    pub same_host: bool,
+    /// The peer's path, told when the same-host link fails.
+    pub path: Arc<PathChoice>,
+    pub session: Arc<str>,
 }
 
 impl Peer {
@@ -101,21 +110,37 @@ impl Peer {
 
     /// Connect to the data port `desc` names and, for a pdx peer, have the
     /// engine there confirm it is the instance `desc` names (see
-    /// [`super::hello`]), all by `by`.
-    fn connect_to(&self, desc: &PeerDescriptor, by: Instant) -> Result<TcpStream> {
+    /// [`super::hello`]), all by `by`; offer it the same-host link where
+    /// that may work. True if the link was accepted; the path and its
+    /// reason are recorded either way.
+    fn connect_to(&self, desc: &PeerDescriptor, by: Instant) -> Result<(TcpStream, bool)> {
         let mut stream = super::dialer::connect_by(&self.dialer.settings, &desc.data_host, desc.data_port, Some(by))
             .map_err(|e| e.context(format!("data connection to {} (as its descriptor advertises)", self.session)))?;
-        if let Some(instance) = &desc.instance {
-            let what = format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session);
-            let by = by.min(Instant::now() + self.dialer.settings.handshake_timeout);
-            super::hello::confirm(&mut stream, instance, by, &what, self.dialer.secret.as_deref())?;
-        } else if self.dialer.secret.is_some() {
-            return Err(Error::new(
-                ErrorKind::PeerUnreachable,
-                format!("{}: a Mooncake peer cannot authenticate, and this engine has a peer secret", self.session),
-            ));
-        }
-        Ok(stream)
+        let Some(instance) = &desc.instance else {
+            if self.dialer.secret.is_some() {
+                return Err(Error::new(
+                    ErrorKind::PeerUnreachable,
+                    format!("{}: a Mooncake peer cannot authenticate, and this engine has a peer secret", self.session),
+                ));
+            }
+            self.path.decided(&self.session, false, "a Mooncake peer (TCP is its only path)".to_owned());
+            return Ok((stream, false));
+        };
+        let offer = match self.path.failed() {
+            Some(why) => Err(why),
+            None => samehost::offer_or_why_not(self.dialer.settings.same_host, desc.host.as_ref()),
+        };
+        let what = format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session);
+        let by = by.min(Instant::now() + self.dialer.settings.handshake_timeout);
+        let secret = self.dialer.secret.as_deref();
+        let answer = super::hello::confirm(&mut stream, instance, by, &what, secret, offer.clone().ok())?;
+        let (same_host, reason) = match (offer, answer) {
+            (Err(why), _) => (false, why),
+            (Ok(_), Some(a)) => (a.accepted, a.reason),
+            (Ok(_), None) => (false, "the peer did not answer the same-host offer (an older pdx)".to_owned()),
+        };
+        self.path.decided(&self.session, same_host, reason);
+        Ok((stream, same_host))
     }
 
     /// A new data connection to the engine this peer's descriptor names.
@@ -137,8 +162,8 @@ impl Peer {
         if fetched_here {
             desc = self.fetch_and_cache(Some(by))?;
         }
-        let stream = match self.connect_to(&desc, by) {
-            Ok(stream) => stream,
+        let (stream, same_host) = match self.connect_to(&desc, by) {
+            Ok(opened) => opened,
             Err(first) if fetched_here || first.kind() == ErrorKind::Timeout => return Err(first),
             Err(first) => {
                 // A peer that restarted under the same name has new ports.
@@ -169,7 +194,9 @@ impl Peer {
             .registry
             .track_owned(conn.stream())
             .ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
-        Ok(Lane { conn, v2: desc.proto_version >= 2 && !s.force_v1, _tracked: tracked })
+        let v2 = desc.proto_version >= 2 && !s.force_v1;
+        let (path, session) = (self.path.clone(), self.session.as_str().into());
+        Ok(Lane { conn, v2, same_host, path, session, _tracked: tracked })
     }
 
     /// Send one notification to the name in the peer's descriptor.
@@ -211,10 +238,11 @@ impl Peer {
                 return Err(Error::new(ErrorKind::Shutdown, "engine is shutting down"));
             }
             while let Some(lane) = state.idle.pop() {
-                if lane.conn.idle_and_alive() {
+                // Not a same-host lane once that link failed for this peer.
+                if lane.conn.idle_and_alive() && !(lane.same_host && self.path.failed().is_some()) {
                     return Ok(lane);
                 }
-                state.open -= 1; // closed by the peer while idle
+                state.open -= 1; // closed by the peer while idle, or of a failed link
             }
             if state.open < self.dialer.settings.lanes_per_peer {
                 state.open += 1;
@@ -327,6 +355,7 @@ impl Peers {
             progress: Arc::new(Progress::default()),
             lanes: Mutex::new(LaneState { idle: Vec::new(), open: 0, last_used: Instant::now() }),
             lane_freed: Condvar::new(),
+            path: Arc::default(),
         });
         let mut map = self.map.lock();
         if map.len() >= MAX_PEERS && !map.contains_key(session) {

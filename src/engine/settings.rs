@@ -59,6 +59,9 @@ pub struct Settings {
     pub max_connections_per_address: usize,
     /// Inbound data connections with no request for this long are closed.
     pub idle_timeout: Duration,
+    /// Whether this engine offers and accepts the same-host link
+    /// (`PDX_SAME_HOST`, `auto` unless `off`).
+    pub same_host: bool,
     /// Cap on pinned host memory for staging device memory
     /// (`PDX_CUDA_STAGING_BYTES`).
     pub staging_bytes: usize,
@@ -126,6 +129,10 @@ impl Settings {
             notify_queue_bytes: read(env, &PDX_NOTIFY_QUEUE_BYTES).unwrap_or(8 << 20),
             max_connections_per_address: read(env, &PDX_MAX_CONNECTIONS_PER_ADDRESS).unwrap_or(256),
             idle_timeout: read(env, &PDX_IDLE_TIMEOUT_MS).unwrap_or(Duration::from_secs(300)),
+            same_host: read_choice(env, &PDX_SAME_HOST).unwrap_or_else(|e| {
+                log::warn!("{e}; using auto");
+                None
+            }) != Some("off"),
             staging_bytes: staging_bytes(env),
             metrics_per_peer: read(env, &PDX_METRICS_PER_PEER).unwrap_or(false),
             metrics_interval: read(env, &PDX_METRICS_INTERVAL_S).unwrap_or(Duration::ZERO),

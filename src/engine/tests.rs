@@ -8,9 +8,11 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::transfer::TaskState;
 
+/// TCP between the engines (the same-host link has its own tests).
 fn settings() -> Settings {
     let mut s = Settings::from_env();
     s.force_v1 = false;
+    s.same_host = false;
     s
 }
 

@@ -78,6 +78,16 @@ pub struct pdx_stats {
     /// the same reject as for a bad range; this engine logs a warning naming
     /// the call. Native engine only.
     pub served_device_failures: u64,
+    /// Payload bytes of completed writes (of `bytes_written`) that moved
+    /// entirely over the same-host link (one cross-process copy, not TCP).
+    pub same_host_bytes_written: u64,
+    /// The same for reads (of `bytes_read`).
+    pub same_host_bytes_read: u64,
+    /// Completed writes (of `tasks_written`) that moved entirely over the
+    /// same-host link.
+    pub same_host_tasks_written: u64,
+    /// The same for reads (of `tasks_read`).
+    pub same_host_tasks_read: u64,
 }
 
 fn to_c(s: &StatsSnapshot) -> pdx_stats {
@@ -110,6 +120,10 @@ fn to_c(s: &StatsSnapshot) -> pdx_stats {
         latency_p50_us: s.latency_p50_us,
         latency_p99_us: s.latency_p99_us,
         served_device_failures: s.served_device_failures,
+        same_host_bytes_written: s.same_host_bytes_written,
+        same_host_bytes_read: s.same_host_bytes_read,
+        same_host_tasks_written: s.same_host_tasks_written,
+        same_host_tasks_read: s.same_host_tasks_read,
     }
 }
 
@@ -152,6 +166,6 @@ mod tests {
     #[test]
     fn the_size_field_comes_first_and_fields_are_u64() {
         assert_eq!(std::mem::offset_of!(pdx_stats, size), 0);
-        assert_eq!(std::mem::size_of::<pdx_stats>(), 8 + 25 * 8, "fields are only added at the end");
+        assert_eq!(std::mem::size_of::<pdx_stats>(), 8 + 29 * 8, "fields are only added at the end");
     }
 }

@@ -56,6 +56,9 @@ impl MetricsSnapshot {
 }
 
 const DIRECTIONS: [&str; 2] = ["write", "read"];
+/// The native engine's second path (its share of the completed tasks is
+/// counted apart from `tcp`).
+const SAME_HOST: &str = "same-host";
 
 /// A label value with `\`, `"` and newlines escaped as the format asks.
 fn escape(value: &str) -> String {
@@ -150,16 +153,24 @@ pub fn render(m: &MetricsSnapshot) -> String {
         "counter",
         "Payload bytes of completed tasks this engine initiated, by direction and path.",
     );
-    for (d, v) in DIRECTIONS.iter().zip([s.bytes_written, s.bytes_read]) {
-        t.sample("pdx_transferred_bytes_total", &[("direction", d), ("path", path)], v);
+    let same_host = [s.same_host_bytes_written, s.same_host_bytes_read];
+    for ((d, v), near) in DIRECTIONS.iter().zip([s.bytes_written, s.bytes_read]).zip(same_host) {
+        t.sample("pdx_transferred_bytes_total", &[("direction", d), ("path", path)], v.saturating_sub(near));
+        if path == "tcp" {
+            t.sample("pdx_transferred_bytes_total", &[("direction", d), ("path", SAME_HOST)], near);
+        }
     }
     t.family(
         "pdx_tasks_completed_total",
         "counter",
         "Tasks this engine initiated that completed, by direction and path.",
     );
-    for (d, v) in DIRECTIONS.iter().zip([s.tasks_written, s.tasks_read]) {
-        t.sample("pdx_tasks_completed_total", &[("direction", d), ("path", path)], v);
+    let same_host = [s.same_host_tasks_written, s.same_host_tasks_read];
+    for ((d, v), near) in DIRECTIONS.iter().zip([s.tasks_written, s.tasks_read]).zip(same_host) {
+        t.sample("pdx_tasks_completed_total", &[("direction", d), ("path", path)], v.saturating_sub(near));
+        if path == "tcp" {
+            t.sample("pdx_tasks_completed_total", &[("direction", d), ("path", SAME_HOST)], near);
+        }
     }
     t.family("pdx_tasks_failed_total", "counter", "Tasks this engine initiated that failed, by kind of failure.");
     for (i, v) in s.failed_by_kind.iter().enumerate() {
@@ -344,6 +355,8 @@ mod tests {
                 tasks: [i, 0],
                 failed_by_kind: [0; 7],
                 queued: 0,
+                same_host_bytes: [0, 0],
+                path: None,
                 last_error: None,
             })
             .collect();

@@ -29,6 +29,10 @@ pub struct PeerCounters {
     pub failed_by_kind: [AtomicU64; FAILURE_KINDS.len() + 1],
     /// Tasks submitted and not yet finished.
     pub queued: AtomicU64,
+    /// Of `bytes`, what moved over the same-host link, by direction.
+    pub same_host_bytes: [AtomicU64; 2],
+    /// The path of the last data connection opened to it, and why.
+    path: Mutex<Option<(&'static str, String)>>,
     last_error: Mutex<Option<(String, SystemTime)>>,
     /// When tasks were last submitted ([`now_ns`]; no lock, and nothing on
     /// the path of every finished task).
@@ -48,6 +52,8 @@ impl PeerCounters {
             tasks: Default::default(),
             failed_by_kind: Default::default(),
             queued: AtomicU64::new(0),
+            same_host_bytes: Default::default(),
+            path: Mutex::new(None),
             last_error: Mutex::new(None),
             last_active: AtomicU64::new(now_ns()),
         }
@@ -73,6 +79,15 @@ impl PeerCounters {
         self.queued.fetch_sub(1, Relaxed);
     }
 
+    /// The path to this peer and why (kept after the engine forgets the
+    /// peer's connections).
+    pub fn set_path(&self, path: (&'static str, String)) {
+        let mut now = self.path.lock();
+        if now.as_ref() != Some(&path) {
+            *now = Some(path);
+        }
+    }
+
     /// The figures of a peer nothing was counted for yet.
     pub fn empty_snapshot(session: &str) -> PeerSnapshot {
         PeerCounters::new().snapshot(session)
@@ -87,6 +102,8 @@ impl PeerCounters {
             tasks: [l(&self.tasks[0]), l(&self.tasks[1])],
             failed_by_kind: std::array::from_fn(|i| l(&self.failed_by_kind[i])),
             queued: l(&self.queued),
+            same_host_bytes: [l(&self.same_host_bytes[0]), l(&self.same_host_bytes[1])],
+            path: self.path.lock().clone(),
             last_error: self.last_error.lock().clone(),
         }
     }
@@ -101,6 +118,9 @@ pub struct PeerSnapshot {
     pub tasks: [u64; 2],
     pub failed_by_kind: [u64; FAILURE_KINDS.len() + 1],
     pub queued: u64,
+    pub same_host_bytes: [u64; 2],
+    /// The path of the last data connection and why, if one was opened.
+    pub path: Option<(&'static str, String)>,
     /// The text of the last failure and when it happened.
     pub last_error: Option<(String, SystemTime)>,
 }

@@ -210,6 +210,10 @@ pub struct Stats {
     pub histograms: TaskHistograms,
     /// Figures per peer (native engine).
     pub peers: PeerTable,
+    /// Of the completed tasks: bytes and tasks that moved entirely over
+    /// the same-host link, by direction (native engine).
+    pub same_host_bytes: [AtomicU64; 2],
+    pub same_host_tasks: [AtomicU64; 2],
 }
 
 impl Stats {
@@ -261,6 +265,15 @@ impl Stats {
         self.tasks_queued.fetch_sub(1, Relaxed);
     }
 
+    /// A completed task of `bytes` in `direction` (already counted by
+    /// [`Stats::task_finished`]) moved entirely over the same-host link.
+    pub fn same_host_task(&self, peer: &PeerCounters, direction: Direction, bytes: u64) {
+        let d = dir_index(direction);
+        self.same_host_bytes[d].fetch_add(bytes, Relaxed);
+        self.same_host_tasks[d].fetch_add(1, Relaxed);
+        peer.same_host_bytes[d].fetch_add(bytes, Relaxed);
+    }
+
     /// An inbound request of `bytes` in `direction` was served.
     pub fn served(&self, direction: Direction, bytes: u64) {
         let (b, n) = match direction {
@@ -291,6 +304,10 @@ impl Stats {
             served_reads: l(&self.served_reads),
             requests_refused: l(&self.requests_refused),
             served_device_failures: l(&self.served_device_failures),
+            same_host_bytes_written: l(&self.same_host_bytes[0]),
+            same_host_bytes_read: l(&self.same_host_bytes[1]),
+            same_host_tasks_written: l(&self.same_host_tasks[0]),
+            same_host_tasks_read: l(&self.same_host_tasks[1]),
             handshakes: l(&self.handshakes),
             inbound_connections: l(&self.inbound_connections),
             latency_p50_us: self.latency.quantile_us(0.50),
@@ -329,6 +346,11 @@ pub struct StatsSnapshot {
     pub served_reads: u64,
     pub requests_refused: u64,
     pub served_device_failures: u64,
+    /// Of the completed tasks, what moved over the same-host link.
+    pub same_host_bytes_written: u64,
+    pub same_host_bytes_read: u64,
+    pub same_host_tasks_written: u64,
+    pub same_host_tasks_read: u64,
     pub handshakes: u64,
     pub inbound_connections: u64,
     pub latency_p50_us: u64,

@@ -5,8 +5,10 @@ use std::io;
 
 use super::super::conn::{Conn, MAX_IO_CHUNK};
 use super::super::hello;
+use super::super::samehost::{self, window::decode_local};
 use super::super::wire::{RequestHeader, HEADER_LEN};
 use super::acks::Acks;
+use super::local::{serve_local, LocalServing};
 use super::Serving;
 use crate::transfer::stats::Stats;
 use crate::transfer::Direction;
@@ -20,47 +22,72 @@ impl Drop for IdleAgain<'_> {
     }
 }
 
-/// Answer a hello with our instance; true if the initiator expects us
-/// (the connection then serves requests), false to close it.
-fn answer_hello(inner: &Serving, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> bool {
+/// How a connection goes on after its hello.
+enum AfterHello {
+    Close,
+    /// Serve requests; with the same-host link to this pid when accepted.
+    Serve(Option<u32>),
+}
+
+/// Answer a hello with our instance (and, to a same-host offer, our
+/// answer); the connection serves requests if the initiator expects us.
+fn answer_hello(inner: &Serving, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> AfterHello {
     let Some(len) = hello::request_body_len(header) else {
         log::debug!("data connection: hello with a body length out of bounds; closing");
-        return false;
+        return AfterHello::Close;
     };
     let mut body = vec![0u8; len];
     if let Err(e) = conn.recv_exact(&mut body) {
         log::debug!("data connection: hello: {e}");
-        return false;
+        return AfterHello::Close;
     }
     let own = &inner.identity.instance;
-    let request = hello::decode(&body).unwrap_or_default();
+    let mut request = hello::decode(&body).unwrap_or_default();
     // A hello for another instance (a reused port) is answered as without
     // a secret: the initiator learns its descriptor is stale.
     let for_us = request.instance.as_deref() == Some(own.as_str());
+    let offer = request.same_host.take().filter(|_| for_us);
+    let answer = offer.as_ref().map(|offer| same_host_answer(inner, conn, offer));
+    let link = offer.zip(answer.as_ref()).filter(|(_, a)| a.accepted).map(|(o, _)| o.host.pid);
     if let (Some(secret), true) = (&inner.access.secret, for_us) {
-        return match hello::serve_data_hello(conn, secret, own, request) {
-            Ok(()) => true,
+        return match hello::serve_data_hello(conn, secret, own, request, answer) {
+            Ok(()) => AfterHello::Serve(link),
             Err(why) => {
                 refused_unauthenticated(inner, conn, why);
-                false
+                AfterHello::Close
             }
         };
     }
-    if let Err(e) = conn.send_all(&hello::encode_reply(own)) {
+    let reply = hello::Body { instance: Some(own.clone()), same_host_answer: answer, ..hello::Body::default() };
+    if let Err(e) = conn.send_all(&hello::encode_reply_body(&reply)) {
         log::debug!("data connection: hello reply: {e}");
-        return false;
+        return AfterHello::Close;
     }
     match request.instance {
-        Some(e) if e == *own => true,
+        Some(e) if e == *own => AfterHello::Serve(link),
         Some(e) => {
             log::info!("data connection: a peer expected engine instance {e} at this port (we are {own}); closing");
-            false
+            AfterHello::Close
         }
         None => {
             log::debug!("data connection: malformed hello body; closing");
-            false
+            AfterHello::Close
         }
     }
+}
+
+/// Our answer to a same-host offer on `conn`.
+fn same_host_answer(inner: &Serving, conn: &Conn, offer: &samehost::Offer) -> samehost::Answer {
+    let addrs = conn.stream().peer_addr().and_then(|from| Ok((from, conn.stream().local_addr()?)));
+    let answer = match addrs {
+        Ok((from, local)) => samehost::accept(inner.settings.same_host, offer, from, local),
+        Err(e) => samehost::Answer {
+            accepted: false,
+            reason: format!("the peer cannot read the connection's addresses: {e}"),
+        },
+    };
+    log::debug!("data connection: same-host link for pid {}: {} ({})", offer.host.pid, answer.accepted, answer.reason);
+    answer
 }
 
 /// Count and log (at most once a second per address) a data connection
@@ -80,12 +107,41 @@ pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::super
     // Only a connection's first request may be a hello (a connection served
     // from the readiness loop may have been parked after it).
     let mut first = !conn.resumed();
+    // The initiator's pid once the same-host link is accepted.
+    let mut same_host = conn.same_host_pid();
     loop {
         let header = match conn.recv_header_idle::<HEADER_LEN>(&stopping) {
             // Only a connection's first request may be a hello.
             Ok(Some(h)) if first && hello::is_hello(&h) => {
                 first = false;
-                if answer_hello(inner, conn, &h) {
+                match answer_hello(inner, conn, &h) {
+                    AfterHello::Serve(link) => {
+                        same_host = link;
+                        conn.set_same_host_pid(link);
+                        continue;
+                    }
+                    AfterHello::Close => break,
+                }
+            }
+            Ok(Some(h)) if decode_local(&h).is_some() => {
+                let (Some(header), Some(pid)) = (decode_local(&h), same_host) else {
+                    log::debug!("data connection: a same-host request on a connection without the link; closing");
+                    break;
+                };
+                let mut theirs = [0u8; 8];
+                if let Err(e) = conn.recv_exact(&mut theirs) {
+                    log::debug!("data connection: {e}");
+                    break;
+                }
+                ticket.set_busy(true);
+                let _idle_again = IdleAgain(ticket);
+                let cx = LocalServing {
+                    regions: &inner.regions,
+                    staging: &inner.staging,
+                    stats: &inner.stats,
+                    stopping: &stopping,
+                };
+                if serve_local(&cx, conn, &mut acks, pid, &header, u64::from_le_bytes(theirs)) {
                     continue;
                 }
                 break;

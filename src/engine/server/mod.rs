@@ -9,6 +9,7 @@ mod acks;
 mod data;
 mod device;
 mod handshake;
+mod local;
 mod pool;
 
 use std::io;

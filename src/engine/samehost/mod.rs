@@ -1,0 +1,294 @@
+//! The same-host link: when two pdx engines share a host, a data
+//! connection between them carries requests only, and the target copies
+//! the payload itself with one cross-process copy ([`xmem`]) between the
+//! initiator's memory and its own registered region. The target still
+//! checks every range against its regions exactly as over TCP; only the
+//! payload skips the socket.
+//!
+//! Finding out: each pdx descriptor carries the engine's [`HostIdentity`]
+//! (boot id, pid namespace, pid, uid). An initiator whose peer looks like
+//! the same host ([`offer_or_why_not`]) offers the link in the pdx hello of
+//! a new data connection; the target checks the offer ([`accept`]): the
+//! same host, pid namespace and user, the connection really belongs to the
+//! process named, and a probe copy from it works. Either answer names its
+//! reason; anything short of yes leaves the connection on TCP.
+
+pub(crate) mod window;
+pub(crate) mod xmem;
+
+use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+/// Name of the path in statistics, logs and `pdx_peer_info`.
+pub(crate) const PATH: &str = "same-host";
+
+/// What identifies this process on this host, as a descriptor carries it
+/// (`pdx_host`; Mooncake ignores the field).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct HostIdentity {
+    /// `/proc/sys/kernel/random/boot_id`: the same on one host until it reboots.
+    pub boot_id: String,
+    /// Inode of `/proc/self/ns/pid`: pids mean the same only within one namespace.
+    pub pid_ns: u64,
+    pub pid: u32,
+    /// Effective uid: cross-process copies are allowed between one user's processes.
+    pub uid: u32,
+}
+
+impl HostIdentity {
+    /// This process's identity, read once (`None` where `/proc` cannot say).
+    pub fn current() -> Option<&'static HostIdentity> {
+        static OWN: OnceLock<Option<HostIdentity>> = OnceLock::new();
+        OWN.get_or_init(|| {
+            let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?.trim().to_owned();
+            let pid_ns = std::fs::metadata("/proc/self/ns/pid").ok()?.ino();
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            let uid = unsafe { libc::geteuid() };
+            (!boot_id.is_empty()).then_some(HostIdentity { boot_id, pid_ns, pid: std::process::id(), uid })
+        })
+        .as_ref()
+    }
+
+    /// Why `other` cannot be reached with a cross-process copy from here,
+    /// from this process's point of view; `None` if nothing rules it out.
+    fn differs(&self, other: &HostIdentity, other_name: &str) -> Option<String> {
+        if self.boot_id != other.boot_id {
+            return Some(format!("{other_name} is on another host (its boot id differs)"));
+        }
+        if self.pid_ns != other.pid_ns {
+            return Some(format!(
+                "{other_name} runs in another pid namespace (pid:[{}], this engine pid:[{}]); a cross-process copy \
+                 needs both in one",
+                other.pid_ns, self.pid_ns
+            ));
+        }
+        if self.uid != other.uid {
+            return Some(format!(
+                "{other_name} runs as another user (uid {}, this engine uid {}): no permission for cross-process \
+                 copies (ptrace access)",
+                other.uid, self.uid
+            ));
+        }
+        None
+    }
+}
+
+/// The initiator's offer in the pdx hello: who it is and a probe the
+/// target copies to prove the mechanism works.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Offer {
+    pub host: HostIdentity,
+    /// Address in the initiator of [`PROBE_LEN`] bytes whose value is `probe`.
+    pub probe_addr: u64,
+    /// Those bytes, hex.
+    pub probe: String,
+}
+
+/// The target's answer: accepted, or why not.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Answer {
+    pub accepted: bool,
+    pub reason: String,
+}
+
+/// Length of the probe.
+pub(crate) const PROBE_LEN: usize = 16;
+
+/// Random bytes that live as long as the process: what a target copies
+/// to test the link.
+fn probe() -> &'static [u8; PROBE_LEN] {
+    static PROBE: OnceLock<Box<[u8; PROBE_LEN]>> = OnceLock::new();
+    PROBE.get_or_init(|| {
+        let mut b = Box::new([0u8; PROBE_LEN]);
+        b.iter_mut().for_each(|x| *x = fastrand::u8(..));
+        b
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The Yama LSM's `ptrace_scope`, if the LSM is there.
+fn yama_scope() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok()?.trim().parse().ok()
+}
+
+/// Under Yama scope 1 a process may name one other process that can
+/// read its memory; which one this process named.
+static PTRACER: Mutex<Option<u32>> = Mutex::new(None);
+
+/// Let `pid` (and only it) copy from and to this process where Yama
+/// requires it.
+fn grant(pid: u32) -> Result<(), String> {
+    match yama_scope() {
+        None | Some(0) => Ok(()),
+        Some(1) => {
+            let mut granted = PTRACER.lock();
+            match *granted {
+                Some(p) if p == pid => Ok(()),
+                Some(p) => Err(format!(
+                    "Yama ptrace_scope is 1 and lets a process name one peer that may copy its memory; this process \
+                     named pid {p} (another same-host peer)"
+                )),
+                None => {
+                    // SAFETY: prctl with PR_SET_PTRACER takes a pid and touches no memory of ours.
+                    let rc = unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::c_ulong::from(pid), 0, 0, 0) };
+                    if rc != 0 {
+                        return Err(format!("PR_SET_PTRACER for pid {pid}: {}", std::io::Error::last_os_error()));
+                    }
+                    *granted = Some(pid);
+                    Ok(())
+                }
+            }
+        }
+        Some(n) => Err(format!("Yama ptrace_scope is {n}: only privileged processes may copy another's memory")),
+    }
+}
+
+/// The initiator's side: an offer for a peer whose descriptor says
+/// `peer`, or why the link is not offered. `enabled` is this engine's
+/// `PDX_SAME_HOST`.
+pub(crate) fn offer_or_why_not(enabled: bool, peer: Option<&HostIdentity>) -> Result<Offer, String> {
+    if !enabled {
+        return Err("PDX_SAME_HOST=off on this engine".to_owned());
+    }
+    let Some(peer) = peer else {
+        return Err("the peer's descriptor has no host identity (a Mooncake engine, or an older pdx)".to_owned());
+    };
+    let own = HostIdentity::current().ok_or("this process cannot read its host identity from /proc")?;
+    if let Some(why) = own.differs(peer, "the peer") {
+        return Err(why);
+    }
+    grant(peer.pid)?;
+    let probe = probe();
+    Ok(Offer { host: own.clone(), probe_addr: probe.as_ptr() as u64, probe: hex(probe) })
+}
+
+/// The target's side: whether to serve the connection from `from` (to
+/// `local`) with the same-host link as `offer` asks. `enabled` is this
+/// engine's `PDX_SAME_HOST`. The reason is worded for the initiator.
+pub(crate) fn accept(enabled: bool, offer: &Offer, from: SocketAddr, local: SocketAddr) -> Answer {
+    let decided = |accepted: bool, reason: String| Answer { accepted, reason };
+    if !enabled {
+        return decided(false, "the peer has PDX_SAME_HOST=off".to_owned());
+    }
+    let Some(own) = HostIdentity::current() else {
+        return decided(false, "the peer cannot read its host identity from /proc".to_owned());
+    };
+    if let Some(why) = own.differs(&offer.host, "this engine") {
+        return decided(false, format!("the peer finds that {why}"));
+    }
+    // Only a process of this host connecting to us, and only the one the
+    // offer names, may have us copy its memory.
+    if !(from.ip() == local.ip() || from.ip().is_loopback()) {
+        return decided(false, format!("the connection comes from {from}, not from an address of the peer's host"));
+    }
+    if let Err(why) = xmem::owns_connection(offer.host.pid, from, local) {
+        return decided(false, why);
+    }
+    let mut got = [0u8; PROBE_LEN];
+    // SAFETY: `got` is PROBE_LEN writable bytes.
+    if let Err(e) = unsafe { xmem::read_from(offer.host.pid, offer.probe_addr, got.as_mut_ptr(), PROBE_LEN) } {
+        return decided(false, format!("the peer's probe copy failed: {}", xmem::explain(&e)));
+    }
+    if hex(&got) != offer.probe {
+        return decided(false, "the peer's probe copy read other bytes than offered".to_owned());
+    }
+    decided(true, "same host, pid namespace and user; a probe copy between the processes worked".to_owned())
+}
+
+/// The path to one peer and why: what its last data connection
+/// negotiated, and whether the link failed (then TCP until the peer is
+/// forgotten and met again).
+pub(crate) struct PathChoice {
+    /// (same-host?, reason).
+    now: Mutex<(bool, String)>,
+    failed: Mutex<Option<String>>,
+}
+
+impl Default for PathChoice {
+    fn default() -> Self {
+        PathChoice { now: Mutex::new((false, "no data connection opened yet".to_owned())), failed: Mutex::new(None) }
+    }
+}
+
+impl PathChoice {
+    /// The path (`"same-host"` or `"tcp"`) and its reason.
+    pub fn get(&self) -> (&'static str, String) {
+        let now = self.now.lock();
+        (if now.0 { PATH } else { "tcp" }, now.1.clone())
+    }
+
+    /// Why the link failed for this peer, if it did.
+    pub fn failed(&self) -> Option<String> {
+        self.failed.lock().clone()
+    }
+
+    /// A data connection to `session` was opened on this path; logged at
+    /// info when path or reason changed.
+    pub fn decided(&self, session: &str, same_host: bool, reason: String) {
+        let mut now = self.now.lock();
+        if *now != (same_host, reason.clone()) {
+            let path = if same_host { PATH } else { "tcp" };
+            log::info!("{session}: data path {path} ({reason})");
+            *now = (same_host, reason);
+        }
+    }
+
+    /// The link failed mid-transfer: TCP from now on.
+    pub fn fall_back(&self, session: &str, reason: String) {
+        self.failed.lock().get_or_insert_with(|| reason.clone());
+        self.decided(session, false, reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn other(f: impl FnOnce(&mut HostIdentity)) -> HostIdentity {
+        let mut h = HostIdentity::current().expect("/proc").clone();
+        f(&mut h);
+        h
+    }
+
+    #[test]
+    fn reasons_name_the_difference() {
+        let off = offer_or_why_not(false, HostIdentity::current()).unwrap_err();
+        assert!(off.contains("PDX_SAME_HOST=off"), "{off}");
+        assert!(offer_or_why_not(true, None).unwrap_err().contains("Mooncake"));
+        let boot = offer_or_why_not(true, Some(&other(|h| h.boot_id = "x".into()))).unwrap_err();
+        assert!(boot.contains("another host"), "{boot}");
+        let ns = offer_or_why_not(true, Some(&other(|h| h.pid_ns += 1))).unwrap_err();
+        assert!(ns.contains("pid namespace"), "{ns}");
+        let uid = offer_or_why_not(true, Some(&other(|h| h.uid += 1))).unwrap_err();
+        assert!(uid.contains("uid") && uid.contains("ptrace"), "{uid}");
+    }
+
+    #[test]
+    fn an_offer_from_this_process_is_accepted_only_on_its_own_connection() {
+        let offer = offer_or_why_not(true, HostIdentity::current()).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, from) = listener.accept().unwrap();
+        let local = server.local_addr().unwrap();
+        let yes = accept(true, &offer, from, local);
+        assert!(yes.accepted, "{yes:?}");
+        let no = accept(false, &offer, from, local);
+        assert!(!no.accepted && no.reason.contains("PDX_SAME_HOST=off"), "{no:?}");
+        // A connection this process does not hold (a made-up port).
+        let stranger = SocketAddr::new(from.ip(), 1);
+        let no = accept(true, &offer, stranger, local);
+        assert!(!no.accepted, "{no:?}");
+        // A wrong probe.
+        let bad = Offer { probe: "00".repeat(PROBE_LEN), ..offer.clone() };
+        let no = accept(true, &bad, from, local);
+        assert!(!no.accepted && no.reason.contains("probe"), "{no:?}");
+        drop(client);
+    }
+}
