@@ -191,6 +191,13 @@ static int importer(const char *hex, int in, int out) {
   int ordinal = -1;
   CHECK(cu.pointer_attribute(&type, 2, p + 17) == 0 && type == 2 /* DEVICE */);
   CHECK(cu.pointer_attribute(&ordinal, 9, p) == 0 && ordinal == 1);
+  /* Another device's context gets a mapping of its own. */
+  CUdeviceptr on2 = 0;
+  CHECK(cu.set_current(context(2)) == 0);
+  CHECK(cu.ipc_open(&on2, h, 1) == 0 && on2 != 0 && on2 != p);
+  CHECK(cu.pointer_attribute(&ordinal, 9, on2) == 0 && ordinal == 2);
+  CHECK(cu.ipc_close(on2) == 0);
+  CHECK(cu.set_current(context(1)) == 0);
   CUdeviceptr base = 0;
   size_t size = 0;
   CHECK(cu.range(&base, &size, p + LEN - 1) == 0 && base == p && size == LEN);
@@ -239,11 +246,11 @@ static int importer(const char *hex, int in, int out) {
   CHECK(cu.ipc_close(p) == 0);
   CHECK(cu.ipc_close(mine) == INVALID_VALUE); /* not opened from a handle */
   cu.stats(&st);
-  CHECK(st.ipc_mapped == 1 && st.ipc_closes == 1);
+  CHECK(st.ipc_mapped == 1 && st.ipc_closes == 2);
   CHECK(cu.ipc_close(p) == 0);
   CHECK(cu.ipc_close(p) == INVALID_VALUE);
   cu.stats(&st);
-  CHECK(st.ipc_mapped == 0 && st.ipc_closes == 2 && st.d2d_copies == 3);
+  CHECK(st.ipc_mapped == 0 && st.ipc_opens == 3 && st.ipc_closes == 3 && st.d2d_copies == 3);
   CHECK(cu.range(&base, &size, p) == NOT_FOUND);
 
   /* Once the exporter freed the allocation, its handle opens nothing. */

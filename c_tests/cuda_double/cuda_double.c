@@ -529,8 +529,9 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p) {
 }
 
 /* Map another process's allocation into this one, on the current context's
- * device, behind a fresh PROT_NONE range. Opening it again returns the same
- * address and counts one more open. Refusals, as the driver's: no current
+ * device, behind a fresh PROT_NONE range. Opening it again in the same
+ * context returns the same address and counts one more open; another
+ * device's context gets a mapping of its own. Refusals, as the driver's: no current
  * context, or a handle of this very process, CUDA_ERROR_INVALID_CONTEXT;
  * flags other than 0 or CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, or bytes that
  * are no handle, CUDA_ERROR_INVALID_VALUE; a handle whose process or
@@ -549,7 +550,7 @@ EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
   pthread_mutex_lock(&lock);
   CUresult rc = injected("cuIpcOpenMemHandle");
   struct alloc *a = allocs;
-  while (a && !(a->exporter == (pid_t)h.pid && a->ino == h.ino)) a = a->next;
+  while (a && !(a->exporter == (pid_t)h.pid && a->ino == h.ino && a->device == current->device)) a = a->next;
   if (rc == SUCCESS && a) {
     a->opens++;
     st.ipc_opens++;
@@ -588,7 +589,8 @@ EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
   a->device = current->device;
   pthread_mutex_lock(&lock);
   struct alloc *raced = allocs; /* another thread opened it meanwhile: keep that one */
-  while (raced && !(raced->exporter == a->exporter && raced->ino == a->ino)) raced = raced->next;
+  while (raced && !(raced->exporter == a->exporter && raced->ino == a->ino && raced->device == a->device))
+    raced = raced->next;
   if (raced) {
     raced->opens++;
   } else {
