@@ -11,15 +11,23 @@
  *  - copies need a current context of the device they touch; the double
  *    counts per device, refuses and counts mismatches, counts copies from
  *    pageable memory, live contexts, streams and pinned bytes.
+ *  - CUDA IPC works across processes: a device allocation's shadow is a
+ *    memfd; cuIpcGetMemHandle names it (struct cuda_double_ipc_handle) and
+ *    cuIpcOpenMemHandle_v2 in another process of the same user maps the
+ *    same bytes behind a fresh PROT_NONE address range there.
  * The number of devices is CUDA_DOUBLE_DEVICES (default 4). */
 #define _GNU_SOURCE
 #include "cuda_double.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -29,6 +37,10 @@ struct dbl_ctx {
   int device;
 };
 typedef struct dbl_ctx *CUcontext;
+typedef struct {
+  char reserved[64];
+} CUipcMemHandle;
+_Static_assert(sizeof(struct cuda_double_ipc_handle) == sizeof(CUipcMemHandle), "a handle is 64 bytes");
 
 enum {
   SUCCESS = 0,
@@ -37,7 +49,9 @@ enum {
   ERR_NOT_INITIALIZED = 3,
   ERR_INVALID_DEVICE = 101,
   ERR_INVALID_CONTEXT = 201,
+  ERR_MAP_FAILED = 205,
   ERR_INVALID_HANDLE = 400,
+  ERR_NOT_FOUND = 500,
   ERR_ILLEGAL_ADDRESS = 700,
 };
 
@@ -48,18 +62,25 @@ struct alloc {
   size_t len, mapped;
   unsigned char *shadow; /* NULL for pinned host memory */
   int device;
+  int memfd;             /* device memory of this process: the shadow's memfd; else -1 */
+  uint64_t ino;          /* the memfd's inode (imported memory: the exporter's) */
+  pid_t exporter;        /* imported memory: the exporting process; else 0 */
+  int opens;             /* imported memory: cuIpcOpenMemHandle_v2 calls not yet closed */
   struct alloc *next;
 };
 
 struct dbl_event;
 
+enum op_kind { OP_D2H, OP_H2D, OP_D2D, OP_WAIT };
+
 struct op {
-  int h2d;
-  uintptr_t dev;
+  enum op_kind kind;
+  uintptr_t dev;       /* D2D: the destination */
+  uintptr_t src_dev;   /* D2D: the source */
   unsigned char *host;
   size_t n;
   int fail; /* error code to report at synchronize, 0 if none */
-  struct dbl_event *wait; /* non-NULL: wait for this event, copy nothing */
+  struct dbl_event *wait; /* OP_WAIT: wait for this event, copy nothing */
 };
 
 struct dbl_stream {
@@ -258,6 +279,7 @@ EXPORT CUresult cuMemHostAlloc(void **pp, size_t n, unsigned flags) {
   a->base = (uintptr_t)p;
   a->len = n;
   a->mapped = mapped;
+  a->memfd = -1;
   a->device = current->device;
   pthread_mutex_lock(&lock);
   a->next = allocs;
@@ -275,6 +297,7 @@ static CUresult free_alloc(uintptr_t p, int device_memory) {
   struct alloc **pa = &allocs;
   while (*pa && !((*pa)->base == p && ((*pa)->shadow != NULL) == device_memory)) pa = &(*pa)->next;
   struct alloc *a = *pa;
+  if (a && a->exporter) a = NULL; /* another process's memory: cuIpcCloseMemHandle frees it */
   if (a) {
     *pa = a->next;
     if (device_memory)
@@ -286,6 +309,7 @@ static CUresult free_alloc(uintptr_t p, int device_memory) {
   if (!a) return ERR_INVALID_VALUE;
   munmap((void *)a->base, a->mapped);
   if (a->shadow) munmap(a->shadow, a->mapped);
+  if (a->memfd >= 0) close(a->memfd);
   free(a);
   return SUCCESS;
 }
@@ -295,7 +319,19 @@ EXPORT CUresult cuMemFreeHost(void *p) {
   return free_alloc((uintptr_t)p, 0);
 }
 
-/* Device memory: an address range the CPU cannot touch, and a shadow. */
+/* An address range for device memory: the CPU faults on any access. */
+static void *reserve(size_t n) {
+  void *p = mmap(NULL, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+static unsigned char *map_shared(int fd, size_t n) {
+  void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+/* Device memory: an address range the CPU cannot touch, and a shadow in a
+ * memfd (so that another process can map the same bytes, see IPC below). */
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n) {
   if (!inited) return ERR_NOT_INITIALIZED;
   if (!dptr || n == 0) return ERR_INVALID_VALUE;
@@ -303,11 +339,17 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n) {
   struct alloc *a = calloc(1, sizeof *a);
   if (!a) return ERR_OUT_OF_MEMORY;
   a->mapped = page_round(n);
-  void *p = mmap(NULL, a->mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  a->shadow = map_rw(a->mapped);
-  if (p == MAP_FAILED || !a->shadow) {
-    if (p != MAP_FAILED) munmap(p, a->mapped);
+  a->memfd = memfd_create("cuda_double", MFD_CLOEXEC);
+  struct stat sb;
+  void *p = reserve(a->mapped);
+  if (a->memfd >= 0 && ftruncate(a->memfd, (off_t)a->mapped) == 0 && fstat(a->memfd, &sb) == 0) {
+    a->ino = (uint64_t)sb.st_ino;
+    a->shadow = map_shared(a->memfd, a->mapped);
+  }
+  if (!p || !a->shadow) {
+    if (p) munmap(p, a->mapped);
     if (a->shadow) munmap(a->shadow, a->mapped);
+    if (a->memfd >= 0) close(a->memfd);
     free(a);
     return ERR_OUT_OF_MEMORY;
   }
@@ -395,7 +437,8 @@ static CUresult enqueue(int h2d, uintptr_t dev, void *host, size_t n, CUstream s
     else
       st.d2h_copies++;
     st.copies_by_device[current->device]++;
-    rc = push_op(stream, (struct op){h2d, dev, host, n, injected("copy"), NULL});
+    rc = push_op(stream, (struct op){.kind = h2d ? OP_H2D : OP_D2H, .dev = dev, .host = host, .n = n,
+                                     .fail = injected("copy")});
   }
   pthread_mutex_unlock(&lock);
   return rc;
@@ -407,6 +450,190 @@ EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n,
 
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
   return enqueue(0, (uintptr_t)src, dst, n, s);
+}
+
+/* Device to device, within this process or to and from memory another
+ * process exported (IPC): queued like the other copies. One side must be
+ * on the current context's device (the other is reached as a peer). */
+EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  pthread_mutex_lock(&lock);
+  CUresult rc = SUCCESS;
+  struct dbl_stream *stream = resolve_stream(s);
+  struct alloc *a = find((uintptr_t)dst, n, 1), *b = find((uintptr_t)src, n, 1);
+  if (!current) {
+    st.copies_no_context++;
+    rc = ERR_INVALID_CONTEXT;
+  } else if (!stream || stream->ctx != current) {
+    st.copies_wrong_context++;
+    rc = ERR_INVALID_HANDLE;
+  } else if (!a || !b) {
+    rc = ERR_INVALID_VALUE;
+  } else if (a->device != current->device && b->device != current->device) {
+    st.copies_wrong_context++;
+    rc = ERR_INVALID_CONTEXT;
+  } else {
+    rc = injected("copy_call");
+  }
+  if (rc == SUCCESS) {
+    st.d2d_copies++;
+    st.copies_by_device[current->device]++;
+    rc = push_op(stream, (struct op){.kind = OP_D2D, .dev = (uintptr_t)dst, .src_dev = (uintptr_t)src, .n = n,
+                                     .fail = injected("copy")});
+  }
+  pthread_mutex_unlock(&lock);
+  return rc;
+}
+
+/* The device allocation `p` lies in: its base and the bytes asked for. */
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr p) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  pthread_mutex_lock(&lock);
+  struct alloc *a = find((uintptr_t)p, 1, 1);
+  uintptr_t base = a ? a->base : 0;
+  size_t len = a ? a->len : 0;
+  pthread_mutex_unlock(&lock);
+  if (!a) return ERR_NOT_FOUND;
+  if (pbase) *pbase = (CUdeviceptr)base;
+  if (psize) *psize = len;
+  return SUCCESS;
+}
+
+/* A handle for the allocation whose base is `p` (struct
+ * cuda_double_ipc_handle). Like the driver, only the base of memory from
+ * cuMemAlloc_v2 of this process: an address inside it, pinned host memory
+ * or memory opened from another process is CUDA_ERROR_INVALID_VALUE. */
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!handle) return ERR_INVALID_VALUE;
+  pthread_mutex_lock(&lock);
+  CUresult rc = injected("cuIpcGetMemHandle");
+  struct alloc *a = find((uintptr_t)p, 1, 1);
+  struct cuda_double_ipc_handle h;
+  memset(&h, 0, sizeof h);
+  if (rc == SUCCESS && (!a || a->base != (uintptr_t)p || a->memfd < 0)) rc = ERR_INVALID_VALUE;
+  if (rc == SUCCESS) {
+    memcpy(h.magic, CUDA_DOUBLE_IPC_MAGIC, sizeof h.magic);
+    h.pid = (uint32_t)getpid();
+    h.fd = a->memfd;
+    h.ino = a->ino;
+    h.len = a->len;
+    h.mapped = a->mapped;
+    h.device = a->device;
+    h.base = a->base;
+    st.ipc_exports++;
+  }
+  pthread_mutex_unlock(&lock);
+  if (rc == SUCCESS) memcpy(handle, &h, sizeof h);
+  return rc;
+}
+
+/* Map another process's allocation into this one, on the current context's
+ * device, behind a fresh PROT_NONE range. Opening it again in the same
+ * context returns the same address and counts one more open; another
+ * device's context gets a mapping of its own. Refusals, as the driver's: no current
+ * context, or a handle of this very process, CUDA_ERROR_INVALID_CONTEXT;
+ * flags other than 0 or CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, or bytes that
+ * are no handle, CUDA_ERROR_INVALID_VALUE; a handle whose process or
+ * allocation is gone, CUDA_ERROR_INVALID_HANDLE; mapping refused by the
+ * system (another user: no access to /proc/<pid>/fd), CUDA_ERROR_MAP_FAILED. */
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned flags) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!pdptr || (flags & ~1u) != 0) return ERR_INVALID_VALUE;
+  if (!current) return ERR_INVALID_CONTEXT;
+  struct cuda_double_ipc_handle h;
+  memcpy(&h, &handle, sizeof h);
+  if (memcmp(h.magic, CUDA_DOUBLE_IPC_MAGIC, sizeof h.magic) != 0 || h.pid == 0 || h.fd < 0 || h.len == 0 ||
+      h.mapped != page_round(h.len) || h.reserved != 0 || h.zero != 0)
+    return ERR_INVALID_VALUE;
+  if ((pid_t)h.pid == getpid()) return ERR_INVALID_CONTEXT;
+  pthread_mutex_lock(&lock);
+  CUresult rc = injected("cuIpcOpenMemHandle");
+  struct alloc *a = allocs;
+  while (a && !(a->exporter == (pid_t)h.pid && a->ino == h.ino && a->device == current->device)) a = a->next;
+  if (rc == SUCCESS && a) {
+    a->opens++;
+    st.ipc_opens++;
+    *pdptr = (CUdeviceptr)a->base;
+  }
+  pthread_mutex_unlock(&lock);
+  if (rc != SUCCESS || a) return rc;
+
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%u/fd/%d", (unsigned)h.pid, (int)h.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return errno == EACCES || errno == EPERM ? ERR_MAP_FAILED : ERR_INVALID_HANDLE;
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_ino != h.ino || (uint64_t)sb.st_size < h.mapped) {
+    close(fd);
+    return ERR_INVALID_HANDLE; /* the fd number now names another file */
+  }
+  a = calloc(1, sizeof *a);
+  void *p = a ? reserve(h.mapped) : NULL;
+  unsigned char *shadow = p ? map_shared(fd, h.mapped) : NULL;
+  close(fd);
+  if (!shadow) {
+    CUresult failed = p ? ERR_MAP_FAILED : ERR_OUT_OF_MEMORY;
+    if (p) munmap(p, h.mapped);
+    free(a);
+    return failed;
+  }
+  a->base = (uintptr_t)p;
+  a->len = h.len;
+  a->mapped = h.mapped;
+  a->shadow = shadow;
+  a->memfd = -1;
+  a->ino = h.ino;
+  a->exporter = (pid_t)h.pid;
+  a->opens = 1;
+  a->device = current->device;
+  pthread_mutex_lock(&lock);
+  struct alloc *raced = allocs; /* another thread opened it meanwhile: keep that one */
+  while (raced && !(raced->exporter == a->exporter && raced->ino == a->ino && raced->device == a->device))
+    raced = raced->next;
+  if (raced) {
+    raced->opens++;
+  } else {
+    a->next = allocs;
+    allocs = a;
+    st.ipc_mapped++;
+  }
+  st.ipc_opens++;
+  *pdptr = (CUdeviceptr)(raced ? raced->base : a->base);
+  pthread_mutex_unlock(&lock);
+  if (raced) {
+    munmap(p, h.mapped);
+    munmap(shadow, h.mapped);
+    free(a);
+  }
+  return SUCCESS;
+}
+
+/* One close per open; the last unmaps. Needs a current context, as the
+ * driver does; an address no open returned is CUDA_ERROR_INVALID_VALUE. */
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+  if (!inited) return ERR_NOT_INITIALIZED;
+  if (!current) return ERR_INVALID_CONTEXT;
+  pthread_mutex_lock(&lock);
+  struct alloc **pa = &allocs;
+  while (*pa && !((*pa)->base == (uintptr_t)p && (*pa)->exporter)) pa = &(*pa)->next;
+  struct alloc *a = *pa;
+  int last = 0;
+  if (a) {
+    st.ipc_closes++;
+    last = --a->opens == 0;
+    if (last) {
+      *pa = a->next;
+      st.ipc_mapped--;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  if (!a) return ERR_INVALID_VALUE;
+  if (!last) return SUCCESS;
+  munmap((void *)a->base, a->mapped);
+  munmap(a->shadow, a->mapped);
+  free(a);
+  return SUCCESS;
 }
 
 /* Apply a stream's queued operations, in order, until `until` of them were
@@ -429,19 +656,23 @@ static CUresult drain_until(struct dbl_stream *s, unsigned long long until) {
     memmove(s->ops, s->ops + 1, (s->n_ops - 1) * sizeof *s->ops);
     s->n_ops--;
     s->applied++;
-    struct alloc *a = o.wait ? NULL : find(o.dev, o.n, 1);
+    struct alloc *a = o.kind == OP_WAIT ? NULL : find(o.dev, o.n, 1);
     unsigned char *shadow = a ? a->shadow + (o.dev - a->base) : NULL;
+    struct alloc *b = o.kind == OP_D2D ? find(o.src_dev, o.n, 1) : NULL;
+    unsigned char *src_shadow = b ? b->shadow + (o.src_dev - b->base) : NULL;
     pthread_mutex_unlock(&lock);
-    if (o.wait) {
+    if (o.kind == OP_WAIT) {
       if (o.wait->stream != s) rc = drain_until(o.wait->stream, o.wait->mark);
     } else if (o.fail) {
       rc = o.fail;
-    } else if (!shadow) {
-      rc = ERR_ILLEGAL_ADDRESS; /* freed while the copy was queued */
-    } else if (o.h2d) {
+    } else if (!shadow || (o.kind == OP_D2D && !src_shadow)) {
+      rc = ERR_ILLEGAL_ADDRESS; /* freed (or closed) while the copy was queued */
+    } else if (o.kind == OP_H2D) {
       memcpy(shadow, o.host, o.n);
-    } else {
+    } else if (o.kind == OP_D2H) {
       memcpy(o.host, shadow, o.n);
+    } else {
+      memmove(shadow, src_shadow, o.n);
     }
   }
 }
@@ -487,7 +718,7 @@ EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
   struct dbl_stream *stream = resolve_stream(s);
   CUresult rc = stream ? SUCCESS : ERR_INVALID_CONTEXT;
   if (rc == SUCCESS && e->stream) {
-    rc = push_op(stream, (struct op){0, 0, NULL, 0, 0, e});
+    rc = push_op(stream, (struct op){.kind = OP_WAIT, .wait = e});
     if (rc == SUCCESS) st.event_waits++;
   }
   pthread_mutex_unlock(&lock);
@@ -537,7 +768,9 @@ static const struct {
     {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {ERR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {ERR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {ERR_MAP_FAILED, "CUDA_ERROR_MAP_FAILED", "mapping of buffer object failed"},
     {ERR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {ERR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {ERR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
 };
 

@@ -27,7 +27,31 @@ struct cuda_double_stats {
   uint64_t device_bytes;             /* cuMemAlloc_v2 bytes live now */
   uint64_t copies_by_device[CUDA_DOUBLE_MAX_DEVICES]; /* copies made with device d's context current */
   uint64_t event_waits;              /* cuStreamWaitEvent calls queued on a recorded event */
+  uint64_t d2d_copies;               /* cuMemcpyDtoDAsync_v2 calls queued */
+  uint64_t ipc_exports;              /* cuIpcGetMemHandle calls that succeeded */
+  uint64_t ipc_opens;                /* cuIpcOpenMemHandle_v2 calls that succeeded (a reopen counts) */
+  uint64_t ipc_closes;               /* cuIpcCloseMemHandle calls that succeeded */
+  uint64_t ipc_mapped;               /* allocations of other processes mapped here now */
 };
+
+/* The 64 bytes of a CUipcMemHandle as this double fills them (native byte
+ * order). Device memory's shadow is a memfd mapped MAP_SHARED; another
+ * process of the same user maps it again through /proc/<pid>/fd/<fd>
+ * (which needs only the ptrace "read" access a same-user process has). */
+struct cuda_double_ipc_handle {
+  char magic[8];    /* CUDA_DOUBLE_IPC_MAGIC */
+  uint32_t pid;     /* the exporting process */
+  int32_t fd;       /* its memfd holding the allocation's bytes */
+  uint64_t ino;     /* that memfd's inode: a reused fd number is detected */
+  uint64_t len;     /* bytes asked for at cuMemAlloc_v2 */
+  uint64_t mapped;  /* bytes of the memfd (len rounded up to pages) */
+  int32_t device;   /* the exporter's device ordinal */
+  uint32_t reserved; /* 0 */
+  uint64_t base;    /* the allocation's address in the exporter */
+  uint64_t zero;    /* 0 */
+};
+#define CUDA_DOUBLE_IPC_MAGIC "cudadbl1"
+
 
 typedef void (*cuda_double_stats_fn)(struct cuda_double_stats *out);
 typedef void (*cuda_double_reset_peak_fn)(void);
@@ -35,7 +59,8 @@ typedef void (*cuda_double_reset_peak_fn)(void);
  * them succeed. `what`: "copy" (the failure shows at cuStreamSynchronize,
  * as a real asynchronous fault does), "copy_call" (the copy call itself
  * fails, as for a bad pointer), "cuPointerGetAttribute",
- * "cuMemHostAlloc", "cuStreamCreate". */
+ * "cuMemHostAlloc", "cuStreamCreate", "cuIpcGetMemHandle",
+ * "cuIpcOpenMemHandle". */
 typedef void (*cuda_double_inject_fn)(const char *what, int after, int count, int code);
 
 #endif

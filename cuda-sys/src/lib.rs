@@ -7,7 +7,10 @@
 //! and reports a missing library or symbol as an error that names it. Only
 //! the entry points in [`REQUIRED_SYMBOLS`] are used, so any faithful
 //! stand-in of the driver works; `cuMemAlloc_v2` / `cuMemFree_v2` are
-//! resolved when present, for tests and the benchmark only.
+//! resolved when present, for tests and the benchmark only, and the CUDA IPC
+//! entry points (`cuIpcGetMemHandle`, `cuIpcOpenMemHandle_v2`,
+//! `cuIpcCloseMemHandle`, `cuMemGetAddressRange_v2`, `cuMemcpyDtoDAsync_v2`)
+//! when present: a driver without them still loads.
 
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 

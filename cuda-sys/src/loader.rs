@@ -142,6 +142,12 @@ api! {
         mem_free = "cuMemFree_v2": fn(CUdeviceptr) -> CUresult;
         stream_wait_event = "cuStreamWaitEvent": fn(CUstream, CUevent, c_uint) -> CUresult;
         event_synchronize = "cuEventSynchronize": fn(CUevent) -> CUresult;
+        // Device memory shared between processes on one host (CUDA IPC).
+        mem_get_address_range = "cuMemGetAddressRange_v2": fn(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> CUresult;
+        ipc_get_mem_handle = "cuIpcGetMemHandle": fn(*mut CUipcMemHandle, CUdeviceptr) -> CUresult;
+        ipc_open_mem_handle = "cuIpcOpenMemHandle_v2": fn(*mut CUdeviceptr, CUipcMemHandle, c_uint) -> CUresult;
+        ipc_close_mem_handle = "cuIpcCloseMemHandle": fn(CUdeviceptr) -> CUresult;
+        memcpy_dtod_async = "cuMemcpyDtoDAsync_v2": fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult;
     }
 }
 
@@ -332,6 +338,14 @@ mod tests {
         assert!(REQUIRED_SYMBOLS.iter().all(|s| seen.insert(*s)));
         assert_eq!(REQUIRED_SYMBOLS.len(), 18);
         assert!(!REQUIRED_SYMBOLS.contains(&"cuMemAlloc_v2"));
+        // CUDA IPC is optional: a driver without it still loads.
+        for ipc in ["cuIpcGetMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle", "cuMemGetAddressRange_v2"] {
+            assert!(!REQUIRED_SYMBOLS.contains(&ipc), "{ipc}");
+        }
+        assert!(!REQUIRED_SYMBOLS.contains(&"cuMemcpyDtoDAsync_v2"));
+        // Passed by value as the driver's 64-byte struct.
+        assert_eq!(std::mem::size_of::<CUipcMemHandle>(), CU_IPC_HANDLE_SIZE);
+        assert_eq!(std::mem::align_of::<CUipcMemHandle>(), 1);
         assert!(!REQUIRED_SYMBOLS.iter().any(|s| s.starts_with("cuCtxCreate")));
     }
 }

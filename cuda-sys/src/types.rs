@@ -18,12 +18,31 @@ pub type CUdeviceptr = u64;
 /// `CUpointer_attribute`.
 pub type CUpointerAttribute = c_int;
 
+/// Bytes of a [`CUipcMemHandle`] (`CU_IPC_HANDLE_SIZE`).
+pub const CU_IPC_HANDLE_SIZE: usize = 64;
+
+/// `CUipcMemHandle`: names a device allocation for another process
+/// (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle_v2`); opaque bytes, passed by
+/// value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CUipcMemHandle {
+    pub reserved: [u8; CU_IPC_HANDLE_SIZE],
+}
+
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`: let `cuIpcOpenMemHandle_v2` enable
+/// peer access when the allocation is on another device.
+pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 0x1;
+
 pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
 pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
 pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_MAP_FAILED: CUresult = 205;
+pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
 
 /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`: writes a `CUmemorytype` (u32).

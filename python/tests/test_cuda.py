@@ -31,7 +31,9 @@ class Stats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "inits", "contexts_live", "contexts_retained_mask", "retains", "pinned_bytes", "pinned_peak",
         "pinned_allocs", "h2d_copies", "d2h_copies", "copies_no_context", "copies_wrong_context",
-        "copies_pageable", "syncs", "streams_live", "device_bytes")] + [("copies_by_device", ctypes.c_uint64 * 8), ("event_waits", ctypes.c_uint64)]
+        "copies_pageable", "syncs", "streams_live", "device_bytes")] + [("copies_by_device", ctypes.c_uint64 * 8)] + [
+        (n, ctypes.c_uint64) for n in (
+            "event_waits", "d2d_copies", "ipc_exports", "ipc_opens", "ipc_closes", "ipc_mapped")]
 
 
 class Driver:

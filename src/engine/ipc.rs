@@ -1,0 +1,895 @@
+//! Device memory of another process on this host, through CUDA IPC: the
+//! building blocks of the same-host link's device path.
+//!
+//! The side that owns device memory *exports* it ([`Exports::export`]): the
+//! driver names the whole allocation an address lies in with a 64-byte
+//! `CUipcMemHandle`, and the address becomes (handle, offset). The other
+//! process *imports* it ([`PeerImports`], one per peer): it opens each
+//! handle once (`cuIpcOpenMemHandle_v2`, cached until the peer goes away or
+//! the handle is closed) and copies between the opened allocation and its
+//! own memory on a stream of its own device, synchronized before the call
+//! returns. Every copy is checked against the opened allocation's size, so
+//! a peer's offset can never make the driver touch memory outside it.
+//!
+//! The driver refuses to open a handle in the process that exported it
+//! (`CUDA_ERROR_INVALID_CONTEXT`), and a driver without the IPC entry points
+//! is `DeviceUnavailable`: both are reasons to fall back to another path.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cuda_sys::{Api, CUcontext, CUdeviceptr, CUipcMemHandle, CUresult, CUstream};
+use parking_lot::Mutex;
+
+use super::cuda::{device_error, Device};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Bytes of an IPC handle.
+pub const HANDLE_LEN: usize = cuda_sys::CU_IPC_HANDLE_SIZE;
+
+/// The most allocations of one peer kept open at once; opening one more
+/// closes the least recently used (a peer cannot make us hold more).
+pub const MAX_OPEN_PER_PEER: usize = 1024;
+
+/// A device address as another process on this host can reach it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceExport {
+    /// The `CUipcMemHandle` of the allocation the address lies in.
+    pub handle: [u8; HANDLE_LEN],
+    /// The address's offset from the allocation's base.
+    pub offset: u64,
+}
+
+/// The driver's IPC entry points, all present.
+struct Ipc {
+    range: unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> CUresult,
+    get: unsafe extern "C" fn(*mut CUipcMemHandle, CUdeviceptr) -> CUresult,
+    open: unsafe extern "C" fn(*mut CUdeviceptr, CUipcMemHandle, u32) -> CUresult,
+    close: unsafe extern "C" fn(CUdeviceptr) -> CUresult,
+    dtod: unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult,
+}
+
+fn entry_points(api: &Api) -> Result<Ipc> {
+    let missing = |name: &str| {
+        Error::new(
+            ErrorKind::DeviceUnavailable,
+            format!("the CUDA driver '{}' has no {name}: CUDA IPC is not available", api.path()),
+        )
+    };
+    Ok(Ipc {
+        range: api.mem_get_address_range.ok_or_else(|| missing("cuMemGetAddressRange_v2"))?,
+        get: api.ipc_get_mem_handle.ok_or_else(|| missing("cuIpcGetMemHandle"))?,
+        open: api.ipc_open_mem_handle.ok_or_else(|| missing("cuIpcOpenMemHandle_v2"))?,
+        close: api.ipc_close_mem_handle.ok_or_else(|| missing("cuIpcCloseMemHandle"))?,
+        dtod: api.memcpy_dtod_async.ok_or_else(|| missing("cuMemcpyDtoDAsync_v2"))?,
+    })
+}
+
+/// `Ok` when the driver has every entry point this module uses; else
+/// `DeviceUnavailable` naming the first one missing (a fallback reason).
+pub fn check_usable(api: &Api) -> Result<()> {
+    entry_points(api).map(|_| ())
+}
+
+/// A device's primary context made current on this thread; the previous
+/// one is restored on drop.
+struct Current<'a> {
+    api: &'a Api,
+    prev: CUcontext,
+}
+
+impl<'a> Current<'a> {
+    fn make(device: &'a Device) -> Result<Current<'a>> {
+        let api = &*device.api;
+        let mut prev: CUcontext = std::ptr::null_mut();
+        // SAFETY: the driver writes one context handle.
+        api.check(unsafe { (api.ctx_get_current)(&mut prev) }, "cuCtxGetCurrent").map_err(device_error)?;
+        // SAFETY: a primary context retained for the process's life.
+        api.check(unsafe { (api.ctx_set_current)(device.context()) }, "cuCtxSetCurrent").map_err(device_error)?;
+        Ok(Current { api, prev })
+    }
+}
+
+impl Drop for Current<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the context that was current when `make` ran.
+        let _ = unsafe { (self.api.ctx_set_current)(self.prev) };
+    }
+}
+
+/// The allocation `addr` lies in: its base and size.
+fn allocation_of(api: &Api, ipc: &Ipc, addr: u64) -> Result<(u64, u64)> {
+    let (mut base, mut size): (CUdeviceptr, usize) = (0, 0);
+    // SAFETY: the driver writes one address and one size into live locals.
+    let rc = unsafe { (ipc.range)(&mut base, &mut size, addr) };
+    if rc == cuda_sys::CUDA_ERROR_NOT_FOUND {
+        return Err(Error::invalid_argument(format!("{addr:#x} is not in device memory the CUDA driver allocated")));
+    }
+    api.check(rc, "cuMemGetAddressRange_v2").map_err(device_error)?;
+    Ok((base, size as u64))
+}
+
+/// This process's side: handles of its device allocations, cached by the
+/// allocation's base address (the driver is asked once per allocation).
+#[derive(Default)]
+pub struct Exports {
+    /// Base → (size, handle).
+    cache: Mutex<HashMap<u64, (u64, [u8; HANDLE_LEN])>>,
+}
+
+impl Exports {
+    /// An empty cache.
+    pub fn new() -> Exports {
+        Exports::default()
+    }
+
+    /// `[addr, addr+len)` of device memory on `device` as another process
+    /// can reach it. The range must lie in one allocation; `len` 0 is
+    /// allowed (the address itself must be in one).
+    ///
+    /// Errors: `DeviceUnavailable` (the driver lacks IPC), `InvalidArgument`
+    /// (not device memory the driver allocated, or the range runs past the
+    /// end of its allocation), `Device` (a driver call failed: memory the
+    /// driver cannot export, such as a pool allocation).
+    pub fn export(&self, device: &Device, addr: u64, len: u64) -> Result<DeviceExport> {
+        let api = &*device.api;
+        let ipc = entry_points(api)?;
+        let _current = Current::make(device)?;
+        let (base, size) = allocation_of(api, &ipc, addr)?;
+        let offset = addr - base;
+        if !matches!(offset.checked_add(len), Some(end) if end <= size) {
+            return Err(Error::invalid_argument(format!(
+                "{addr:#x}+{len} runs past the end of its device allocation ({base:#x}, {size} bytes)"
+            )));
+        }
+        let mut cache = self.cache.lock();
+        if let Some(&(cached_size, handle)) = cache.get(&base) {
+            if cached_size == size {
+                return Ok(DeviceExport { handle, offset });
+            }
+        }
+        let mut handle = CUipcMemHandle { reserved: [0; HANDLE_LEN] };
+        // SAFETY: the driver writes one 64-byte handle into a live local.
+        let rc = unsafe { (ipc.get)(&mut handle, base) };
+        api.check(rc, "cuIpcGetMemHandle")
+            .map_err(|e| device_error(e).context(format!("cannot export device memory at {base:#x}")))?;
+        cache.insert(base, (size, handle.reserved));
+        Ok(DeviceExport { handle: handle.reserved, offset })
+    }
+
+    /// Forget the handles of allocations that overlap `[addr, addr+len)`:
+    /// call it when that memory is unregistered, since a later allocation at
+    /// the same base is another allocation with another handle.
+    pub fn forget(&self, addr: u64, len: u64) {
+        let end = addr.saturating_add(len.max(1));
+        self.cache.lock().retain(|&base, &mut (size, _)| base.saturating_add(size.max(1)) <= addr || base >= end);
+    }
+
+    /// Allocations with a cached handle.
+    pub fn len(&self) -> usize {
+        self.cache.lock().len()
+    }
+
+    /// Whether no handle is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// This process's memory on one side of a copy with a peer's device memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Local {
+    /// Device memory on the device the copy runs on.
+    Device(u64),
+    /// Host memory (pinned or pageable).
+    Host(*mut u8),
+}
+
+/// Which way a copy goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Way {
+    /// The peer's memory → this process's.
+    Pull,
+    /// This process's memory → the peer's.
+    Push,
+}
+
+/// One copy between this process's memory and a peer's device memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceCopy {
+    pub way: Way,
+    pub local: Local,
+    /// Where in the peer's memory (its export of the address).
+    pub remote: DeviceExport,
+    pub len: u64,
+}
+
+/// Which peer allocation, opened in which device's context.
+type OpenKey = ([u8; HANDLE_LEN], u32);
+
+/// One of the peer's allocations, opened in this process.
+struct Opened {
+    base: u64,
+    size: u64,
+    /// The device whose context opened it (and closes it).
+    device: Arc<Device>,
+    /// Copies using it now: it is not closed while any runs.
+    users: usize,
+    last_use: u64,
+}
+
+#[derive(Default)]
+struct ImportState {
+    opened: HashMap<OpenKey, Opened>,
+    /// Idle streams per device ordinal, with their device.
+    streams: HashMap<u32, (Arc<Device>, Vec<usize>)>,
+    tick: u64,
+}
+
+/// The other process's side, one per peer: that peer's allocations opened
+/// here (each handle once per device of ours that copies with it) and the
+/// streams copies run on. Dropping it closes every handle and destroys the
+/// streams (when the peer's connection goes away). Copies from several
+/// threads run concurrently, each on a stream of its own.
+pub struct PeerImports {
+    peer: String,
+    max_open: usize,
+    state: Mutex<ImportState>,
+}
+
+impl PeerImports {
+    /// The imports of the peer named `peer` (its instance, for messages).
+    pub fn new(peer: impl Into<String>) -> PeerImports {
+        PeerImports::with_limit(peer, MAX_OPEN_PER_PEER)
+    }
+
+    /// As [`PeerImports::new`], keeping at most `max_open` (at least 1)
+    /// allocations open.
+    pub fn with_limit(peer: impl Into<String>, max_open: usize) -> PeerImports {
+        PeerImports { peer: peer.into(), max_open: max_open.max(1), state: Mutex::new(ImportState::default()) }
+    }
+
+    /// The peer's instance, as given.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Allocations open now.
+    pub fn open_count(&self) -> usize {
+        self.state.lock().opened.len()
+    }
+
+    /// Open `handle` in `device`'s context (current), or reuse it if open
+    /// there: its base here and its size. Marks it used by one more copy.
+    fn acquire(&self, device: &Arc<Device>, ipc: &Ipc, handle: &[u8; HANDLE_LEN]) -> Result<(u64, u64)> {
+        let key = (*handle, device.ordinal);
+        let mut st = self.state.lock();
+        st.tick += 1;
+        let tick = st.tick;
+        if let Some(o) = st.opened.get_mut(&key) {
+            o.users += 1;
+            o.last_use = tick;
+            return Ok((o.base, o.size));
+        }
+        if st.opened.len() >= self.max_open {
+            let idle = st.opened.iter().filter(|(_, o)| o.users == 0).min_by_key(|(_, o)| o.last_use).map(|(k, _)| *k);
+            let Some(oldest) = idle else {
+                return Err(Error::new(
+                    ErrorKind::Busy,
+                    format!("{} of peer {}'s device allocations are open and in use", st.opened.len(), self.peer),
+                ));
+            };
+            if let Some(o) = st.opened.remove(&oldest) {
+                close_opened(ipc, &o);
+            }
+        }
+        let api = &*device.api;
+        let mut base: CUdeviceptr = 0;
+        let raw = CUipcMemHandle { reserved: *handle };
+        // SAFETY: the driver reads the handle (by value) and writes one
+        // address; the caller made `device`'s context current.
+        let rc = unsafe { (ipc.open)(&mut base, raw, cuda_sys::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) };
+        api.check(rc, "cuIpcOpenMemHandle_v2").map_err(|e| {
+            device_error(e).context(format!("cannot open a device memory handle of peer {} on {device:?}", self.peer))
+        })?;
+        let size = match allocation_of(api, ipc, base) {
+            Ok((_, size)) => size,
+            Err(e) => {
+                // SAFETY: the address the open just returned, in this context.
+                let _ = unsafe { (ipc.close)(base) };
+                return Err(e.context(format!("peer {}'s opened device memory", self.peer)));
+            }
+        };
+        st.opened.insert(key, Opened { base, size, device: device.clone(), users: 1, last_use: tick });
+        Ok((base, size))
+    }
+
+    fn release(&self, device: &Device, handle: &[u8; HANDLE_LEN]) {
+        if let Some(o) = self.state.lock().opened.get_mut(&(*handle, device.ordinal)) {
+            o.users = o.users.saturating_sub(1);
+        }
+    }
+
+    fn take_stream(&self, device: &Arc<Device>) -> Result<usize> {
+        if let Some(s) = self.state.lock().streams.get_mut(&device.ordinal).and_then(|(_, idle)| idle.pop()) {
+            return Ok(s);
+        }
+        let mut s: CUstream = std::ptr::null_mut();
+        // SAFETY: the driver writes one stream handle; the caller made the
+        // device's context current.
+        let rc = unsafe { (device.api.stream_create)(&mut s, cuda_sys::CU_STREAM_NON_BLOCKING) };
+        device.api.check(rc, "cuStreamCreate").map_err(device_error)?;
+        Ok(s as usize)
+    }
+
+    fn give_stream(&self, device: &Arc<Device>, s: usize) {
+        self.state.lock().streams.entry(device.ordinal).or_insert_with(|| (device.clone(), Vec::new())).1.push(s);
+    }
+
+    /// Close the peer's allocation `handle` wherever it is open (the peer
+    /// says it is gone): how many mappings were closed. `Busy` (and nothing
+    /// closed) while a copy uses it.
+    pub fn close(&self, handle: &[u8; HANDLE_LEN]) -> Result<usize> {
+        let mut st = self.state.lock();
+        if let Some(o) = st.opened.iter().find(|((h, _), o)| h == handle && o.users > 0).map(|(_, o)| o) {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("peer {}'s device allocation at {:#x} is in use by a copy", self.peer, o.base),
+            ));
+        }
+        let keys: Vec<OpenKey> = st.opened.keys().filter(|(h, _)| h == handle).copied().collect();
+        for key in &keys {
+            if let Some(o) = st.opened.remove(key) {
+                if let Ok(ipc) = entry_points(&o.device.api) {
+                    close_opened(&ipc, &o);
+                }
+            }
+        }
+        Ok(keys.len())
+    }
+
+    /// Copy `n` bytes of the peer's memory at `from` into `dst`; see
+    /// [`PeerImports::copy`].
+    ///
+    /// # Safety
+    /// As for [`PeerImports::copy`].
+    pub unsafe fn pull(&self, device: &Arc<Device>, dst: Local, from: &DeviceExport, n: u64) -> Result<()> {
+        // SAFETY: passed on from the caller.
+        unsafe { self.copy(device, &[DeviceCopy { way: Way::Pull, local: dst, remote: *from, len: n }]) }
+    }
+
+    /// Copy `n` bytes of `src` into the peer's memory at `to`; see
+    /// [`PeerImports::copy`].
+    ///
+    /// # Safety
+    /// As for [`PeerImports::copy`].
+    pub unsafe fn push(&self, device: &Arc<Device>, src: Local, to: &DeviceExport, n: u64) -> Result<()> {
+        // SAFETY: passed on from the caller.
+        unsafe { self.copy(device, &[DeviceCopy { way: Way::Push, local: src, remote: *to, len: n }]) }
+    }
+
+    /// Run `copies` in order on one stream of `device` (in its primary
+    /// context, made current for the call and restored after) and wait for
+    /// them all: once this returns `Ok`, pulled bytes are in this process's
+    /// memory and pushed ones in the peer's. The peer's allocations are
+    /// opened in `device`'s context on first use and kept open. Every
+    /// copy's range is checked against the peer's allocation before any is
+    /// queued, so a refused batch copies nothing.
+    ///
+    /// Errors: `DeviceUnavailable` (no IPC in the driver), `InvalidArgument`
+    /// (a range runs past the end of the peer's allocation), `Device` (the
+    /// open or a copy failed; the message names the call and the driver's
+    /// error: a handle opened in the process that exported it is
+    /// `CUDA_ERROR_INVALID_CONTEXT`), `Busy` (every open allocation in use).
+    /// Every message names the peer.
+    ///
+    /// # Safety
+    /// Each copy's local side must be valid for `len` bytes until this
+    /// returns (for writes when pulling): device memory on `device`, or host
+    /// memory. No other copy or kernel may write it meanwhile (nor read it,
+    /// when pulling).
+    pub unsafe fn copy(&self, device: &Arc<Device>, copies: &[DeviceCopy]) -> Result<()> {
+        if copies.iter().all(|c| c.len == 0) {
+            return Ok(());
+        }
+        let ipc = entry_points(&device.api)?;
+        let _current = Current::make(device)?;
+        let mut acquired: Vec<&[u8; HANDLE_LEN]> = Vec::with_capacity(copies.len());
+        let result = (|| {
+            // Open (or find) every allocation and check every range first.
+            let mut peer_addrs = Vec::with_capacity(copies.len());
+            for c in copies {
+                if c.len == 0 {
+                    peer_addrs.push(0);
+                    continue;
+                }
+                let (base, size) = self.acquire(device, &ipc, &c.remote.handle)?;
+                acquired.push(&c.remote.handle);
+                if !matches!(c.remote.offset.checked_add(c.len), Some(end) if end <= size) {
+                    return Err(Error::invalid_argument(format!(
+                        "{} bytes at offset {} run past the end of peer {}'s {size}-byte device allocation",
+                        c.len, c.remote.offset, self.peer
+                    )));
+                }
+                usize::try_from(c.len).map_err(|_| Error::invalid_argument(format!("{} bytes", c.len)))?;
+                peer_addrs.push(base + c.remote.offset);
+            }
+            let api = &*device.api;
+            let s = self.take_stream(device)?;
+            let stream = s as CUstream;
+            let mut queued = Ok(());
+            for (c, &peer_addr) in copies.iter().zip(&peer_addrs) {
+                if c.len == 0 {
+                    continue;
+                }
+                let len = c.len as usize;
+                // SAFETY: the peer's range was checked against its allocation
+                // above; the caller vouches for the local side.
+                let (rc, call) = unsafe {
+                    match (c.way, c.local) {
+                        (Way::Pull, Local::Device(dst)) => {
+                            ((ipc.dtod)(dst, peer_addr, len, stream), "cuMemcpyDtoDAsync_v2")
+                        }
+                        (Way::Push, Local::Device(src)) => {
+                            ((ipc.dtod)(peer_addr, src, len, stream), "cuMemcpyDtoDAsync_v2")
+                        }
+                        (Way::Pull, Local::Host(dst)) => {
+                            ((api.memcpy_dtoh_async)(dst.cast(), peer_addr, len, stream), "cuMemcpyDtoHAsync_v2")
+                        }
+                        (Way::Push, Local::Host(src)) => (
+                            (api.memcpy_htod_async)(peer_addr, src.cast_const().cast(), len, stream),
+                            "cuMemcpyHtoDAsync_v2",
+                        ),
+                    }
+                };
+                queued = api.check(rc, call).map_err(device_error);
+                if queued.is_err() {
+                    break;
+                }
+            }
+            // Synchronize even when queueing failed: nothing may still run on
+            // the stream once it is idle again.
+            // SAFETY: a stream this object created, in the current context.
+            let synced = api.check(unsafe { (api.stream_synchronize)(stream) }, "cuStreamSynchronize");
+            if queued.is_ok() && synced.is_ok() {
+                self.give_stream(device, s);
+            } else {
+                // A stream that reported a fault is not reused.
+                // SAFETY: as above; nothing runs on it after the synchronize.
+                let _ = unsafe { (api.stream_destroy)(stream) };
+            }
+            queued.and(synced.map_err(device_error))
+        })();
+        for handle in acquired {
+            self.release(device, handle);
+        }
+        result.map_err(|e| e.context(format!("device copy with peer {}", self.peer)))
+    }
+}
+
+/// Close one opened allocation in the context that opened it.
+fn close_opened(ipc: &Ipc, o: &Opened) {
+    let closed = Current::make(&o.device).and_then(|_current| {
+        // SAFETY: an address cuIpcOpenMemHandle_v2 returned in this context;
+        // no copy uses it (users is 0).
+        let rc = unsafe { (ipc.close)(o.base) };
+        o.device.api.check(rc, "cuIpcCloseMemHandle").map_err(device_error)
+    });
+    if let Err(e) = closed {
+        log::warn!("cannot close a peer's device memory at {:#x}: {e}", o.base);
+    }
+}
+
+impl Drop for PeerImports {
+    fn drop(&mut self) {
+        let st = std::mem::take(&mut *self.state.lock());
+        for o in st.opened.values() {
+            if let Ok(ipc) = entry_points(&o.device.api) {
+                close_opened(&ipc, o);
+            }
+        }
+        for (device, idle) in st.streams.values() {
+            if let Ok(_current) = Current::make(device) {
+                for &s in idle {
+                    // SAFETY: idle streams this object created; nothing is queued on them.
+                    let _ = unsafe { (device.api.stream_destroy)(s as CUstream) };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against the driver stand-in (c_tests/cuda_double, compiled here):
+    //! what one process can show, and copies with a second process (this
+    //! test binary again, running `importer_process`).
+    use super::*;
+    use std::ffi::{c_char, c_int, c_void, CString};
+    use std::path::PathBuf;
+    use std::sync::OnceLock;
+
+    /// Length of the exported allocation (odd: its last page is partly used).
+    const LEN: usize = (1 << 20) + 333;
+    const PULL_AT: u64 = 4093;
+    const PULL_LEN: usize = 70_001;
+    const PUSH_HOST_AT: u64 = 200_000;
+    const PUSH_HOST_LEN: usize = 12_345;
+    const PUSH_DEV_AT: u64 = LEN as u64 - 3000;
+    const PUSH_DEV_LEN: usize = 3000;
+    const CHILD_ARG: &str = "pdx-ipc-importer=";
+
+    /// The stand-in and the driver API loaded from it, or `None` (printed)
+    /// where no C compiler builds it.
+    fn stand_in() -> Option<(PathBuf, Arc<Api>)> {
+        static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
+        let path = BUILT.get_or_init(|| {
+            use std::hash::{Hash, Hasher};
+            let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("c_tests/cuda_double/cuda_double.c");
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            std::fs::read(&source).ok()?.hash(&mut hasher);
+            // One build per version of the source, kept and shared by runs.
+            let lib = std::env::temp_dir().join(format!("pdx-cuda-double-{:016x}.so", hasher.finish()));
+            if lib.exists() {
+                return Some(lib);
+            }
+            let partial = lib.with_extension(format!("{}.tmp", std::process::id()));
+            let built = std::process::Command::new("cc")
+                .args(["-std=c11", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-o"])
+                .arg(&partial)
+                .arg(&source)
+                .arg("-lpthread")
+                .status();
+            let renamed = matches!(built, Ok(s) if s.success()) && std::fs::rename(&partial, &lib).is_ok();
+            std::fs::remove_file(&partial).ok();
+            renamed.then_some(lib)
+        });
+        let Some(path) = path.clone() else {
+            println!("SKIP: no C compiler to build the CUDA driver stand-in");
+            return None;
+        };
+        Some((path.clone(), cuda_sys::load_cached(path.to_str().unwrap()).unwrap()))
+    }
+
+    /// The stand-in's counters and injection are process-wide: its tests
+    /// take turns.
+    fn serial() -> parking_lot::MutexGuard<'static, ()> {
+        static SERIAL: Mutex<()> = parking_lot::const_mutex(());
+        SERIAL.lock()
+    }
+
+    fn symbol<T: Copy>(path: &std::path::Path, name: &str) -> T {
+        let lib = CString::new(path.to_str().unwrap()).unwrap();
+        let name = CString::new(name).unwrap();
+        // SAFETY: the library is loaded already (this only takes a
+        // reference); the symbol is read with its C declaration's type.
+        unsafe {
+            let handle = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+            assert!(!handle.is_null());
+            let sym = libc::dlsym(handle, name.as_ptr());
+            assert!(!sym.is_null(), "{name:?}");
+            std::mem::transmute_copy::<*mut c_void, T>(&sym)
+        }
+    }
+
+    /// `cuda_double_stats` fields this module cares about.
+    #[derive(Debug, Default, PartialEq, Eq)]
+    struct IpcStats {
+        d2d: u64,
+        exports: u64,
+        opens: u64,
+        closes: u64,
+        mapped: u64,
+    }
+
+    fn ipc_stats(path: &std::path::Path) -> IpcStats {
+        let f: unsafe extern "C" fn(*mut [u64; 29]) = symbol(path, "cuda_double_stats");
+        let mut s = [0u64; 29];
+        // SAFETY: struct cuda_double_stats is 29 u64 (c_tests/cuda_double/cuda_double.h).
+        unsafe { f(&mut s) };
+        IpcStats { d2d: s[24], exports: s[25], opens: s[26], closes: s[27], mapped: s[28] }
+    }
+
+    fn inject(path: &std::path::Path, what: &str, after: c_int, count: c_int, code: c_int) {
+        let f: unsafe extern "C" fn(*const c_char, c_int, c_int, c_int) = symbol(path, "cuda_double_inject");
+        let what = CString::new(what).unwrap();
+        // SAFETY: a NUL-terminated name the stand-in copies.
+        unsafe { f(what.as_ptr(), after, count, code) };
+    }
+
+    /// Device memory of the test's own, filled and read through the driver.
+    struct Mem<'a> {
+        device: &'a Device,
+        ptr: u64,
+        len: usize,
+    }
+
+    impl<'a> Mem<'a> {
+        fn new(device: &'a Device, len: usize) -> Mem<'a> {
+            let _current = Current::make(device).unwrap();
+            let mut ptr = 0;
+            // SAFETY: the context is current; the driver writes one address.
+            let rc = unsafe { (device.api.mem_alloc.unwrap())(&mut ptr, len) };
+            device.api.check(rc, "cuMemAlloc_v2").unwrap();
+            Mem { device, ptr, len }
+        }
+
+        fn write(&self, off: u64, bytes: &[u8]) {
+            let api = &self.device.api;
+            let _current = Current::make(self.device).unwrap();
+            // SAFETY: in the allocation (the tests' own arithmetic); synchronized before `bytes` goes.
+            unsafe {
+                let rc =
+                    (api.memcpy_htod_async)(self.ptr + off, bytes.as_ptr().cast(), bytes.len(), std::ptr::null_mut());
+                api.check(rc, "cuMemcpyHtoDAsync_v2").unwrap();
+                api.check((api.stream_synchronize)(std::ptr::null_mut()), "cuStreamSynchronize").unwrap();
+            }
+        }
+
+        fn read(&self, off: u64, len: usize) -> Vec<u8> {
+            let api = &self.device.api;
+            let _current = Current::make(self.device).unwrap();
+            let mut out = vec![0u8; len];
+            // SAFETY: as in `write`, the other way.
+            unsafe {
+                let rc = (api.memcpy_dtoh_async)(out.as_mut_ptr().cast(), self.ptr + off, len, std::ptr::null_mut());
+                api.check(rc, "cuMemcpyDtoHAsync_v2").unwrap();
+                api.check((api.stream_synchronize)(std::ptr::null_mut()), "cuStreamSynchronize").unwrap();
+            }
+            out
+        }
+    }
+
+    impl Drop for Mem<'_> {
+        fn drop(&mut self) {
+            let _current = Current::make(self.device).unwrap();
+            // SAFETY: an allocation of ours no copy uses any more.
+            let _ = unsafe { (self.device.api.mem_free.unwrap())(self.ptr) };
+        }
+    }
+
+    // Safe forms of the copies for the tests: the local side is a live
+    // slice, or `n` bytes of a `Mem` (checked against its length).
+    fn pull_host(imports: &PeerImports, device: &Arc<Device>, dst: &mut [u8], from: &DeviceExport) -> Result<()> {
+        // SAFETY: `dst` is writable for its whole length during the call.
+        unsafe { imports.pull(device, Local::Host(dst.as_mut_ptr()), from, dst.len() as u64) }
+    }
+
+    fn push_host(imports: &PeerImports, device: &Arc<Device>, src: &[u8], to: &DeviceExport) -> Result<()> {
+        // SAFETY: `src` is readable for its whole length; it is only read.
+        unsafe { imports.push(device, Local::Host(src.as_ptr().cast_mut()), to, src.len() as u64) }
+    }
+
+    fn pull_dev(
+        imports: &PeerImports,
+        device: &Arc<Device>,
+        dst: &Mem<'_>,
+        from: &DeviceExport,
+        n: usize,
+    ) -> Result<()> {
+        assert!(n <= dst.len);
+        // SAFETY: `n` bytes of an allocation of ours on `device`, which no other copy uses.
+        unsafe { imports.pull(device, Local::Device(dst.ptr), from, n as u64) }
+    }
+
+    fn push_dev(imports: &PeerImports, device: &Arc<Device>, src: &Mem<'_>, to: &DeviceExport, n: usize) -> Result<()> {
+        assert!(n <= src.len);
+        // SAFETY: as in `pull_dev`.
+        unsafe { imports.push(device, Local::Device(src.ptr), to, n as u64) }
+    }
+
+    fn pattern(seed: u8, from: usize, len: usize) -> Vec<u8> {
+        (from..from + len).map(|i| seed.wrapping_mul(131).wrapping_add((i * 7 + (i >> 9)) as u8)).collect()
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn unhex(s: &str) -> [u8; HANDLE_LEN] {
+        let mut out = [0u8; HANDLE_LEN];
+        assert_eq!(s.len(), 2 * HANDLE_LEN);
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn exports_name_the_allocation_and_the_offset_and_are_cached_per_base() {
+        let Some((path, api)) = stand_in() else { return };
+        let _serial = serial();
+        let device = super::super::cuda::device(&api, 0).unwrap();
+        let mem = Mem::new(&device, LEN);
+        let exports = Exports::new();
+        let before = ipc_stats(&path);
+        let whole = exports.export(&device, mem.ptr, LEN as u64).unwrap();
+        let inner = exports.export(&device, mem.ptr + 100, 50).unwrap();
+        assert_eq!((whole.offset, inner.offset), (0, 100));
+        assert_eq!(whole.handle, inner.handle);
+        assert_eq!(&whole.handle[..8], b"cudadbl1");
+        assert_eq!(ipc_stats(&path).exports - before.exports, 1, "the driver is asked once per allocation");
+        assert_eq!(exports.len(), 1);
+        // A range past the allocation's end, and memory that is not the driver's.
+        let e = exports.export(&device, mem.ptr + LEN as u64 - 10, 11).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.message().contains("runs past the end of its device allocation"), "{e}");
+        let host = [0u8; 64];
+        let e = exports.export(&device, host.as_ptr() as u64, 64).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.message().contains("not in device memory"), "{e}");
+        // Forgotten at unregister: the driver is asked again, and its
+        // failure is reported with the call and the code.
+        exports.forget(mem.ptr + 5, 1);
+        assert!(exports.is_empty());
+        inject(&path, "cuIpcGetMemHandle", 0, 1, cuda_sys::CUDA_ERROR_INVALID_VALUE);
+        let e = exports.export(&device, mem.ptr, 1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Device);
+        assert!(e.message().contains("cuIpcGetMemHandle failed: CUDA_ERROR_INVALID_VALUE"), "{e}");
+        assert_eq!(exports.export(&device, mem.ptr, 1).unwrap().handle, whole.handle);
+        // forget() leaves other allocations alone.
+        exports.forget(mem.ptr + LEN as u64 + (1 << 30), 10);
+        assert_eq!(exports.len(), 1);
+    }
+
+    #[test]
+    fn a_handle_is_not_opened_in_the_process_that_exported_it() {
+        let Some((path, api)) = stand_in() else { return };
+        let _serial = serial();
+        let device = super::super::cuda::device(&api, 0).unwrap();
+        let mem = Mem::new(&device, 4096);
+        let export = Exports::new().export(&device, mem.ptr, 4096).unwrap();
+        let imports = PeerImports::new("this very process");
+        let mut buf = [0u8; 16];
+        let e = pull_host(&imports, &device, &mut buf, &export).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Device);
+        assert!(e.message().contains("CUDA_ERROR_INVALID_CONTEXT"), "{e}");
+        assert!(e.message().contains("peer this very process"), "{e}");
+        assert_eq!(imports.open_count(), 0);
+        assert_eq!(ipc_stats(&path).mapped, 0);
+        // Nothing to copy opens nothing.
+        pull_host(&imports, &device, &mut buf[..0], &export).unwrap();
+        assert_eq!(imports.open_count(), 0);
+    }
+
+    #[test]
+    fn a_driver_without_ipc_is_named_as_unavailable() {
+        let Some((path, _)) = stand_in() else { return };
+        let mut api = Api::load(path.to_str().unwrap()).unwrap();
+        check_usable(&api).unwrap();
+        api.ipc_open_mem_handle = None;
+        let e = check_usable(&api).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::DeviceUnavailable);
+        assert!(e.message().contains("has no cuIpcOpenMemHandle_v2: CUDA IPC is not available"), "{e}");
+    }
+
+    /// A second process opens this one's device memory and copies both
+    /// ways, device and host memory on its side (see `importer_process`);
+    /// what it pushed is here once it returns, since every copy is
+    /// synchronized before `push` returns.
+    #[test]
+    fn pull_and_push_reach_another_process() {
+        let Some((path, api)) = stand_in() else { return };
+        let _serial = serial();
+        let device = super::super::cuda::device(&api, 0).unwrap();
+        let mem = Mem::new(&device, LEN);
+        let other = Mem::new(&device, 8192);
+        mem.write(0, &pattern(1, 0, LEN));
+        other.write(0, &pattern(9, 0, 8192));
+        let exports = Exports::new();
+        let a = exports.export(&device, mem.ptr + 7, 1).unwrap();
+        let b = exports.export(&device, other.ptr, 8192).unwrap();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "engine::ipc::tests::importer_process", "--ignored", "--nocapture"])
+            .arg(format!("{CHILD_ARG}{}={}={}", path.display(), hex(&a.handle), hex(&b.handle)))
+            .output()
+            .unwrap();
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "the importer failed:\n{said}");
+        assert!(said.contains("importer: done"), "the importer did not run:\n{said}");
+        let now = mem.read(0, LEN);
+        let mut want = pattern(1, 0, LEN);
+        let host_at = PUSH_HOST_AT as usize;
+        want[host_at..host_at + PUSH_HOST_LEN].copy_from_slice(&pattern(2, host_at, PUSH_HOST_LEN));
+        let dev_at = PUSH_DEV_AT as usize;
+        want[dev_at..dev_at + PUSH_DEV_LEN].copy_from_slice(&pattern(3, dev_at, PUSH_DEV_LEN));
+        assert!(now == want, "the bytes the importer pushed are not (only) where it pushed them");
+        assert_eq!(other.read(0, 8192), pattern(9, 0, 8192));
+    }
+
+    /// The importer of `pull_and_push_reach_another_process`, in a process
+    /// of its own; run alone it has nothing to do.
+    #[test]
+    #[ignore = "run by pull_and_push_reach_another_process in a process of its own"]
+    fn importer_process() {
+        let Some(arg) = std::env::args().find_map(|a| a.strip_prefix(CHILD_ARG).map(str::to_owned)) else { return };
+        let parts: Vec<&str> = arg.split('=').collect();
+        let (path, a, b) = (PathBuf::from(parts[0]), unhex(parts[1]), unhex(parts[2]));
+        let api = cuda_sys::load_cached(path.to_str().unwrap()).unwrap();
+        let device = super::super::cuda::device(&api, 1).unwrap(); // another ordinal than the exporter's
+        let at = |handle, offset| DeviceExport { handle, offset };
+        let imports = PeerImports::new("the exporter");
+        let mine = Mem::new(&device, LEN);
+
+        // Device ← peer: all of it, then a part into host memory.
+        pull_dev(&imports, &device, &mine, &at(a, 0), LEN).unwrap();
+        assert!(mine.read(0, LEN) == pattern(1, 0, LEN));
+        let mut host = vec![0u8; PULL_LEN];
+        pull_host(&imports, &device, &mut host, &at(a, PULL_AT)).unwrap();
+        assert!(host == pattern(1, PULL_AT as usize, PULL_LEN));
+        assert_eq!(imports.open_count(), 1);
+        let s = ipc_stats(&path);
+        assert_eq!((s.opens, s.mapped, s.d2d), (1, 1, 1), "{s:?}");
+
+        // Peer ← host memory, and peer ← device memory.
+        push_host(&imports, &device, &pattern(2, PUSH_HOST_AT as usize, PUSH_HOST_LEN), &at(a, PUSH_HOST_AT)).unwrap();
+        mine.write(0, &pattern(3, PUSH_DEV_AT as usize, PUSH_DEV_LEN));
+        push_dev(&imports, &device, &mine, &at(a, PUSH_DEV_AT), PUSH_DEV_LEN).unwrap();
+
+        // A range past the end of the peer's allocation copies nothing.
+        let e = push_dev(&imports, &device, &mine, &at(a, LEN as u64 - 1), 2).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.message().contains("run past the end of peer the exporter's"), "{e}");
+        let e = pull_dev(&imports, &device, &mine, &at(a, u64::MAX), 2).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        // A handle that names nothing is the driver's refusal, and opens nothing.
+        let mut bogus = a;
+        bogus[0] ^= 1;
+        let e = pull_dev(&imports, &device, &mine, &at(bogus, 0), 1).unwrap_err();
+        assert!(e.message().contains("cuIpcOpenMemHandle_v2 failed: CUDA_ERROR_INVALID_VALUE"), "{e}");
+        assert_eq!(imports.open_count(), 1);
+
+        // A batch: scattered pages, one stream, one synchronize.
+        mine.write(0, &[0u8; 8 * 4096]);
+        let page_at = |i: u64| (7 - i) * 4096 + 5;
+        let pages: Vec<DeviceCopy> = (0..8)
+            .map(|i| DeviceCopy {
+                way: Way::Pull,
+                local: Local::Device(mine.ptr + i * 4096),
+                remote: at(a, page_at(i)),
+                len: 4096,
+            })
+            .collect();
+        // SAFETY: eight pages inside `mine` (LEN bytes), which nothing else uses.
+        unsafe { imports.copy(&device, &pages) }.unwrap();
+        for i in 0..8 {
+            assert!(mine.read(i * 4096, 4096) == pattern(1, page_at(i) as usize, 4096), "page {i}");
+        }
+        // With one range refused, no copy of the batch runs (the exporter
+        // checks that its bytes at PUSH_HOST_AT are still the earlier push's).
+        let junk = [0xEEu8; 16];
+        let refused = [
+            DeviceCopy {
+                way: Way::Push,
+                local: Local::Host(junk.as_ptr().cast_mut()),
+                remote: at(a, PUSH_HOST_AT),
+                len: 16,
+            },
+            DeviceCopy { way: Way::Pull, local: Local::Device(mine.ptr), remote: at(a, LEN as u64 - 1), len: 2 },
+        ];
+        // SAFETY: `junk` is only read; 2 bytes of `mine`.
+        let e = unsafe { imports.copy(&device, &refused) }.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+
+        // Closed on request; a later copy opens it again.
+        assert_eq!(imports.close(&a).unwrap(), 1);
+        assert_eq!(imports.close(&a).unwrap(), 0);
+        assert_eq!(ipc_stats(&path).mapped, 0);
+        pull_host(&imports, &device, &mut host[..16], &at(a, 0)).unwrap();
+        assert!(host[..16] == pattern(1, 0, 16));
+        drop(imports);
+        let s = ipc_stats(&path);
+        assert_eq!((s.opens, s.closes, s.mapped), (2, 2, 0), "dropped with the peer: {s:?}");
+
+        // At most `max_open` allocations of one peer stay open: the least
+        // recently used is closed for a new one.
+        let bounded = PeerImports::with_limit("the exporter", 1);
+        pull_host(&bounded, &device, &mut host[..8], &at(a, 0)).unwrap();
+        pull_host(&bounded, &device, &mut host[..8], &at(b, 100)).unwrap();
+        assert!(host[..8] == pattern(9, 100, 8));
+        assert_eq!((bounded.open_count(), ipc_stats(&path).mapped), (1, 1));
+        drop(bounded);
+        assert_eq!(ipc_stats(&path).mapped, 0);
+        println!("importer: done");
+    }
+}
