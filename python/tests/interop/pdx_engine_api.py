@@ -34,7 +34,7 @@ _USED = {
     "pdx_transfer_sync_write", "pdx_transfer_sync_read", "pdx_batch_transfer_sync_write",
     "pdx_batch_transfer_sync_read", "pdx_send_probe", "pdx_send_notify", "pdx_notifications_drain",
     "pdx_notifications_count", "pdx_notification_get", "pdx_notifications_free", "pdx_batch_submit",
-    "pdx_batch_wait", "pdx_batch_free",
+    "pdx_batch_wait", "pdx_batch_free", "pdx_peer_info",
 }
 _ENGINE_FUNCTIONS = [sig for sig in pdx._SIGNATURES if sig[0] in _USED]
 
@@ -129,6 +129,13 @@ class Engine:
 
     def batch_transfer_sync_read(self, session: str, locals_, remotes, lens) -> int:
         return self.lib.pdx_batch_transfer_sync_read(self.handle, _b(session), *_arrays(locals_, remotes, lens))
+
+    def peer_info(self, session: str) -> tuple[int, str]:
+        """`pdx_peer_info`: (status, JSON text)."""
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = c_size_t()
+        rc = self.lib.pdx_peer_info(self.handle, _b(session), buf, len(buf), byref(n))
+        return rc, buf.value.decode() if rc == PDX_OK else ""
 
     def send_probe(self, session: str) -> int:
         return self.lib.pdx_send_probe(self.handle, _b(session))

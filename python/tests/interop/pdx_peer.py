@@ -13,6 +13,7 @@ pdx_*transfer_sync_* calls.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -50,6 +51,11 @@ class PdxPeer(peer_common.PeerBase):
 
     def eng_protocol(self):
         return self.engine.protocol()
+
+    def cmd_peer_info(self, a):
+        """pdx only: pdx_peer_info of a session this engine sent to."""
+        rc, text = self.engine.peer_info(a["target"])
+        return self._rc(rc, info=json.loads(text) if text else None)
 
     def eng_register(self, addr, length):
         return self._rc(self.engine.register_memory(addr, length))
