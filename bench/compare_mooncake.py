@@ -109,8 +109,11 @@ class ForeignLoad:
 class Pair:
     """Initiator and target of one engine kind, each with one registered buffer of `size` bytes."""
 
-    def __init__(self, kind: str, size: int, log_dir: Path):
+    def __init__(self, kind: str, size: int, log_dir: Path, same_host: bool = False):
         self.kind = kind
+        # TCP against TCP: two pdx processes of one host would otherwise take
+        # the same-host link (docs/same-host.md), which Mooncake's TCP lacks.
+        self.env = {} if kind != "pdx" or same_host else {"PDX_SAME_HOST": "off"}
         self.peers = []
         self.target = self._start(f"{kind}-target", log_dir)
         self.init = self._start(f"{kind}-initiator", log_dir)
@@ -121,7 +124,7 @@ class Pair:
         self.init.call("randomize", timeout=300, buf=self.ibuf["buf"])
 
     def _start(self, name, log_dir):
-        peer = Peer(self.kind, name=name, command=[str(PEER_SCRIPT), self.kind], drop_env=ENGINE_ENV,
+        peer = Peer(self.kind, self.env, name=name, command=[str(PEER_SCRIPT), self.kind], drop_env=ENGINE_ENV,
                     log_dir=log_dir, start_timeout=60.0)
         self.peers.append(peer)
         return peer
@@ -362,6 +365,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-tcp", action="store_true", help="skip the raw TCP single-stream baseline")
     ap.add_argument("--iperf-seconds", type=float, help="seconds per iperf3 run (default 3)")
     ap.add_argument("--json", metavar="FILE", help="write all results as JSON")
+    ap.add_argument("--same-host", action="store_true",
+                    help="let pdx use its same-host link (default: PDX_SAME_HOST=off, TCP against TCP)")
     args = ap.parse_args(argv)
 
     if args.smoke:
@@ -409,7 +414,7 @@ def main(argv=None) -> int:
     failed = False
     try:
         for kind in KINDS:
-            pairs[kind] = Pair(kind, size, log_dir)
+            pairs[kind] = Pair(kind, size, log_dir, args.same_host)
         if args.no_iperf:
             iperf["error"] = "--no-iperf"
         else:
