@@ -129,13 +129,19 @@ fn grant(pid: u32) -> Result<(), String> {
         None | Some(0) => Ok(()),
         Some(1) => {
             let mut granted = PTRACER.lock();
+            // A pid named before whose process is gone makes room.
+            let gone = |p: u32| {
+                // SAFETY: kill with signal 0 only checks that the process exists.
+                let rc = unsafe { libc::kill(p as libc::pid_t, 0) };
+                rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+            };
             match *granted {
                 Some(p) if p == pid => Ok(()),
-                Some(p) => Err(format!(
+                Some(p) if !gone(p) => Err(format!(
                     "Yama ptrace_scope is 1 and lets a process name one peer that may copy its memory; this process \
                      named pid {p} (another same-host peer)"
                 )),
-                None => {
+                _ => {
                     // SAFETY: prctl with PR_SET_PTRACER takes a pid and touches no memory of ours.
                     let rc = unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::c_ulong::from(pid), 0, 0, 0) };
                     if rc != 0 {
