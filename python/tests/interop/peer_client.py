@@ -63,10 +63,13 @@ def _kill(proc: subprocess.Popen):
 class Peer:
     def __init__(self, kind: str, env: dict | None = None, name: str | None = None,
                  start_timeout: float = START_TIMEOUT, *, command: list[str] | None = None,
-                 drop_env: tuple[str, ...] = (), log_dir: Path | None = None):
+                 drop_env: tuple[str, ...] = (), log_dir: Path | None = None,
+                 wrapper: list[str] | None = None, python: str = sys.executable):
         """Start a peer: SCRIPTS[kind], or `command` (a script and its arguments)
         speaking the same protocol. `drop_env` names more variables to keep from
-        it; with `log_dir` the log is written there as <name>.log and kept."""
+        it; with `log_dir` the log is written there as <name>.log and kept.
+        `wrapper` runs it under another program (`unshare ...`, `setpriv ...`;
+        its parent is then not this process) with the interpreter `python`."""
         if command is None and kind not in SCRIPTS:
             raise ValueError(f"unknown peer kind {kind!r}")
         self.kind = kind
@@ -76,7 +79,8 @@ class Peer:
         for var in ("MC_TCP_PROTO", "MC_USE_TENT", "MC_USE_TEV1", "MC_DISABLE_METACACHE", *drop_env):
             full_env.pop(var, None)
         full_env.update({k: str(v) for k, v in (env or {}).items()})
-        full_env["INTEROP_PARENT_PID"] = str(os.getpid())
+        if not wrapper:
+            full_env["INTEROP_PARENT_PID"] = str(os.getpid())
         full_env["PYTHONUNBUFFERED"] = "1"
         self.env = full_env
         self._keep_log = log_dir is not None or os.environ.get("PDX_INTEROP_KEEP_LOGS") == "1"
@@ -90,7 +94,7 @@ class Peer:
             self.log_path = Path(path)
             log_file = os.fdopen(fd, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, *(command or [str(SCRIPTS[kind])])],
+            [*(wrapper or []), python, *(command or [str(SCRIPTS[kind])])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,

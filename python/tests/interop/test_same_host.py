@@ -1,13 +1,16 @@
 """The same-host link between processes, through Python (issue 20): this
 process's engine and a pdx peer process move bytes both ways over it (each
 side as initiator), with every size and 2048 scattered pages; `off` on
-either side means TCP with the reason; a Mooncake peer on the same host is
+either side means TCP with the reason, and so does a target in another pid
+namespace or running as another user; a Mooncake peer on the same host is
 reached over TCP both ways (its descriptor carries no host identity)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import sys
 
 import pytest
 
@@ -99,3 +102,29 @@ def test_a_mooncake_peer_on_the_same_host_is_reached_over_tcp_both_ways():
         assert m.transfer("write", a.session_id, remote, 0, addr, 4 * MiB)["rc"] == 0
         assert bytes(local) == data
         assert os.environ.get("PDX_SAME_HOST", "auto") != "off"
+
+
+# A target the link cannot reach: its transfers succeed over TCP, and the
+# reason names the cause. The other user needs an interpreter it may run
+# (this one may live under /root) and root to switch to it.
+UNREACHABLE = [
+    ("pid namespace", ["unshare", "--pid", "--fork", "--kill-child"], sys.executable),
+    ("uid 65534", ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"], "/usr/bin/python3"),
+]
+
+
+@pytest.mark.parametrize("cause,wrapper,python", UNREACHABLE, ids=["pid-namespace", "other-user"])
+def test_a_target_the_link_cannot_reach_falls_back_to_tcp_with_the_cause(cause, wrapper, python):
+    if os.geteuid() != 0 or shutil.which(wrapper[0]) is None or not os.access(python, os.X_OK):
+        pytest.skip(f"needs root, {wrapper[0]} and {python}")
+    with pdx.Engine("127.0.0.1", "tcp") as a, Peer("pdx", name=f"unreachable-{wrapper[0]}", wrapper=wrapper,
+                                                    python=python) as p:
+        remote = p.alloc(4 * MiB)
+        session = p.call("session")["session"]
+        data = _data(4 * MiB, 7)
+        a.write(session, data, remote.addr)
+        back = bytearray(4 * MiB)
+        a.read(session, back, remote.addr)
+        assert back == data
+        info = a.peer_info(session)
+        assert info["path"] == "tcp" and cause in info["reason"], info
