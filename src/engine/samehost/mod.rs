@@ -320,6 +320,28 @@ mod tests {
     }
 
     #[test]
+    fn device_ipc_fields_are_optional_both_ways() {
+        let offer = offer_or_why_not(true, HostIdentity::current()).unwrap();
+        // An older pdx's offer and answer (no device fields) parse as "no".
+        let old_offer = serde_json::to_string(&offer).unwrap();
+        assert!(!old_offer.contains("device_ipc"), "{old_offer}");
+        assert!(!serde_json::from_str::<Offer>(&old_offer).unwrap().device_ipc);
+        let old_answer: Answer = serde_json::from_str(r#"{"accepted":true,"reason":"r"}"#).unwrap();
+        assert!(!old_answer.device_ipc && old_answer.device_reason.is_empty());
+        // Fields an engine does not know are ignored (an older pdx reading ours).
+        let newer: Offer =
+            serde_json::from_str(&old_offer.replacen('{', r#"{"device_ipc":true,"later":1,"#, 1)).unwrap();
+        assert!(newer.device_ipc);
+        // This process's own offer asks for IPC; the answer refuses it with the reason.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, from) = listener.accept().unwrap();
+        let asked = Offer { device_ipc: true, ..offer };
+        let answer = accept(true, &asked, from, server.local_addr().unwrap());
+        assert!(answer.accepted && !answer.device_ipc && answer.device_reason.contains("one process"), "{answer:?}");
+    }
+
+    #[test]
     fn an_offer_from_this_process_is_accepted_only_on_its_own_connection() {
         let offer = offer_or_why_not(true, HostIdentity::current()).unwrap();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
