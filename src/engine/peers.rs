@@ -158,15 +158,17 @@ impl Peer {
             (Err(why), _) => (false, false, why),
             (Ok(_), Some(a)) if a.accepted => {
                 let device_ipc = a.device_ipc && export.is_ok();
+                // A process without device memory has nothing to say about it.
                 let device = match (export, a.device_ipc) {
-                    (Err(why), _) => format!("device memory staged: {why}"),
-                    (Ok(()), true) => format!("device memory: {}", samehost::device::ACCEPTED),
+                    (Err(why), _) if why.is_empty() => String::new(),
+                    (Err(why), _) => format!("; device memory staged: {why}"),
+                    (Ok(()), true) => format!("; device memory: {}", samehost::device::ACCEPTED),
                     (Ok(()), false) if a.device_reason.is_empty() => {
-                        "device memory staged: the peer did not answer the CUDA IPC offer (an older pdx)".to_owned()
+                        "; device memory staged: the peer did not answer the CUDA IPC offer (an older pdx)".to_owned()
                     }
-                    (Ok(()), false) => format!("device memory staged: {}", a.device_reason),
+                    (Ok(()), false) => format!("; device memory staged: {}", a.device_reason),
                 };
-                (true, device_ipc, format!("{}; {device}", a.reason))
+                (true, device_ipc, format!("{}{device}", a.reason))
             }
             (Ok(_), Some(a)) => (false, false, a.reason),
             (Ok(_), None) => (false, false, "the peer did not answer the same-host offer (an older pdx)".to_owned()),
