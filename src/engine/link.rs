@@ -3,7 +3,10 @@
 //! transport and reports what the target confirmed; the executor plans,
 //! claims windows, retries and reports, whatever the link. TCP data
 //! connections (`peers::Lane`) carry two: TCP, and the same-host link
-//! ([`samehost`]) where the connection's hello negotiated it.
+//! ([`samehost`]) where the connection's hello negotiated it. A window of
+//! device memory is offered to the link first ([`Link::run_device_window`]:
+//! the same-host link moves it through CUDA IPC where negotiated) and
+//! staged only where the link declines.
 
 use std::sync::Arc;
 
