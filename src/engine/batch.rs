@@ -337,8 +337,33 @@ impl BatchRun {
         }
     }
 
+    /// A window all of device memory on `dev`, moved by the link without
+    /// staging where it can (after the transfer's CUDA event, waited for on
+    /// the host); `None`: stage it.
+    ///
+    /// # Safety
+    /// As for [`Link::run_device_window`].
+    unsafe fn run_direct(
+        &self,
+        link: &mut dyn Link,
+        idx: &[usize],
+        reqs: &[Request],
+        dev: &Arc<super::cuda::Device>,
+    ) -> Option<WindowOutcome> {
+        if !link.moves_device_memory() || idx.iter().any(|&i| self.plan.kind(i).is_none()) {
+            return None;
+        }
+        if let Some(event) = self.after {
+            if let Err(e) = self.host_waited.get_or_init(|| super::cuda::wait_on_host(event)).clone() {
+                return Some(WindowOutcome { confirmed: 0, rejected: false, broken: Some(e) });
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { link.run_device_window(self.direction, reqs, dev) }
+    }
+
     /// Run the pieces `idx` (one window) on `link`: host memory as it is,
-    /// device memory staged. Connection errors name the peer here, once.
+    /// device memory staged (or moved by the link itself where it can). Connection errors name the peer here, once.
     ///
     /// # Safety
     /// As for the batch: local memory stays valid until every task is terminal.
@@ -357,7 +382,8 @@ impl BatchRun {
                     Err(e) => WindowOutcome { confirmed: 0, rejected: false, broken: Some(e) },
                 }
             }
-            Some(dev) => {
+            // SAFETY: as above.
+            Some(dev) => unsafe { self.run_direct(link, idx, &reqs, dev) }.unwrap_or_else(|| {
                 let on_device = idx.iter().map(|&i| self.plan.kind(i).is_some()).collect();
                 let stop = || inner.registry.stopping();
                 match inner.staging.staged(&reqs, on_device, dev, self.after, &stop) {
@@ -365,7 +391,7 @@ impl BatchRun {
                     Ok(mut memory) => unsafe { link.run_window(self.direction, &reqs, &mut memory) },
                     Err(e) => WindowOutcome { confirmed: 0, rejected: false, broken: Some(e) },
                 }
-            }
+            }),
         };
         if link.path() != super::samehost::PATH {
             for &i in &idx[..out.confirmed] {

@@ -4,9 +4,11 @@
 //! straight into the destination for large payloads, and timeouts mapped to
 //! `TimedOut`.
 
+use std::any::Any;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use socket2::SockRef;
@@ -54,6 +56,9 @@ pub struct Conn {
     /// Served with the same-host link to this initiator pid (kept while the
     /// connection is parked between requests).
     same_host_pid: Option<u32>,
+    /// State a server keeps with the connection, kept while it is parked
+    /// (the same-host link's opened device memory handles).
+    attachment: Option<Arc<dyn Any + Send + Sync>>,
     /// Parked and not read since: the readiness loop hands it back when
     /// bytes are there, so the first receive takes them without polling
     /// (and without counting as a poll that caught them).
@@ -100,6 +105,7 @@ impl Conn {
             resumed: false,
             seen_header: false,
             same_host_pid: None,
+            attachment: None,
             woken: false,
         })
     }
@@ -206,6 +212,17 @@ impl Conn {
     /// Serve this connection with the same-host link to `pid` (or not).
     pub fn set_same_host_pid(&mut self, pid: Option<u32>) {
         self.same_host_pid = pid;
+    }
+
+    /// The state of type `T` kept with this connection, made by `make` on
+    /// first use (it replaces state of another type).
+    pub fn attachment<T: Any + Send + Sync>(&mut self, make: impl FnOnce() -> T) -> Arc<T> {
+        if let Some(kept) = self.attachment.clone().and_then(|a| a.downcast::<T>().ok()) {
+            return kept;
+        }
+        let made = Arc::new(make());
+        self.attachment = Some(made.clone());
+        made
     }
 
     /// Give up the receive buffer while nothing is buffered (a parked

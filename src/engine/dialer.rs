@@ -95,6 +95,9 @@ pub(crate) struct Dialer {
     /// The peer secret every handshake and data connection proves (see
     /// [`super::auth`]), when set.
     pub secret: Option<Vec<u8>>,
+    /// This engine's device memory as other processes reach it over the
+    /// same-host link (CUDA IPC handles, forgotten at unregister).
+    pub exports: Arc<super::ipc::Exports>,
 }
 
 impl Dialer {
@@ -105,7 +108,7 @@ impl Dialer {
         identity: Identity,
         secret: Option<Vec<u8>>,
     ) -> Dialer {
-        Dialer { settings, registry, regions, identity, secret }
+        Dialer { settings, registry, regions, identity, secret, exports: Arc::default() }
     }
 
     /// The descriptor this engine sends about itself.

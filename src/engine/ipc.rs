@@ -348,6 +348,20 @@ impl PeerImports {
         Ok(keys.len())
     }
 
+    /// Open `handle` in `device`'s context now (or find it open) and keep it
+    /// open: what tells a failure of the mechanism (this call) from a failed
+    /// copy (a later [`PeerImports::copy`]).
+    ///
+    /// Errors: `DeviceUnavailable` (no IPC in the driver), `Device` (the
+    /// open failed), `Busy` (every open allocation in use).
+    pub fn open(&self, device: &Arc<Device>, handle: &[u8; HANDLE_LEN]) -> Result<()> {
+        let ipc = entry_points(&device.api)?;
+        let _current = Current::make(device)?;
+        self.acquire(device, &ipc, handle)?;
+        self.release(device, handle);
+        Ok(())
+    }
+
     /// Copy `n` bytes of the peer's memory at `from` into `dst`; see
     /// [`PeerImports::copy`].
     ///

@@ -3,8 +3,14 @@
 //! transport and reports what the target confirmed; the executor plans,
 //! claims windows, retries and reports, whatever the link. TCP data
 //! connections (`peers::Lane`) carry two: TCP, and the same-host link
-//! ([`samehost`]) where the connection's hello negotiated it.
+//! ([`samehost`]) where the connection's hello negotiated it. A window of
+//! device memory is offered to the link first ([`Link::run_device_window`]:
+//! the same-host link moves it through CUDA IPC where negotiated) and
+//! staged only where the link declines.
 
+use std::sync::Arc;
+
+use super::cuda::Device;
 use super::peers::Lane;
 use super::samehost;
 use super::window::{self, LocalMemory, WindowOutcome};
@@ -26,6 +32,29 @@ pub(crate) trait Link {
         reqs: &[Request],
         memory: &mut dyn LocalMemory,
     ) -> WindowOutcome;
+
+    /// Whether [`Link::run_device_window`] may move device memory without
+    /// staging it (the executor then waits for a transfer's CUDA event on
+    /// the host first).
+    fn moves_device_memory(&self) -> bool {
+        false
+    }
+
+    /// Run `reqs` (all non-empty, their local bytes device memory on
+    /// `device`) without staging, if this link can; `None`: it cannot for
+    /// this window (nothing was sent), stage it with [`Link::run_window`].
+    ///
+    /// # Safety
+    /// The local device memory must stay allocated, and untouched by
+    /// anything else, for the duration of the call.
+    unsafe fn run_device_window(
+        &mut self,
+        _direction: Direction,
+        _reqs: &[Request],
+        _device: &Arc<Device>,
+    ) -> Option<WindowOutcome> {
+        None
+    }
 }
 
 /// A lane is the TCP link, or the same-host link where its hello
@@ -56,5 +85,37 @@ impl Link for Lane {
             self.path.fall_back(&self.session, why);
         }
         ran.outcome
+    }
+
+    /// Device memory through CUDA IPC where the hello negotiated it and it
+    /// has not failed for this peer.
+    fn moves_device_memory(&self) -> bool {
+        self.same_host && self.exports.is_some() && self.path.ipc_failed().is_none()
+    }
+
+    unsafe fn run_device_window(
+        &mut self,
+        direction: Direction,
+        reqs: &[Request],
+        device: &Arc<Device>,
+    ) -> Option<WindowOutcome> {
+        if !self.moves_device_memory() {
+            return None;
+        }
+        let exports = self.exports.clone()?;
+        match samehost::device::run_window(&mut self.conn, direction, reqs, device, &exports) {
+            Ok(ran) => {
+                if let Some(why) = ran.ipc_failed {
+                    self.path.ipc_fall_back(&self.session, why);
+                }
+                Some(ran.outcome)
+            }
+            Err(e) => {
+                // Memory the driver cannot export (a pool allocation, a
+                // range across allocations): staged, this window only.
+                log::debug!("{}: device memory staged for a window: {e}", self.session);
+                None
+            }
+        }
     }
 }

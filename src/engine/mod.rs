@@ -330,7 +330,18 @@ impl TransferBackend for Engine {
 
     fn unregister_batch(&self, addrs: &[u64]) -> Result<()> {
         let drain = self.inner.settings.progress_timeout + Duration::from_secs(1);
-        self.inner.regions.unregister_all(addrs, drain)
+        // Device regions' IPC handles are forgotten: memory allocated later
+        // at the same address is another allocation.
+        let device: Vec<(u64, u64)> = addrs
+            .iter()
+            .filter_map(|&a| self.inner.regions.lookup(a, 1).filter(|r| r.start == a && r.device.is_some()))
+            .map(|r| (r.start, r.len))
+            .collect();
+        self.inner.regions.unregister_all(addrs, drain)?;
+        for (addr, len) in device {
+            self.inner.peers.dialer().exports.forget(addr, len);
+        }
+        Ok(())
     }
 
     /// Move every request and return when each is confirmed at the target

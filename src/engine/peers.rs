@@ -14,6 +14,7 @@ use super::conn::Conn;
 use super::deadline::{Progress, Stall};
 use super::descriptor::{parse_descriptor, PeerDescriptor};
 use super::dialer::Dialer;
+use super::ipc::Exports;
 use super::registry::OwnedSocketGuard;
 use super::samehost::{self, PathChoice};
 use super::settings::Settings;
@@ -58,9 +59,19 @@ pub struct Lane {
     /// Whether the target copies the payload itself (the same-host link,
     /// negotiated in the hello when the lane opened).
     pub same_host: bool,
+    /// Where device memory is exported from, when the same-host link
+    /// moves it through CUDA IPC (negotiated with the link).
+    pub exports: Option<Arc<Exports>>,
     /// The peer's path, told when the same-host link fails.
     pub path: Arc<PathChoice>,
     pub session: Arc<str>,
+}
+
+/// What a data connection's hello settled.
+#[derive(Default)]
+struct Negotiated {
+    same_host: bool,
+    device_ipc: bool,
 }
 
 impl Peer {
@@ -113,7 +124,7 @@ impl Peer {
     /// [`super::hello`]), all by `by`; offer it the same-host link where
     /// that may work. True if the link was accepted; the path and its
     /// reason are recorded either way.
-    fn connect_to(&self, desc: &PeerDescriptor, by: Instant) -> Result<(TcpStream, bool)> {
+    fn connect_to(&self, desc: &PeerDescriptor, by: Instant) -> Result<(TcpStream, Negotiated)> {
         let mut stream = super::dialer::connect_by(&self.dialer.settings, &desc.data_host, desc.data_port, Some(by))
             .map_err(|e| e.context(format!("data connection to {} (as its descriptor advertises)", self.session)))?;
         let Some(instance) = &desc.instance else {
@@ -124,23 +135,46 @@ impl Peer {
                 ));
             }
             self.path.decided(&self.session, false, "a Mooncake peer (TCP is its only path)".to_owned());
-            return Ok((stream, false));
+            return Ok((stream, Negotiated::default()));
         };
-        let offer = match self.path.failed() {
+        let mut offer = match self.path.failed() {
             Some(why) => Err(why),
             None => samehost::offer_or_why_not(self.dialer.settings.same_host, desc.host.as_ref()),
         };
+        // Device memory through CUDA IPC, unless it failed for this peer.
+        let export = match (&mut offer, self.path.ipc_failed()) {
+            (Err(_), _) => Err(String::new()),
+            (Ok(_), Some(why)) => Err(why),
+            (Ok(_), None) => desc.host.as_ref().map_or(Err(String::new()), samehost::device::can_export),
+        };
+        if let Ok(o) = &mut offer {
+            o.device_ipc = export.is_ok();
+        }
         let what = format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session);
         let by = by.min(Instant::now() + self.dialer.settings.handshake_timeout);
         let secret = self.dialer.secret.as_deref();
         let answer = super::hello::confirm(&mut stream, instance, by, &what, secret, offer.clone().ok())?;
-        let (same_host, reason) = match (offer, answer) {
-            (Err(why), _) => (false, why),
-            (Ok(_), Some(a)) => (a.accepted, a.reason),
-            (Ok(_), None) => (false, "the peer did not answer the same-host offer (an older pdx)".to_owned()),
+        let (same_host, device_ipc, reason) = match (offer, answer) {
+            (Err(why), _) => (false, false, why),
+            (Ok(_), Some(a)) if a.accepted => {
+                let device_ipc = a.device_ipc && export.is_ok();
+                // A process without device memory has nothing to say about it.
+                let device = match (export, a.device_ipc) {
+                    (Err(why), _) if why.is_empty() => String::new(),
+                    (Err(why), _) => format!("; device memory staged: {why}"),
+                    (Ok(()), true) => format!("; device memory: {}", samehost::device::ACCEPTED),
+                    (Ok(()), false) if a.device_reason.is_empty() => {
+                        "; device memory staged: the peer did not answer the CUDA IPC offer (an older pdx)".to_owned()
+                    }
+                    (Ok(()), false) => format!("; device memory staged: {}", a.device_reason),
+                };
+                (true, device_ipc, format!("{}{device}", a.reason))
+            }
+            (Ok(_), Some(a)) => (false, false, a.reason),
+            (Ok(_), None) => (false, false, "the peer did not answer the same-host offer (an older pdx)".to_owned()),
         };
         self.path.decided(&self.session, same_host, reason);
-        Ok((stream, same_host))
+        Ok((stream, Negotiated { same_host, device_ipc }))
     }
 
     /// A new data connection to the engine this peer's descriptor names.
@@ -162,7 +196,7 @@ impl Peer {
         if fetched_here {
             desc = self.fetch_and_cache(Some(by))?;
         }
-        let (stream, same_host) = match self.connect_to(&desc, by) {
+        let (stream, negotiated) = match self.connect_to(&desc, by) {
             Ok(opened) => opened,
             Err(first) if fetched_here || first.kind() == ErrorKind::Timeout => return Err(first),
             Err(first) => {
@@ -196,7 +230,9 @@ impl Peer {
             .ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
         let v2 = desc.proto_version >= 2 && !s.force_v1;
         let (path, session) = (self.path.clone(), self.session.as_str().into());
-        Ok(Lane { conn, v2, same_host, path, session, _tracked: tracked })
+        let Negotiated { same_host, device_ipc } = negotiated;
+        let exports = device_ipc.then(|| self.dialer.exports.clone());
+        Ok(Lane { conn, v2, same_host, exports, path, session, _tracked: tracked })
     }
 
     /// Send one notification to the name in the peer's descriptor.

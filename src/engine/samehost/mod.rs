@@ -13,6 +13,7 @@
 //! process named, and a probe copy from it works. Either answer names its
 //! reason; anything short of yes leaves the connection on TCP.
 
+pub(crate) mod device;
 pub(crate) mod window;
 pub(crate) mod xmem;
 
@@ -86,6 +87,10 @@ pub(crate) struct Offer {
     pub probe_addr: u64,
     /// Those bytes, hex.
     pub probe: String,
+    /// The initiator can export its device memory through CUDA IPC
+    /// ([`device`]); absent (false) from an older pdx.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub device_ipc: bool,
 }
 
 /// The target's answer: accepted, or why not.
@@ -93,6 +98,14 @@ pub(crate) struct Offer {
 pub(crate) struct Answer {
     pub accepted: bool,
     pub reason: String,
+    /// The target imports the initiator's device memory through CUDA IPC
+    /// (asked for, and the link accepted); absent (false) from an older pdx.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub device_ipc: bool,
+    /// Why device memory does or does not use CUDA IPC (empty when the
+    /// offer did not ask).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub device_reason: String,
 }
 
 /// Length of the probe.
@@ -172,14 +185,15 @@ pub(crate) fn offer_or_why_not(enabled: bool, peer: Option<&HostIdentity>) -> Re
     }
     grant(peer.pid)?;
     let probe = probe();
-    Ok(Offer { host: own.clone(), probe_addr: probe.as_ptr() as u64, probe: hex(probe) })
+    Ok(Offer { host: own.clone(), probe_addr: probe.as_ptr() as u64, probe: hex(probe), device_ipc: false })
 }
 
 /// The target's side: whether to serve the connection from `from` (to
 /// `local`) with the same-host link as `offer` asks. `enabled` is this
 /// engine's `PDX_SAME_HOST`. The reason is worded for the initiator.
 pub(crate) fn accept(enabled: bool, offer: &Offer, from: SocketAddr, local: SocketAddr) -> Answer {
-    let decided = |accepted: bool, reason: String| Answer { accepted, reason };
+    let decided =
+        |accepted: bool, reason: String| Answer { accepted, reason, device_ipc: false, device_reason: String::new() };
     if !enabled {
         return decided(false, "the peer has PDX_SAME_HOST=off".to_owned());
     }
@@ -205,7 +219,15 @@ pub(crate) fn accept(enabled: bool, offer: &Offer, from: SocketAddr, local: Sock
     if hex(&got) != offer.probe {
         return decided(false, "the peer's probe copy read other bytes than offered".to_owned());
     }
-    decided(true, "same host, pid namespace and user; a probe copy between the processes worked".to_owned())
+    let mut yes =
+        decided(true, "same host, pid namespace and user; a probe copy between the processes worked".to_owned());
+    if offer.device_ipc {
+        (yes.device_ipc, yes.device_reason) = match device::can_import(own, &offer.host) {
+            Ok(()) => (true, device::ACCEPTED.to_owned()),
+            Err(why) => (false, why),
+        };
+    }
+    yes
 }
 
 /// The path to one peer and why: what its last data connection
@@ -215,11 +237,18 @@ pub(crate) struct PathChoice {
     /// (same-host?, reason).
     now: Mutex<(bool, String)>,
     failed: Mutex<Option<String>>,
+    /// Why CUDA IPC failed for this peer's device memory, if it did (then
+    /// device memory is staged until the peer is forgotten).
+    ipc_failed: Mutex<Option<String>>,
 }
 
 impl Default for PathChoice {
     fn default() -> Self {
-        PathChoice { now: Mutex::new((false, "no data connection opened yet".to_owned())), failed: Mutex::new(None) }
+        PathChoice {
+            now: Mutex::new((false, "no data connection opened yet".to_owned())),
+            failed: Mutex::new(None),
+            ipc_failed: Mutex::new(None),
+        }
     }
 }
 
@@ -244,6 +273,26 @@ impl PathChoice {
             log::info!("{session}: data path {path} ({reason})");
             *now = (same_host, reason);
         }
+    }
+
+    /// Why CUDA IPC failed for this peer, if it did.
+    pub fn ipc_failed(&self) -> Option<String> {
+        self.ipc_failed.lock().clone()
+    }
+
+    /// CUDA IPC failed mid-transfer: device memory is staged over the link
+    /// from now on (the reason says so, and is logged once).
+    pub fn ipc_fall_back(&self, session: &str, why: String) {
+        {
+            let mut failed = self.ipc_failed.lock();
+            if failed.is_some() {
+                return;
+            }
+            *failed = Some(why.clone());
+        }
+        let (same_host, reason) = self.now.lock().clone();
+        let base = reason.split("; device memory").next().unwrap_or_default().to_owned();
+        self.decided(session, same_host, format!("{base}; device memory staged: {why}"));
     }
 
     /// The link failed mid-transfer: TCP from now on.
@@ -274,6 +323,28 @@ mod tests {
         assert!(ns.contains("pid namespace"), "{ns}");
         let uid = offer_or_why_not(true, Some(&other(|h| h.uid += 1))).unwrap_err();
         assert!(uid.contains("uid") && uid.contains("ptrace"), "{uid}");
+    }
+
+    #[test]
+    fn device_ipc_fields_are_optional_both_ways() {
+        let offer = offer_or_why_not(true, HostIdentity::current()).unwrap();
+        // An older pdx's offer and answer (no device fields) parse as "no".
+        let old_offer = serde_json::to_string(&offer).unwrap();
+        assert!(!old_offer.contains("device_ipc"), "{old_offer}");
+        assert!(!serde_json::from_str::<Offer>(&old_offer).unwrap().device_ipc);
+        let old_answer: Answer = serde_json::from_str(r#"{"accepted":true,"reason":"r"}"#).unwrap();
+        assert!(!old_answer.device_ipc && old_answer.device_reason.is_empty());
+        // Fields an engine does not know are ignored (an older pdx reading ours).
+        let newer: Offer =
+            serde_json::from_str(&old_offer.replacen('{', r#"{"device_ipc":true,"later":1,"#, 1)).unwrap();
+        assert!(newer.device_ipc);
+        // This process's own offer asks for IPC; the answer refuses it with the reason.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, from) = listener.accept().unwrap();
+        let asked = Offer { device_ipc: true, ..offer };
+        let answer = accept(true, &asked, from, server.local_addr().unwrap());
+        assert!(answer.accepted && !answer.device_ipc && answer.device_reason.contains("one process"), "{answer:?}");
     }
 
     #[test]

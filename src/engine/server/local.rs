@@ -4,18 +4,22 @@
 //! bytes itself between the initiator's memory (at the address of the
 //! request in hand, never another) and its region: one cross-process copy
 //! for host memory; for device memory, through one pinned buffer, the
-//! device copy synchronized before the acknowledgement.
+//! device copy synchronized before the acknowledgement. Device memory of
+//! the initiator arrives as CUDA IPC handles ([`serve_ipc`]): one copy from
+//! or into it on a device of ours, synchronized before the acknowledgement.
 
 use std::io;
 
 use super::super::conn::Conn;
-use super::super::regions::Regions;
+use super::super::ipc::{DeviceExport, Local, PeerImports};
+use super::super::regions::{Region, Regions};
+use super::super::samehost::device::Unusable;
 use super::super::samehost::window::copy_failed_status;
 use super::super::samehost::xmem;
 use super::super::staging::{Side, Staging};
 use super::super::wire::RequestHeader;
 use super::acks::Acks;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::transfer::stats::Stats;
 use crate::transfer::Direction;
 
@@ -35,6 +39,10 @@ enum Failed {
     Copy(io::Error),
     /// A driver call failed (device memory): refused, as over TCP.
     Device(Error),
+    /// CUDA IPC cannot serve it: the initiator stages device memory.
+    Unusable(Unusable),
+    /// The request names memory it may not (refused, as over TCP).
+    Refused(Error),
     /// The region was withdrawn or the engine is stopping.
     Stopped,
 }
@@ -73,6 +81,88 @@ pub(crate) fn serve_local(
             .and_then(|lease| copy_device(&lease, cx.staging.chunk(), pid, header, theirs, &stop)),
     };
     drop(hold);
+    answer(cx, conn, acks, header, copied)
+}
+
+/// Serve one device request over the link (CUDA IPC: the initiator's
+/// bytes are `theirs` of its device memory, opened in `imports`): checked
+/// and held as any request, then one copy on a device of ours,
+/// synchronized before the acknowledgement. `false`: the connection closes.
+pub(crate) fn serve_ipc(
+    cx: &LocalServing<'_>,
+    conn: &Conn,
+    acks: &mut Acks,
+    imports: &PeerImports,
+    header: &RequestHeader,
+    theirs: &DeviceExport,
+) -> bool {
+    let Some(hold) = cx.regions.lookup(header.addr, header.size).and_then(|r| r.hold(conn.raw_fd())) else {
+        log::debug!(
+            "same-host link: rejecting device {} of {} bytes at {:#x}: not inside one registered region",
+            header.direction.name(),
+            header.size,
+            header.addr
+        );
+        Stats::bump(&cx.stats.requests_refused);
+        acks.reject(conn, true);
+        return false;
+    };
+    let region = hold.region();
+    let copied = if region.is_revoked() || (cx.stopping)() {
+        Err(Failed::Stopped)
+    } else {
+        copy_ipc(cx, imports, region, header, theirs)
+    };
+    drop(hold);
+    answer(cx, conn, acks, header, copied)
+}
+
+/// One copy between the initiator's device memory and our region: device
+/// to device on the region's device; for host memory, device to host (or
+/// back) on a device of ours that holds a region.
+fn copy_ipc(
+    cx: &LocalServing<'_>,
+    imports: &PeerImports,
+    region: &Region,
+    h: &RequestHeader,
+    theirs: &DeviceExport,
+) -> Result<(), Failed> {
+    let (device, ours) = match &region.device {
+        Some(dev) => (dev.clone(), Local::Device(h.addr)),
+        None => match cx.regions.device_overlapping(0, u64::MAX - 1).and_then(|r| r.device.clone()) {
+            Some(dev) => (dev, Local::Host(h.addr as *mut u8)),
+            None => return Err(Failed::Unusable(Unusable::NoDevice)),
+        },
+    };
+    imports.open(&device, &theirs.handle).map_err(|e| {
+        log::warn!("same-host link: CUDA IPC with {} failed on {device:?}: {e}", imports.peer());
+        Failed::Unusable(if e.kind() == ErrorKind::DeviceUnavailable { Unusable::NoIpc } else { Unusable::Open })
+    })?;
+    // SAFETY: `ours` lies in a registered region, held (not unregistered)
+    // until the caller drops the hold; device memory of a region is on its
+    // device. The copy is synchronized before this returns.
+    let copied = unsafe {
+        match h.direction {
+            Direction::Write => imports.pull(&device, ours, theirs, h.size),
+            Direction::Read => imports.push(&device, ours, theirs, h.size),
+        }
+    };
+    copied.map_err(|e| match e.kind() {
+        // The initiator named bytes past the end of its allocation.
+        ErrorKind::InvalidArgument => Failed::Refused(e),
+        _ => Failed::Device(e),
+    })
+}
+
+/// Acknowledge a served request, or answer why not (`false`: the
+/// connection closes).
+fn answer(
+    cx: &LocalServing<'_>,
+    conn: &Conn,
+    acks: &mut Acks,
+    header: &RequestHeader,
+    copied: Result<(), Failed>,
+) -> bool {
     match copied {
         Ok(()) => {
             cx.stats.served(header.direction, header.size);
@@ -99,12 +189,24 @@ pub(crate) fn serve_local(
             let _ = unsafe { acks.send_with(conn, &[(status.as_ptr(), status.len())]) };
             false
         }
+        Err(Failed::Unusable(why)) => {
+            let status = why.status();
+            // SAFETY: a local array, readable for the call.
+            let _ = unsafe { acks.send_with(conn, &[(status.as_ptr(), status.len())]) };
+            false
+        }
         Err(Failed::Device(e)) => {
             Stats::bump(&cx.stats.served_device_failures);
             log::warn!(
                 "same-host link: a peer's request at {:#x} failed on this side and is rejected: {e}",
                 header.addr
             );
+            acks.reject(conn, true);
+            false
+        }
+        Err(Failed::Refused(e)) => {
+            Stats::bump(&cx.stats.requests_refused);
+            log::debug!("same-host link: rejecting a peer's request at {:#x}: {e}", header.addr);
             acks.reject(conn, true);
             false
         }
