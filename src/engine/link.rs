@@ -36,9 +36,7 @@ pub(crate) trait Link {
     /// Whether [`Link::run_device_window`] may move device memory without
     /// staging it (the executor then waits for a transfer's CUDA event on
     /// the host first).
-    fn moves_device_memory(&self) -> bool {
-        false
-    }
+    fn moves_device_memory(&self) -> bool;
 
     /// Run `reqs` (all non-empty, their local bytes device memory on
     /// `device`) without staging, if this link can; `None`: it cannot for
@@ -49,12 +47,10 @@ pub(crate) trait Link {
     /// anything else, for the duration of the call.
     unsafe fn run_device_window(
         &mut self,
-        _direction: Direction,
-        _reqs: &[Request],
-        _device: &Arc<Device>,
-    ) -> Option<WindowOutcome> {
-        None
-    }
+        dir: Direction,
+        reqs: &[Request],
+        dev: &Arc<Device>,
+    ) -> Option<WindowOutcome>;
 }
 
 /// A lane is the TCP link, or the same-host link where its hello
@@ -95,15 +91,15 @@ impl Link for Lane {
 
     unsafe fn run_device_window(
         &mut self,
-        direction: Direction,
+        dir: Direction,
         reqs: &[Request],
-        device: &Arc<Device>,
+        dev: &Arc<Device>,
     ) -> Option<WindowOutcome> {
         if !self.moves_device_memory() {
             return None;
         }
         let exports = self.exports.clone()?;
-        match samehost::device::run_window(&mut self.conn, direction, reqs, device, &exports) {
+        match samehost::device::run_window(&mut self.conn, dir, reqs, dev, &exports) {
             Ok(ran) => {
                 if let Some(why) = ran.ipc_failed {
                     self.path.ipc_fall_back(&self.session, why);

@@ -16,7 +16,7 @@ pub mod cuda;
 mod deadline;
 mod dialer;
 mod hello;
-pub mod ipc;
+pub(crate) mod ipc;
 // The codecs are public only for the fuzz targets (feature `fuzzing`); the
 // engine's API is `Engine` and `Settings`.
 #[cfg(feature = "fuzzing")]

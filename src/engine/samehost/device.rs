@@ -109,12 +109,7 @@ pub(crate) fn can_import(own: &HostIdentity, peer: &HostIdentity) -> Result<(), 
 /// The frame of one request whose local bytes are `export`.
 pub(crate) fn encode(direction: Direction, r: &Request, export: &DeviceExport) -> [u8; FRAME_LEN] {
     let mut out = [0u8; FRAME_LEN];
-    out[0..8].copy_from_slice(&(r.len as u64).to_le_bytes());
-    out[8..16].copy_from_slice(&r.remote.to_le_bytes());
-    out[16] = match direction {
-        Direction::Read => OP_IPC_READ,
-        Direction::Write => OP_IPC_WRITE,
-    };
+    out[..HEADER_LEN].copy_from_slice(&super::window::header_of(direction, r, (OP_IPC_READ, OP_IPC_WRITE)));
     out[HEADER_LEN..HEADER_LEN + HANDLE_LEN].copy_from_slice(&export.handle);
     out[HEADER_LEN + HANDLE_LEN..].copy_from_slice(&export.offset.to_le_bytes());
     out
@@ -122,12 +117,7 @@ pub(crate) fn encode(direction: Direction, r: &Request, export: &DeviceExport) -
 
 /// A device request header (always acknowledged), `None` for any other.
 pub(crate) fn decode_ipc(header: &[u8; HEADER_LEN]) -> Option<RequestHeader> {
-    let direction = match header[16] {
-        OP_IPC_READ => Direction::Read,
-        OP_IPC_WRITE => Direction::Write,
-        _ => return None,
-    };
-    Some(RequestHeader { direction, acknowledged: true, ..RequestHeader::decode(header) })
+    super::window::decode_with(header, OP_IPC_READ, OP_IPC_WRITE)
 }
 
 /// The initiator's bytes a frame's tail names.

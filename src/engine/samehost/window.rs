@@ -31,22 +31,34 @@ pub(crate) const STATUS_COPY_FAILED: u32 = 2;
 /// The frame of one request.
 pub(crate) fn encode(direction: Direction, r: &Request) -> [u8; FRAME_LEN] {
     let mut out = [0u8; FRAME_LEN];
+    out[..HEADER_LEN].copy_from_slice(&header_of(direction, r, (OP_LOCAL_READ, OP_LOCAL_WRITE)));
+    out[HEADER_LEN..].copy_from_slice(&(r.local as u64).to_le_bytes());
+    out
+}
+
+/// The data header of `r` with the opcode of `direction` from `(read, write)`.
+pub(crate) fn header_of(direction: Direction, r: &Request, (read, write): (u8, u8)) -> [u8; HEADER_LEN] {
+    let mut out = [0u8; HEADER_LEN];
     out[0..8].copy_from_slice(&(r.len as u64).to_le_bytes());
     out[8..16].copy_from_slice(&r.remote.to_le_bytes());
     out[16] = match direction {
-        Direction::Read => OP_LOCAL_READ,
-        Direction::Write => OP_LOCAL_WRITE,
+        Direction::Read => read,
+        Direction::Write => write,
     };
-    out[HEADER_LEN..].copy_from_slice(&(r.local as u64).to_le_bytes());
     out
 }
 
 /// A same-host request header (always acknowledged), `None` for any
 /// other request.
 pub(crate) fn decode_local(header: &[u8; HEADER_LEN]) -> Option<RequestHeader> {
+    decode_with(header, OP_LOCAL_READ, OP_LOCAL_WRITE)
+}
+
+/// A header whose opcode is `read` or `write` (always acknowledged).
+pub(crate) fn decode_with(header: &[u8; HEADER_LEN], read: u8, write: u8) -> Option<RequestHeader> {
     let direction = match header[16] {
-        OP_LOCAL_READ => Direction::Read,
-        OP_LOCAL_WRITE => Direction::Write,
+        op if op == read => Direction::Read,
+        op if op == write => Direction::Write,
         _ => return None,
     };
     Some(RequestHeader { direction, acknowledged: true, ..RequestHeader::decode(header) })

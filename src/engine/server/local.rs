@@ -12,7 +12,7 @@ use std::io;
 
 use super::super::conn::Conn;
 use super::super::ipc::{DeviceExport, Local, PeerImports};
-use super::super::regions::{Region, Regions};
+use super::super::regions::{Hold, Region, Regions};
 use super::super::samehost::device::Unusable;
 use super::super::samehost::window::copy_failed_status;
 use super::super::samehost::xmem;
@@ -47,6 +47,25 @@ enum Failed {
     Stopped,
 }
 
+/// The region of `header`, held (the connection listed with it) while the
+/// memory is touched, so unregistering can shut this connection and wait;
+/// `None` after refusing a request outside every region (the connection
+/// then closes, as over TCP).
+fn hold_or_refuse(cx: &LocalServing<'_>, conn: &Conn, acks: &mut Acks, header: &RequestHeader) -> Option<Hold> {
+    let hold = cx.regions.lookup(header.addr, header.size).and_then(|r| r.hold(conn.raw_fd()));
+    if hold.is_none() {
+        log::debug!(
+            "same-host link: rejecting {} of {} bytes at {:#x}: not inside one registered region",
+            header.direction.name(),
+            header.size,
+            header.addr
+        );
+        Stats::bump(&cx.stats.requests_refused);
+        acks.reject(conn, true);
+    }
+    hold
+}
+
 /// Serve one same-host request from process `pid` (`header` checked here,
 /// the initiator's bytes at `theirs`). `false`: the connection closes.
 pub(crate) fn serve_local(
@@ -57,19 +76,7 @@ pub(crate) fn serve_local(
     header: &RequestHeader,
     theirs: u64,
 ) -> bool {
-    // Held (the connection listed with it) while the memory is touched, so
-    // unregistering can shut this connection and wait.
-    let Some(hold) = cx.regions.lookup(header.addr, header.size).and_then(|r| r.hold(conn.raw_fd())) else {
-        log::debug!(
-            "same-host link: rejecting {} of {} bytes at {:#x}: not inside one registered region",
-            header.direction.name(),
-            header.size,
-            header.addr
-        );
-        Stats::bump(&cx.stats.requests_refused);
-        acks.reject(conn, true);
-        return false;
-    };
+    let Some(hold) = hold_or_refuse(cx, conn, acks, header) else { return false };
     let region = hold.region();
     let stop = || region.is_revoked() || (cx.stopping)();
     let copied = match &region.device {
@@ -96,17 +103,7 @@ pub(crate) fn serve_ipc(
     header: &RequestHeader,
     theirs: &DeviceExport,
 ) -> bool {
-    let Some(hold) = cx.regions.lookup(header.addr, header.size).and_then(|r| r.hold(conn.raw_fd())) else {
-        log::debug!(
-            "same-host link: rejecting device {} of {} bytes at {:#x}: not inside one registered region",
-            header.direction.name(),
-            header.size,
-            header.addr
-        );
-        Stats::bump(&cx.stats.requests_refused);
-        acks.reject(conn, true);
-        return false;
-    };
+    let Some(hold) = hold_or_refuse(cx, conn, acks, header) else { return false };
     let region = hold.region();
     let copied = if region.is_revoked() || (cx.stopping)() {
         Err(Failed::Stopped)
