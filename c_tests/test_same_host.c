@@ -5,8 +5,12 @@
  * another user fall back to TCP with a reason naming the cause, and their
  * transfers succeed; unregistering during same-host writes is a fence; a
  * target stopped (SIGSTOP) mid-way through a 1 GiB write fails the write
- * within 1.1 x 2 s + 1 s. */
+ * within 1.1 x 2 s + 1 s. Device memory (the CUDA stand-in, shared across
+ * processes through its IPC): device -> device both ways is one
+ * device-to-device copy in the target, host -> device and device -> host
+ * too. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <grp.h>
 #include <pthread.h>
@@ -17,7 +21,50 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cuda_double/cuda_double.h"
 #include "harness.h"
+
+/* The CUDA stand-in, loaded in both processes (PDX_CUDA_LIB points pdx at it). */
+typedef int CUresult;
+typedef void *CUcontext;
+typedef unsigned long long CUdeviceptr;
+static struct {
+  CUresult (*init)(unsigned);
+  CUresult (*retain)(CUcontext *, int);
+  CUresult (*set_current)(CUcontext);
+  CUresult (*alloc)(CUdeviceptr *, size_t);
+  CUresult (*h2d)(CUdeviceptr, const void *, size_t, void *);
+  CUresult (*d2h)(void *, CUdeviceptr, size_t, void *);
+  CUresult (*sync)(void *);
+  cuda_double_stats_fn stats;
+} cu;
+
+static int load_cuda(void) {
+  void *lib = dlopen(CUDA_DOUBLE_LIB, RTLD_NOW | RTLD_LOCAL);
+  void *f[8] = {0};
+  const char *names[8] = {"cuInit", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAlloc_v2",
+                          "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuStreamSynchronize", "cuda_double_stats"};
+  for (int i = 0; lib && i < 8; i++)
+    if (!(f[i] = dlsym(lib, names[i]))) return 0;
+  if (!lib) return 0;
+  memcpy(&cu.init, &f[0], sizeof f[0]);
+  memcpy(&cu.retain, &f[1], sizeof f[1]);
+  memcpy(&cu.set_current, &f[2], sizeof f[2]);
+  memcpy(&cu.alloc, &f[3], sizeof f[3]);
+  memcpy(&cu.h2d, &f[4], sizeof f[4]);
+  memcpy(&cu.d2h, &f[5], sizeof f[5]);
+  memcpy(&cu.sync, &f[6], sizeof f[6]);
+  memcpy(&cu.stats, &f[7], sizeof f[7]);
+  return cu.init(0) == 0;
+}
+
+/* `n` bytes of device memory on device `d` (its context made current). */
+static CUdeviceptr dev_alloc(int d, size_t n) {
+  CUcontext c = NULL;
+  CUdeviceptr p = 0;
+  if (cu.retain(&c, d) != 0 || cu.set_current(c) != 0 || cu.alloc(&p, n) != 0) return 0;
+  return p;
+}
 
 enum where { SAME, PID_NAMESPACE, OTHER_USER };
 
@@ -50,11 +97,18 @@ static int get_line(int fd, char *buf, size_t cap) {
 /* The target's side: an engine with `len` bytes registered, answering
  * commands on `in` until "quit" (or the pipe closes). "fence": unregister
  * while writes are landing, then check that no byte changes afterwards. */
-static int serve(size_t len, int in, int out) {
+static int serve(size_t len, int on_device, int in, int out) {
   pdx_engine *e = NULL;
   if (pdx_engine_init("127.0.0.1", "tcp", NULL, &e) != PDX_OK) return 10;
-  unsigned char *region = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (region == MAP_FAILED || pdx_register_memory(e, region, len) != PDX_OK) return 11;
+  unsigned char *region = NULL;
+  if (on_device) {
+    CUdeviceptr d = load_cuda() ? dev_alloc(1, len) : 0;
+    region = (unsigned char *)(uintptr_t)d;
+    if (!d || pdx_register_memory_at(e, region, len, "cuda:1") != PDX_OK) return 15;
+  } else {
+    region = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (region == MAP_FAILED || pdx_register_memory(e, region, len) != PDX_OK) return 11;
+  }
   char line[256];
   snprintf(line, sizeof line, "%s %llu %d\n", pdx_engine_session_id(e), (unsigned long long)(uintptr_t)region,
            (int)getpid());
@@ -62,6 +116,13 @@ static int serve(size_t len, int in, int out) {
   int rc = 0;
   while (get_line(in, line, sizeof line) == 0) {
     if (strcmp(line, "quit") == 0) break;
+    if (strcmp(line, "copies") == 0) {
+      struct cuda_double_stats st;
+      cu.stats(&st);
+      snprintf(line, sizeof line, "%llu %llu %llu\n", (unsigned long long)st.d2d_copies,
+               (unsigned long long)st.h2d_copies, (unsigned long long)st.d2h_copies);
+      put_line(out, line);
+    }
     if (strcmp(line, "fence") == 0) {
       usleep(50 * 1000); /* writes are landing */
       int ok = pdx_unregister_memory(e, region) == PDX_OK;
@@ -92,7 +153,13 @@ static size_t decimal(char *buf, long v) {
 /* Start a target of `len` bytes running `where`: this program again
  * (exec'd, so nothing of this process's threads is inherited), its
  * commands on stdin and its answers on stdout. */
+static int start_target_on(struct target *t, enum where where, size_t len, int on_device);
+
 static int start_target(struct target *t, enum where where, size_t len) {
+  return start_target_on(t, where, len, 0);
+}
+
+static int start_target_on(struct target *t, enum where where, size_t len, int on_device) {
   int to[2], from[2];
   if (pipe(to) != 0 || pipe(from) != 0) return -1;
   char len_arg[24];
@@ -119,7 +186,7 @@ static int start_target(struct target *t, enum where where, size_t len) {
         _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 13);
       }
     }
-    execl(self_exe, self_exe, "--target", len_arg, (char *)NULL);
+    execl(self_exe, self_exe, on_device ? "--device-target" : "--target", len_arg, (char *)NULL);
     _exit(14);
   }
   close(to[0]);
@@ -317,8 +384,61 @@ static void a_stopped_target_fails_within_the_bound(pdx_engine *a) {
   CHECK(stop_target(&t) == 0);
 }
 
+/* The target's device-to-device, host-to-device and device-to-host copies. */
+static void target_copies(struct target *t, unsigned long long out[3]) {
+  char line[128];
+  put_line(t->to, "copies\n");
+  CHECK(get_line(t->from, line, sizeof line) == 0);
+  CHECK(sscanf(line, "%llu %llu %llu", &out[0], &out[1], &out[2]) == 3);
+}
+
+static void device_memory_both_ways(pdx_engine *a) {
+  struct target t;
+  size_t len = (8u << 20) + 4096;
+  if (!load_cuda() || start_target_on(&t, SAME, len, 1) != 0) {
+    printf("SKIP device memory: the CUDA stand-in did not load\n");
+    return;
+  }
+  CUdeviceptr mine = dev_alloc(0, len), back = dev_alloc(0, len);
+  CHECK(mine != 0 && back != 0);
+  /* Local device memory must be registered on the initiator's engine too. */
+  CHECK_OK(pdx_register_memory_at(a, (void *)(uintptr_t)mine, len, "cuda:0"));
+  CHECK_OK(pdx_register_memory_at(a, (void *)(uintptr_t)back, len, "cuda:0"));
+  unsigned char *src = malloc(len), *got = malloc(len);
+  size_t sizes[] = {1, 4097, (8u << 20) + 3};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    size_t n = sizes[i];
+    fill(src, n, 40 + (unsigned)i);
+    CHECK(cu.h2d(mine, src, n, NULL) == 0 && cu.sync(NULL) == 0);
+    unsigned long long before[3], after[3];
+    target_copies(&t, before);
+    /* Device -> device, then back into another device buffer. */
+    CHECK_OK(pdx_transfer_sync_write(a, t.session, (void *)(uintptr_t)mine, t.addr + 1, n));
+    CHECK_OK(pdx_transfer_sync_read(a, t.session, (void *)(uintptr_t)back, t.addr + 1, n));
+    target_copies(&t, after);
+    CHECK(after[0] - before[0] >= 2 && after[1] == before[1] && after[2] == before[2]);
+    memset(got, 0, n);
+    CHECK(cu.d2h(got, back, n, NULL) == 0 && cu.sync(NULL) == 0);
+    CHECK(memcmp(src, got, n) == 0);
+    /* Host -> device and device -> host. */
+    fill(src, n, 60 + (unsigned)i);
+    CHECK_OK(pdx_transfer_sync_write(a, t.session, src, t.addr, n));
+    memset(got, 0, n);
+    CHECK_OK(pdx_transfer_sync_read(a, t.session, got, t.addr, n));
+    CHECK(memcmp(src, got, n) == 0);
+  }
+  char info[4096];
+  path_of(a, t.session, info, sizeof info);
+  CHECK(strstr(info, "\"path\":\"same-host\"") != NULL && strstr(info, "CUDA IPC") != NULL);
+  if (strstr(info, "CUDA IPC") == NULL) fprintf(stderr, "peer info: %s\n", info);
+  free(src);
+  free(got);
+  CHECK(stop_target(&t) == 0);
+}
+
 int main(int argc, char **argv) {
-  if (argc == 3 && strcmp(argv[1], "--target") == 0) return serve((size_t)atoll(argv[2]), 0, 1);
+  if (argc == 3 && strcmp(argv[1], "--target") == 0) return serve((size_t)atoll(argv[2]), 0, 0, 1);
+  if (argc == 3 && strcmp(argv[1], "--device-target") == 0) return serve((size_t)atoll(argv[2]), 1, 0, 1);
   /* Resolved here: after setuid the child may not read /proc/self. */
   static char exe[4096];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -330,6 +450,7 @@ int main(int argc, char **argv) {
                         "PDX_HANDSHAKE_TIMEOUT_MS", "PDX_CONNECT_TIMEOUT_MS"};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) setenv(vars[i], "2000", 1);
   unsetenv("PDX_SAME_HOST");
+  setenv("PDX_CUDA_LIB", CUDA_DOUBLE_LIB, 1);
   pdx_engine *a = start_engine();
   every_size_and_scattered_pages(a);
   falls_back(a, PID_NAMESPACE, "pid namespace");
@@ -339,6 +460,7 @@ int main(int argc, char **argv) {
     printf("SKIP another user: needs root to start a target as another user\n");
   }
   unregister_is_a_fence(a);
+  device_memory_both_ways(a);
   a_stopped_target_fails_within_the_bound(a);
   pdx_engine_free(a);
   return pdx_test_finish("test_same_host");
