@@ -205,6 +205,8 @@ struct Setup<'a> {
     local: &'a mut Buffer,
     scratch: &'a mut Buffer,
     budget: Duration,
+    /// Threads the target splits a raw throughput copy across.
+    raw_threads: usize,
 }
 
 impl Setup<'_> {
@@ -226,8 +228,9 @@ impl Setup<'_> {
             }
             Method::Raw => {
                 let (most, least) = w.calls();
+                let threads = if w.latency { 1 } else { self.raw_threads };
                 let msg = format!(
-                    "pvm {} {} {} {} {} {} {most} {least} {}",
+                    "pvm {} {} {} {} {} {} {most} {least} {} {threads}",
                     self.same_host.session_id(),
                     std::process::id(),
                     op_name(w.op),
@@ -308,6 +311,7 @@ pub fn run(opts: &InitiatorOpts) -> Result<(), String> {
             local: &mut local,
             scratch: &mut scratch,
             budget,
+            raw_threads: opts.raw_threads.max(1),
         };
         // figures[workload][method] per round.
         let mut figures = vec![vec![Vec::new(); METHODS.len()]; workloads.len()];
@@ -327,7 +331,7 @@ pub fn run(opts: &InitiatorOpts) -> Result<(), String> {
             [paths_json(same_host.as_ref(), &target.session, "auto"), paths_json(tcp.as_ref(), &target.session, "tcp")];
         let table = print_table(&workloads, &figures, rounds, opts);
         let json = json!({
-            "mode": "compare-paths", "rounds": rounds, "pages": opts.huge.name(), "cell_seconds": budget.as_secs_f64(),
+            "mode": "compare-paths", "rounds": rounds, "raw_threads": opts.raw_threads.max(1), "pages": opts.huge.name(), "cell_seconds": budget.as_secs_f64(),
             "target_pages": target.pages, "local_pages": setup.local.describe(),
             "rows": table.0, "goals": table.1, "verified_bytes": verified,
             "paths": {"same_host_engine": paths[0], "tcp_engine": paths[1]},
@@ -399,8 +403,10 @@ fn print_table(
 ) -> (Value, Value) {
     let med: Vec<Vec<f64>> = figures.iter().map(|row| row.iter().map(|v| median(v.clone())).collect()).collect();
     println!(
-        "\nsame-host link vs TCP loopback vs raw process_vm_readv/writev vs memcpy ({} pages; median of {rounds} \
-         rounds; ratios: how many times faster same-host is)",
+        "\nsame-host link vs TCP loopback vs raw process_vm_readv/writev (by the target, {} thread{}) vs memcpy \
+         ({} pages; median of {rounds} rounds; ratios: how many times faster same-host is)",
+        opts.raw_threads.max(1),
+        if opts.raw_threads > 1 { "s" } else { "" },
         opts.huge.name()
     );
     println!(
@@ -471,17 +477,22 @@ fn print_table(
 }
 
 /// The target's side of a raw copy: `args` of a `pvm` control message
-/// (`pid op initiator_addr block count most least budget_ms`); copies
-/// `count` blocks between offset 0 of `buf` and the initiator's memory
-/// as the link would (write: pull with process_vm_readv; read: push with
-/// process_vm_writev), times the calls as [`time_calls`] does, and
-/// answers `pvm-done <median ns>` or `pvm-failed <why>`.
+/// (`pid op initiator_addr block count most least budget_ms threads`);
+/// copies `count` blocks between offset 0 of `buf` and the initiator's
+/// memory as the link would (write: pull with process_vm_readv; read: push
+/// with process_vm_writev), one call per IOV_MAX blocks, the blocks (or
+/// one block's bytes) split across `threads` threads; times the calls as
+/// [`time_calls`] does, and answers `pvm-done <median ns>` or
+/// `pvm-failed <why>`.
 pub fn serve_raw_copy(buf: &mut Buffer, args: &[&str]) -> String {
     match raw_copies(buf, args) {
         Ok(ns) => format!("pvm-done {ns}"),
         Err(e) => format!("pvm-failed {e}"),
     }
 }
+
+/// One contiguous copy: our address, theirs, length.
+type Segment = (usize, u64, usize);
 
 fn raw_copies(buf: &mut Buffer, args: &[&str]) -> Result<u64, String> {
     let num = |i: usize| -> Result<u64, String> {
@@ -495,64 +506,80 @@ fn raw_copies(buf: &mut Buffer, args: &[&str]) -> Result<u64, String> {
     };
     let (theirs, block, count) = (num(2)?, num(3)? as usize, num(4)? as usize);
     let (most, least, budget) = (num(5)? as usize, num(6)? as usize, Duration::from_millis(num(7)?));
+    let threads = (num(8)? as usize).clamp(1, 64);
     if block == 0 || count == 0 || count > 1 << 20 || block.checked_mul(count).is_none_or(|n| n > buf.len()) {
         return Err(format!("{count} blocks of {block} bytes do not fit the {} byte buffer", buf.len()));
     }
-    let ours = buf.as_mut_slice().as_mut_ptr();
-    let iov = |base: u64, i: usize| libc::iovec {
-        iov_base: (base as usize + i * block) as *mut libc::c_void,
-        iov_len: block,
+    let ours = buf.as_mut_slice().as_mut_ptr() as usize;
+    let segments: Vec<Segment> = if count == 1 {
+        // One block: its bytes in page-aligned pieces, one a thread.
+        let piece = block.div_ceil(threads).div_ceil(4096) * 4096;
+        (0..block).step_by(piece).map(|o| (ours + o, theirs + o as u64, piece.min(block - o))).collect()
+    } else {
+        (0..count).map(|i| (ours + i * block, theirs + (i * block) as u64, block)).collect()
     };
-    let local: Vec<libc::iovec> = (0..count).map(|i| iov(ours as u64, i)).collect();
-    let remote: Vec<libc::iovec> = (0..count).map(|i| iov(theirs, i)).collect();
+    let per_thread = segments.len().div_ceil(threads);
+    let groups: Vec<&[Segment]> = segments.chunks(per_thread).collect();
     let call = || -> Result<(), String> {
-        const IOV_MAX: usize = 1024;
-        for (l, r) in local.chunks(IOV_MAX).zip(remote.chunks(IOV_MAX)) {
-            let want: usize = l.iter().map(|v| v.iov_len).sum();
-            let mut done = 0;
-            while done < want {
-                // A short copy only happens at a fault; one iovec resumes where it stopped.
-                let (l1, r1);
-                let (lv, rv): (&[libc::iovec], &[libc::iovec]) = if done == 0 {
-                    (l, r)
-                } else if l.len() == 1 {
-                    l1 = [libc::iovec { iov_base: l[0].iov_base.wrapping_byte_add(done), iov_len: want - done }];
-                    r1 = [libc::iovec { iov_base: r[0].iov_base.wrapping_byte_add(done), iov_len: want - done }];
-                    (&l1, &r1)
-                } else {
-                    return Err(format!("a short copy ({done} of {want} bytes)"));
-                };
-                // SAFETY: the local iovecs lie in `buf` (checked above), alive for the call; the
-                // remote ones are checked by the kernel (EFAULT).
-                let n = unsafe {
-                    if pull {
-                        libc::process_vm_readv(pid, lv.as_ptr(), lv.len() as _, rv.as_ptr(), rv.len() as _, 0)
-                    } else {
-                        libc::process_vm_writev(pid, lv.as_ptr(), lv.len() as _, rv.as_ptr(), rv.len() as _, 0)
-                    }
-                };
-                if n <= 0 {
-                    return Err(format!(
-                        "process_vm_{}v: {}",
-                        if pull { "read" } else { "write" },
-                        std::io::Error::last_os_error()
-                    ));
-                }
-                done += n as usize;
-            }
+        if let [one] = groups.as_slice() {
+            return copy_segments(pid, pull, one);
         }
-        Ok(())
+        std::thread::scope(|s| {
+            let running: Vec<_> = groups.iter().map(|g| s.spawn(move || copy_segments(pid, pull, g))).collect();
+            running.into_iter().try_for_each(|t| t.join().map_err(|_| "a copy thread panicked".to_owned())?)
+        })
     };
-    let most_least = (most.max(1), least.max(1).min(most.max(1)));
-    let started = Instant::now();
+    let (most, least) = (most.max(1), least.clamp(1, most.max(1)));
     call()?;
+    let started = Instant::now();
     let mut times = Vec::new();
-    while times.len() < most_least.0 && (times.len() < most_least.1 || started.elapsed() < budget) {
+    while times.len() < most && (times.len() < least || started.elapsed() < budget) {
         let t0 = Instant::now();
         call()?;
         times.push(t0.elapsed().as_secs_f64());
     }
     Ok((median(times) * 1e9) as u64)
+}
+
+/// Copy `segments` (ours inside the served buffer, checked by the caller;
+/// theirs checked by the kernel) with as few calls as IOV_MAX allows.
+fn copy_segments(pid: libc::pid_t, pull: bool, segments: &[Segment]) -> Result<(), String> {
+    const IOV_MAX: usize = 1024;
+    let iov = |addr: usize, len: usize| libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len };
+    for chunk in segments.chunks(IOV_MAX) {
+        let want: usize = chunk.iter().map(|s| s.2).sum();
+        let mut done = 0;
+        while done < want {
+            // A short copy only happens at a fault; one segment resumes where it stopped.
+            let (local, remote): (Vec<libc::iovec>, Vec<libc::iovec>) = match chunk {
+                _ if done == 0 => chunk.iter().map(|&(o, t, l)| (iov(o, l), iov(t as usize, l))).unzip(),
+                [(o, t, _)] => (vec![iov(o + done, want - done)], vec![iov(*t as usize + done, want - done)]),
+                _ => return Err(format!("a short copy ({done} of {want} bytes)")),
+            };
+            // SAFETY: the local iovecs lie in the served buffer (checked by the caller), alive
+            // while the target serves; the remote ones are checked by the kernel (EFAULT).
+            let n = unsafe {
+                if pull {
+                    libc::process_vm_readv(pid, local.as_ptr(), local.len() as _, remote.as_ptr(), remote.len() as _, 0)
+                } else {
+                    libc::process_vm_writev(
+                        pid,
+                        local.as_ptr(),
+                        local.len() as _,
+                        remote.as_ptr(),
+                        remote.len() as _,
+                        0,
+                    )
+                }
+            };
+            if n <= 0 {
+                let call = if pull { "process_vm_readv" } else { "process_vm_writev" };
+                return Err(format!("{call}: {}", std::io::Error::last_os_error()));
+            }
+            done += n as usize;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -577,10 +604,15 @@ mod tests {
         let mut ours = Buffer::with_pages(1 << 16, crate::memory::Pages::Normal).unwrap();
         let pid = std::process::id().to_string();
         let addr = theirs.addr().to_string();
-        let answer = serve_raw_copy(&mut ours, &[&pid, "write", &addr, "4096", "16", "3", "1", "10"]);
+        let answer = serve_raw_copy(&mut ours, &[&pid, "write", &addr, "4096", "16", "3", "1", "10", "1"]);
         assert!(answer.starts_with("pvm-done "), "{answer}");
         assert!(pattern::matches_at(ours.as_slice(), 5, 0));
-        let too_big = serve_raw_copy(&mut ours, &[&pid, "read", &addr, "4096", "17", "3", "1", "10"]);
+        // Pushed back in three threads' pieces, one block (the last piece shorter).
+        pattern::fill(ours.as_mut_slice(), 6);
+        let answer = serve_raw_copy(&mut ours, &[&pid, "read", &addr, "65536", "1", "2", "1", "10", "3"]);
+        assert!(answer.starts_with("pvm-done "), "{answer}");
+        assert!(pattern::matches_at(theirs.as_slice(), 6, 0));
+        let too_big = serve_raw_copy(&mut ours, &[&pid, "read", &addr, "4096", "17", "3", "1", "10", "1"]);
         assert!(too_big.starts_with("pvm-failed") && too_big.contains("do not fit"), "{too_big}");
     }
 }

@@ -218,6 +218,10 @@ struct InitiatorOpts {
     /// --compare-paths: rounds (each measures every cell once; medians shown).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// --compare-paths: threads the target splits each raw throughput copy
+    /// across (1: one process_vm_* call per request, or per IOV_MAX blocks).
+    #[arg(long, default_value_t = 1)]
+    raw_threads: usize,
 }
 
 fn main() {
