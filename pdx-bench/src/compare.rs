@@ -274,7 +274,7 @@ pub fn run(opts: &InitiatorOpts) -> Result<(), String> {
     let rounds = opts.rounds.max(1);
     let budget = Duration::from_secs_f64(opts.duration.max(0.001));
     // Both sides on the link where it can be had, whatever the environment says.
-    let mut target = crate::spawn_target(opts, need, &[("PDX_SAME_HOST", "auto")])?;
+    let mut target = crate::spawn_target(opts, need, &[("PDX_SAME_HOST", "auto")], &["--raw-copies-with-parent"])?;
     let result = (|| {
         if yama_scope() == Some(1) {
             // The raw copies are the target's, as the link's are: let that one process (only) copy our memory.

@@ -76,6 +76,10 @@ struct TargetOpts {
     /// What pages back the served buffer (host memory).
     #[arg(long, value_enum, default_value = "normal")]
     huge: Pages,
+    /// Do raw cross-process copies with the parent process's memory when
+    /// it asks (set by `--compare-paths`; with no other process).
+    #[arg(long, hide = true)]
+    raw_copies_with_parent: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
@@ -312,7 +316,14 @@ fn target(opts: TargetOpts) -> Result<(), String> {
             match words.as_slice() {
                 ["quit"] => return Ok(()),
                 ["pvm", reply, args @ ..] => {
-                    let answer = compare::serve_raw_copy(&mut buf, args);
+                    // Only the loopback parent, and only when it asked for this at the start: a
+                    // control message must not make a target copy another process's memory.
+                    let answer = match args.first().and_then(|p| p.parse::<i32>().ok()) {
+                        Some(pid) if opts.raw_copies_with_parent && pid == parent => {
+                            compare::serve_raw_copy(&mut buf, args)
+                        }
+                        _ => "pvm-failed raw copies are only for the --compare-paths parent".to_owned(),
+                    };
                     if let Err(e) = engine.notify(reply, CONTROL, &answer) {
                         eprintln!("pdx-bench target: cannot answer {reply}: {e}");
                     }
@@ -357,11 +368,17 @@ struct TargetProcess {
 
 /// Start `pdx-bench target` serving `buffer` bytes, with `env` set on top
 /// of this process's environment.
-fn spawn_target(opts: &InitiatorOpts, buffer: usize, env: &[(&str, &str)]) -> Result<TargetProcess, String> {
+fn spawn_target(
+    opts: &InitiatorOpts,
+    buffer: usize,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Result<TargetProcess, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
         .args(["target", "--host", &opts.host, "--buffer", &buffer.to_string(), "--protocol", &opts.protocol])
         .args(["--location", &opts.remote_location, "--huge", opts.huge.name()])
+        .args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -412,7 +429,7 @@ fn loopback(opts: InitiatorOpts) -> Result<(), String> {
 
 fn loopback_once(opts: &InitiatorOpts) -> Result<Vec<report::Row>, String> {
     let opts = opts.clone();
-    let mut t = spawn_target(&opts, opts.buffer, &[])?;
+    let mut t = spawn_target(&opts, opts.buffer, &[], &[])?;
     if opts.huge != Pages::Normal {
         println!("target buffer: {}", t.pages);
     }
