@@ -177,3 +177,44 @@ fn the_path_comparison_prints_every_column() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A target copies another process's memory on a `pvm` control message
+/// only when started for `--compare-paths`, and only its parent's.
+#[test]
+fn raw_copies_are_only_for_the_parent_that_asked() {
+    use std::io::BufRead;
+    let engine = pdx::backend::start("127.0.0.1", Some("tcp"), None).unwrap();
+    let source = vec![5u8; 4096];
+    let ask = |flag: &[&str], pid: u32| -> String {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pdx-bench"))
+            .args(["target", "--buffer", "64K"])
+            .args(flag)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let target = v["session"].as_str().unwrap();
+        let msg = format!("pvm {} {pid} write {} 4096 1 1 1 10 1", engine.session_id(), source.as_ptr() as u64);
+        engine.notify(target, "pdx-bench", &msg).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let answer = loop {
+            if let Some((_, m)) = engine.drain_notifications().into_iter().find(|(n, _)| n == "pdx-bench") {
+                break m;
+            }
+            assert!(std::time::Instant::now() < deadline, "no answer");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        drop(child.stdin.take());
+        let _ = child.kill();
+        let _ = child.wait();
+        answer
+    };
+    let me = std::process::id();
+    assert!(ask(&[], me).starts_with("pvm-failed"), "without the flag");
+    assert!(ask(&["--raw-copies-with-parent"], 1).starts_with("pvm-failed"), "another pid");
+    let answer = ask(&["--raw-copies-with-parent"], me);
+    assert!(answer.starts_with("pvm-done "), "{answer}");
+}
