@@ -52,9 +52,11 @@ impl Buffer {
                 // THP backs only whole aligned 2 MiB ranges: map a page more
                 // and start at the first boundary. Faulting after the advice
                 // (not MAP_POPULATE) lets the kernel allocate huge pages directly.
+                // Advising the buffer alone keeps it a mapping of its own (the
+                // kernel merges neighbours with equal flags), which smaps reports.
                 let mut map = MmapOptions::new().len(len + HUGE_PAGE).map_anon()?;
                 let offset = map.as_ptr().align_offset(HUGE_PAGE);
-                map.advise(Advice::HugePage)?;
+                map.advise_range(Advice::HugePage, offset, len)?;
                 for page in map[offset..offset + len].chunks_mut(4096) {
                     page[0] = 0;
                 }
@@ -116,7 +118,8 @@ impl Buffer {
             }
             if in_ours {
                 if let Some(kb) = line.strip_prefix("AnonHugePages:") {
-                    return kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok().map(|k| k * 1024);
+                    let bytes = kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok()? * 1024;
+                    return Some(bytes.min(self.len as u64));
                 }
             }
         }
