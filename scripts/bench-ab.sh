@@ -9,8 +9,12 @@
 #   A_BENCH, B_BENCH: pdx-bench binaries (say, the build before a change and
 #   after it); CUDA_LIB: the driver to stage with (the stand-in is
 #   build/libcuda_double.so after the C tests are built); ROUNDS: default 5.
+# Both builds run over TCP loopback: PDX_SAME_HOST=off keeps a build that has
+# the same-host link off it (one from before the link ignores the variable,
+# and has no --path flag).
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+export PDX_SAME_HOST=off
+[ $# -ge 3 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
 a=$1 b=$2 cuda=$3 rounds=${4:-5}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -27,7 +31,10 @@ run() {
   local bench=$1 args=$2 out=$tmp/r.json
   # shellcheck disable=SC2086
   PDX_CUDA_LIB=$cuda "$bench" --workload blocks --quiet --duration 1 --total 512M --json "$out" $args >/dev/null
-  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["blocks"][0]["gb_per_s"])' "$out"
+  # A build that reports its path (one with the link) must have stayed on TCP.
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); p=r.get("path","tcp")
+if p!="tcp": sys.exit(f"{sys.argv[2]} ran over {p}, not tcp")
+print(r["blocks"][0]["gb_per_s"])' "$out" "$bench"
 }
 printf '%-44s %10s %10s %8s   %s\n' figure "A GB/s" "B GB/s" "B/A" "ratios per round"
 for c in "${cases[@]}"; do

@@ -128,7 +128,8 @@ pub fn run(ctx: &Context<'_>) -> Result<Vec<Value>, String> {
         ));
     }
     let buffer_bytes = pool * page_bytes;
-    let mut local = Buffer::new(buffers * buffer_bytes).map_err(|e| format!("cannot map the prefill pool: {e}"))?;
+    let mut local = Buffer::with_pages(buffers * buffer_bytes, opts.huge)
+        .map_err(|e| format!("cannot map the prefill pool: {e}"))?;
     pattern::fill(local.as_mut_slice(), 23);
     let (local_base, remote_base) = (local.addr(), ctx.remote_addr);
     let side = |base: u64| -> Vec<KvBuffer> {

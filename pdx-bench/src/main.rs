@@ -7,6 +7,7 @@
 
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
+mod compare;
 mod device;
 mod kv;
 mod memory;
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use pdx::transfer::TransferBackend;
 
-use memory::Buffer;
+use memory::{Buffer, Pages};
 
 #[derive(Parser)]
 #[command(name = "pdx-bench", about = "Measure pdx transfer throughput and latency", version)]
@@ -72,12 +73,38 @@ struct TargetOpts {
     /// the driver in PDX_CUDA_LIB).
     #[arg(long, default_value = "cpu:0")]
     location: String,
+    /// What pages back the served buffer (host memory).
+    #[arg(long, value_enum, default_value = "normal")]
+    huge: Pages,
+    /// Do raw cross-process copies with the parent process's memory when
+    /// it asks (set by `--compare-paths`; with no other process).
+    #[arg(long, hide = true)]
+    raw_copies_with_parent: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
 enum Op {
     Write,
     Read,
+}
+
+/// Which data path to let the engines take between two processes on one host.
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+enum PathArg {
+    /// The engines' choice: the same-host link where it works, else TCP.
+    Auto,
+    /// TCP (loopback) only: PDX_SAME_HOST=off for this process and the
+    /// target it starts.
+    Tcp,
+}
+
+impl PathArg {
+    fn name(self) -> &'static str {
+        match self {
+            PathArg::Auto => "auto",
+            PathArg::Tcp => "tcp",
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
@@ -165,6 +192,40 @@ struct InitiatorOpts {
     /// host memory on both and print the two side by side.
     #[arg(long)]
     compare_host: bool,
+    /// Data path between the two processes (auto: the same-host link where
+    /// the engines can use it; tcp: PDX_SAME_HOST=off on both sides). The
+    /// path taken and why is printed after the run.
+    #[arg(long, value_enum, default_value = "auto")]
+    path: PathArg,
+    /// What pages back the host buffers on both sides: normal (4 KiB),
+    /// thp (madvise(MADV_HUGEPAGE)) or hugetlb (MAP_HUGETLB, from vm.nr_hugepages).
+    #[arg(long, value_enum, default_value = "normal")]
+    huge: Pages,
+    /// Loopback mode: measure the same-host link, TCP loopback, a raw
+    /// process_vm_readv/writev and a memcpy side by side (interleaved
+    /// rounds; host memory) instead of the sweep. The workloads: one large
+    /// request, a batch of small blocks, a small synchronous request.
+    #[arg(long, conflicts_with = "path")]
+    compare_paths: bool,
+    /// --compare-paths: size of the single large request.
+    #[arg(long, default_value = "256M", value_parser = report::parse_bytes)]
+    compare_large: usize,
+    /// --compare-paths: block size of the batch.
+    #[arg(long, default_value = "64K", value_parser = report::parse_bytes)]
+    compare_block: usize,
+    /// --compare-paths: blocks per batch.
+    #[arg(long, default_value_t = 256)]
+    compare_batch: usize,
+    /// --compare-paths: size of the synchronous request whose p50 latency is shown.
+    #[arg(long, default_value = "4K", value_parser = report::parse_bytes)]
+    compare_small: usize,
+    /// --compare-paths: rounds (each measures every cell once; medians shown).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// --compare-paths: threads the target splits each raw throughput copy
+    /// across (1: one process_vm_* call per request, or per IOV_MAX blocks).
+    #[arg(long, default_value_t = 1)]
+    raw_threads: usize,
 }
 
 fn main() {
@@ -177,6 +238,15 @@ fn main() {
     if let Some(l) = lanes {
         // Read by the engine when it starts; set before any thread exists.
         std::env::set_var("PDX_TCP_LANES", l.clamp(1, 64).to_string());
+    }
+    let path = match &cli.mode {
+        None => cli.opts.path,
+        Some(Mode::Loopback(o)) | Some(Mode::Initiator { opts: o, .. }) => o.path,
+        Some(Mode::Target(_)) => PathArg::Auto,
+    };
+    if path == PathArg::Tcp {
+        // As above; the loopback target inherits it.
+        std::env::set_var("PDX_SAME_HOST", "off");
     }
     let result = match cli.mode {
         None => loopback(cli.opts),
@@ -201,7 +271,8 @@ const CONTROL: &str = "pdx-bench";
 
 fn target(opts: TargetOpts) -> Result<(), String> {
     let engine = start_engine(&opts.host, &opts.protocol)?;
-    let mut buf = Buffer::new(opts.buffer).map_err(|e| format!("cannot map {} bytes: {e}", opts.buffer))?;
+    let mut buf =
+        Buffer::with_pages(opts.buffer, opts.huge).map_err(|e| format!("cannot map {} bytes: {e}", opts.buffer))?;
     pattern::fill(buf.as_mut_slice(), opts.seed);
     // Device memory: the pattern is uploaded, and checksums read it back.
     let dev = match device::ordinal(&opts.location)? {
@@ -217,7 +288,8 @@ fn target(opts: TargetOpts) -> Result<(), String> {
     engine.register_batch_at(&[(served, buf.len() as u64)], at).map_err(|e| e.to_string())?;
     println!(
         "{}",
-        serde_json::json!({"session": engine.session_id(), "addr": served, "len": buf.len(), "seed": opts.seed})
+        serde_json::json!({"session": engine.session_id(), "addr": served, "len": buf.len(), "seed": opts.seed,
+                           "pages": buf.describe()})
     );
     // Serve control requests until told to quit, stdin closes (the loopback
     // parent holds it), or the parent goes away.
@@ -243,6 +315,19 @@ fn target(opts: TargetOpts) -> Result<(), String> {
             let words: Vec<&str> = msg.split_whitespace().collect();
             match words.as_slice() {
                 ["quit"] => return Ok(()),
+                ["pvm", reply, args @ ..] => {
+                    // Only the loopback parent, and only when it asked for this at the start: a
+                    // control message must not make a target copy another process's memory.
+                    let answer = match args.first().and_then(|p| p.parse::<i32>().ok()) {
+                        Some(pid) if opts.raw_copies_with_parent && pid == parent => {
+                            compare::serve_raw_copy(&mut buf, args)
+                        }
+                        _ => "pvm-failed raw copies are only for the --compare-paths parent".to_owned(),
+                    };
+                    if let Err(e) = engine.notify(reply, CONTROL, &answer) {
+                        eprintln!("pdx-bench target: cannot answer {reply}: {e}");
+                    }
+                }
                 ["checksum", reply, ranges @ ..] => {
                     let mut sums = Vec::new();
                     for pair in ranges.chunks(2) {
@@ -275,15 +360,26 @@ fn target(opts: TargetOpts) -> Result<(), String> {
 struct TargetProcess {
     child: std::process::Child,
     session: String,
+    /// What pages back its buffer, in words.
+    pages: String,
     addr: u64,
     len: usize,
 }
 
-fn spawn_target(opts: &InitiatorOpts) -> Result<TargetProcess, String> {
+/// Start `pdx-bench target` serving `buffer` bytes, with `env` set on top
+/// of this process's environment.
+fn spawn_target(
+    opts: &InitiatorOpts,
+    buffer: usize,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Result<TargetProcess, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
-        .args(["target", "--host", &opts.host, "--buffer", &opts.buffer.to_string(), "--protocol", &opts.protocol])
-        .args(["--location", &opts.remote_location])
+        .args(["target", "--host", &opts.host, "--buffer", &buffer.to_string(), "--protocol", &opts.protocol])
+        .args(["--location", &opts.remote_location, "--huge", opts.huge.name()])
+        .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -305,6 +401,7 @@ fn spawn_target(opts: &InitiatorOpts) -> Result<TargetProcess, String> {
     let v: serde_json::Value = serde_json::from_str(line.trim()).map_err(|e| format!("target said {line:?}: {e}"))?;
     Ok(TargetProcess {
         session: v["session"].as_str().unwrap_or_default().to_owned(),
+        pages: v["pages"].as_str().unwrap_or("unknown").to_owned(),
         addr: v["addr"].as_u64().unwrap_or(0),
         len: v["len"].as_u64().unwrap_or(0) as usize,
         child,
@@ -312,6 +409,9 @@ fn spawn_target(opts: &InitiatorOpts) -> Result<TargetProcess, String> {
 }
 
 fn loopback(opts: InitiatorOpts) -> Result<(), String> {
+    if opts.compare_paths {
+        return compare::run(&opts);
+    }
     let staged = device::ordinal(&opts.location)?.is_some() || device::ordinal(&opts.remote_location)?.is_some();
     if !(opts.compare_host && staged) {
         return loopback_once(&opts).map(|_| ());
@@ -329,20 +429,53 @@ fn loopback(opts: InitiatorOpts) -> Result<(), String> {
 
 fn loopback_once(opts: &InitiatorOpts) -> Result<Vec<report::Row>, String> {
     let opts = opts.clone();
-    let mut t = spawn_target(&opts)?;
-    let result = initiator(&opts, &t.session, t.addr, t.len);
-    // Closing its stdin tells the target to quit; kill it if it lingers.
-    drop(t.child.stdin.take());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = t.child.try_wait() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let mut t = spawn_target(&opts, opts.buffer, &[], &[])?;
+    if opts.huge != Pages::Normal {
+        println!("target buffer: {}", t.pages);
     }
-    let _ = t.child.kill();
-    let _ = t.child.wait();
+    let result = initiator(&opts, &t.session, t.addr, t.len);
+    t.stop();
     result
+}
+
+impl TargetProcess {
+    /// Closing its stdin tells the target to quit; kill it if it lingers.
+    fn stop(&mut self) {
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The data path an engine's peer took, from its `peer_info`.
+struct PathTaken {
+    /// "same-host", "tcp", or "unknown" (the backend keeps no figures per peer).
+    taken: String,
+    reason: String,
+}
+
+/// Print which path the data to `session` took and why; a run that asked
+/// for `auto` and ended on TCP says so in a WARNING line.
+fn path_taken(engine: &dyn TransferBackend, session: &str, requested: &str) -> PathTaken {
+    let path = match engine.peer_info(session) {
+        Ok(info) => PathTaken {
+            taken: info["path"].as_str().unwrap_or("unknown").to_owned(),
+            reason: info["reason"].as_str().unwrap_or_default().to_owned(),
+        },
+        Err(e) => PathTaken { taken: "unknown".into(), reason: e.to_string() },
+    };
+    println!("data path to {session}: {} (asked for {requested}): {}", path.taken, path.reason);
+    if requested == "auto" && path.taken == "tcp" {
+        println!("WARNING: --path auto ended on TCP, not the same-host link: {}", path.reason);
+    }
+    path
 }
 
 fn initiator(
@@ -377,7 +510,9 @@ fn initiator(
     }
     let stats = engine.stats();
     report::print_stats(&stats, run::stats_cost());
+    let path = path_taken(engine.as_ref(), session, opts.path.name());
     let json = serde_json::json!({
+        "path": path.taken, "path_requested": opts.path.name(), "path_reason": path.reason, "pages": opts.huge.name(),
         "op": format!("{:?}", opts.op).to_lowercase(), "protocol": opts.protocol, "threads": opts.threads,
         "blocks": rows.iter().map(report::Row::to_json).collect::<Vec<_>>(),
         "kv": kv_rows,

@@ -100,7 +100,11 @@ pub fn block_sweep(ctx: &Context<'_>) -> Result<(Vec<Row>, Moved), String> {
     if region == 0 {
         return Err("the target buffer is too small for that many threads".into());
     }
-    let mut local = Buffer::new(ctx.remote_len).map_err(|e| format!("cannot map the local buffer: {e}"))?;
+    let mut local =
+        Buffer::with_pages(ctx.remote_len, opts.huge).map_err(|e| format!("cannot map the local buffer: {e}"))?;
+    if opts.huge != crate::memory::Pages::Normal {
+        println!("local buffer: {}", local.describe());
+    }
     if opts.op == Op::Write {
         pattern::fill(local.as_mut_slice(), SOURCE_SEED);
     }
