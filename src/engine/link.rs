@@ -70,7 +70,7 @@ impl Link for Lane {
         reqs: &[Request],
         memory: &mut dyn LocalMemory,
     ) -> WindowOutcome {
-        if !self.same_host {
+        if !self.same_host || samehost::window::inline(reqs) {
             // SAFETY: forwarded from the caller.
             return unsafe { window::run_window(&mut self.conn, direction, self.v2, reqs, memory) };
         }

@@ -28,6 +28,17 @@ pub(crate) const FRAME_LEN: usize = HEADER_LEN + 8;
 /// Status of a request whose cross-process copy failed (errno above).
 pub(crate) const STATUS_COPY_FAILED: u32 = 2;
 
+/// Requests shorter than this ride inline on a same-host connection, as
+/// over TCP: for a few KiB the socket's own copies cost less than the
+/// target's cross-process copy (about 1.5 us for 4 KiB here). They count
+/// as same-host traffic all the same (the link chose how to carry them).
+pub(crate) const INLINE_BELOW: usize = 16 << 10;
+
+/// Whether a window goes inline: every request shorter than [`INLINE_BELOW`].
+pub(crate) fn inline(reqs: &[Request]) -> bool {
+    reqs.iter().all(|r| r.len < INLINE_BELOW)
+}
+
 /// The frame of one request.
 pub(crate) fn encode(direction: Direction, r: &Request) -> [u8; FRAME_LEN] {
     let mut out = [0u8; FRAME_LEN];
