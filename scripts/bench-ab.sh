@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compares two pdx-bench builds on the engine's six reference figures, in one
-# run that alternates them back to back (A then B, ROUNDS times), and prints
+# run that alternates them back to back (A then B, then B then A, ROUNDS
+# times in all), and prints
 # each figure's median of the B/A throughput ratios:
 #   host write and read of 64 KiB x 256 and of 64 MiB (loopback, TCP);
 #   staged write 1 MiB x 16 (cuda:0 -> cuda:1) and staged read 64 MiB
@@ -40,9 +41,16 @@ printf '%-44s %10s %10s %8s   %s\n' figure "A GB/s" "B GB/s" "B/A" "ratios per r
 for c in "${cases[@]}"; do
   name=${c%%|*} args=${c#*|}
   ga=() gb=() ratios=()
-  for _ in $(seq "$rounds"); do
-    x=$(run "$a" "$args")
-    y=$(run "$b" "$args")
+  for r in $(seq "$rounds"); do
+    # A then B in odd rounds, B then A in even ones: whatever favours the
+    # first (or the second) of a pair falls on both builds alike.
+    if [ $((r % 2)) = 1 ]; then
+      x=$(run "$a" "$args")
+      y=$(run "$b" "$args")
+    else
+      y=$(run "$b" "$args")
+      x=$(run "$a" "$args")
+    fi
     ga+=("$x") gb+=("$y")
     ratios+=("$(python3 -c "print(f'{$y/$x:.3f}')")")
   done

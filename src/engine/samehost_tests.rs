@@ -150,3 +150,33 @@ fn a_failing_copy_falls_back_to_tcp_and_the_transfer_succeeds() {
     round_trip(&a, &b, &src, &region).unwrap();
     assert_eq!(path(&a, &b).0, "tcp");
 }
+
+#[test]
+fn pipelined_blocks_are_copied_in_runs_both_ways() {
+    let (a, b) = (engine_with(true), engine_with(true));
+    const BLOCKS: usize = 256;
+    const BLOCK: usize = 64 << 10;
+    let region = vec![0u8; BLOCKS * BLOCK];
+    b.register(region.as_ptr() as u64, region.len() as u64).unwrap();
+    let src = pattern(BLOCKS * BLOCK, 11);
+    // Block i to slot (i * 97) % 256, and one block split over a region's end
+    // is not among them: every request is served.
+    let slot = |i: usize| (i * 97) % BLOCKS * BLOCK;
+    let reqs = |base: usize| -> Vec<Request> {
+        (0..BLOCKS)
+            .map(|i| Request { local: base + i * BLOCK, remote: region.as_ptr() as u64 + slot(i) as u64, len: BLOCK })
+            .collect()
+    };
+    // SAFETY: the test's buffers outlive the call.
+    unsafe { a.transfer_sync(b.session_id(), Direction::Write, reqs(src.as_ptr() as usize)) }.unwrap();
+    for i in 0..BLOCKS {
+        assert!(region[slot(i)..slot(i) + BLOCK] == src[i * BLOCK..(i + 1) * BLOCK], "block {i}");
+    }
+    let mut back = vec![0u8; src.len()];
+    // SAFETY: as above.
+    unsafe { a.transfer_sync(b.session_id(), Direction::Read, reqs(back.as_mut_ptr() as usize)) }.unwrap();
+    assert!(back == src);
+    let s = b.stats();
+    assert_eq!((s.served_writes, s.served_reads), (BLOCKS as u64, BLOCKS as u64));
+    assert_eq!(a.stats().same_host_tasks_written, BLOCKS as u64);
+}

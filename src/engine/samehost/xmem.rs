@@ -23,23 +23,68 @@ pub(crate) unsafe fn write_to(pid: u32, remote: u64, local: *const u8, len: usiz
     copy(pid, remote, local.cast_mut(), len, true)
 }
 
+/// One vectored copy between `locals` here and `remotes` in process `pid`
+/// (pairs of address and length, the same total on both sides; a write
+/// pulls from `remotes`, a read pushes to them): the bytes copied, which
+/// the kernel may stop short of at an iovec boundary.
+///
+/// # Safety
+/// Every local range must be writable (for `pull`) or readable for the
+/// duration of the call.
+pub(crate) unsafe fn copy_vectored(
+    pid: u32,
+    locals: &[(*mut u8, usize)],
+    remotes: &[(u64, usize)],
+    pull: bool,
+) -> io::Result<usize> {
+    #[cfg(test)]
+    injected(locals.first().map_or(std::ptr::null_mut(), |l| l.0))?;
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    let l: Vec<libc::iovec> = locals.iter().map(|&(p, n)| libc::iovec { iov_base: p.cast(), iov_len: n }).collect();
+    let r: Vec<libc::iovec> =
+        remotes.iter().map(|&(a, n)| libc::iovec { iov_base: a as usize as *mut libc::c_void, iov_len: n }).collect();
+    loop {
+        // SAFETY: the local iovecs are memory the caller vouches for, the
+        // remote ones are checked by the kernel (EFAULT); counts fit c_ulong.
+        let n = unsafe {
+            if pull {
+                libc::process_vm_readv(pid, l.as_ptr(), l.len() as _, r.as_ptr(), r.len() as _, 0)
+            } else {
+                libc::process_vm_writev(pid, l.as_ptr(), l.len() as _, r.as_ptr(), r.len() as _, 0)
+            }
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Tests: the next copy whose local side starts in `start..end` fails with
 /// `errno` (`(start, end, errno)`; tests run in parallel, each on its own memory).
 #[cfg(test)]
 pub(crate) static FAIL_NEXT: parking_lot::Mutex<Option<(usize, usize, i32)>> = parking_lot::Mutex::new(None);
 
+/// Tests: the failure injected for a copy starting at `local`, once.
+#[cfg(test)]
+fn injected(local: *mut u8) -> io::Result<()> {
+    let mut fail = FAIL_NEXT.lock();
+    match *fail {
+        Some((start, end, errno)) if (start..end).contains(&(local as usize)) => {
+            *fail = None;
+            Err(io::Error::from_raw_os_error(errno))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Both directions; `local` is valid for `len` bytes as the callers vouch.
 fn copy(pid: u32, remote: u64, local: *mut u8, len: usize, write: bool) -> io::Result<()> {
     #[cfg(test)]
-    {
-        let mut fail = FAIL_NEXT.lock();
-        if let Some((start, end, errno)) = *fail {
-            if (start..end).contains(&(local as usize)) {
-                *fail = None;
-                return Err(io::Error::from_raw_os_error(errno));
-            }
-        }
-    }
+    injected(local)?;
     let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
     let mut done = 0usize;
     while done < len {

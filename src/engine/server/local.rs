@@ -14,10 +14,10 @@ use super::super::conn::Conn;
 use super::super::ipc::{DeviceExport, Local, PeerImports};
 use super::super::regions::{Hold, Region, Regions};
 use super::super::samehost::device::Unusable;
-use super::super::samehost::window::copy_failed_status;
+use super::super::samehost::window::{copy_failed_status, decode_local, FRAME_LEN};
 use super::super::samehost::xmem;
 use super::super::staging::{Side, Staging};
-use super::super::wire::RequestHeader;
+use super::super::wire::{RequestHeader, HEADER_LEN};
 use super::acks::Acks;
 use crate::error::{Error, ErrorKind};
 use crate::transfer::stats::Stats;
@@ -70,7 +70,7 @@ fn hold_or_refuse(cx: &LocalServing<'_>, conn: &Conn, acks: &mut Acks, header: &
 /// the initiator's bytes at `theirs`). `false`: the connection closes.
 pub(crate) fn serve_local(
     cx: &LocalServing<'_>,
-    conn: &Conn,
+    conn: &mut Conn,
     acks: &mut Acks,
     pid: u32,
     header: &RequestHeader,
@@ -80,6 +80,15 @@ pub(crate) fn serve_local(
     let region = hold.region();
     let stop = || region.is_revoked() || (cx.stopping)();
     let copied = match &region.device {
+        None if (header.size as usize) < RUN_BYTES => {
+            let more = gather(cx, conn, header);
+            if !more.is_empty() {
+                let mut run = vec![(*header, theirs, hold)];
+                run.extend(more);
+                return serve_run(cx, conn, acks, pid, run);
+            }
+            copy_host(pid, header, theirs, &stop)
+        }
         None => copy_host(pid, header, theirs, &stop),
         Some(dev) => cx
             .staging
@@ -89,6 +98,81 @@ pub(crate) fn serve_local(
     };
     drop(hold);
     answer(cx, conn, acks, header, copied)
+}
+
+/// Most requests one vectored copy serves together (within `IOV_MAX`), and
+/// their bytes: a run of small pipelined requests costs one system call.
+const RUN_REQUESTS: usize = 64;
+const RUN_BYTES: usize = 4 << 20;
+
+/// Requests pipelined right behind `first` that one vectored copy can serve
+/// with it (same-host, the same direction, host regions, within the run's
+/// bounds), each held and its frame consumed. Anything else is left for
+/// the next turn of the connection's loop (a bad range is refused there).
+fn gather(cx: &LocalServing<'_>, conn: &mut Conn, first: &RequestHeader) -> Vec<(RequestHeader, u64, Hold)> {
+    let mut run = Vec::new();
+    let mut bytes = first.size as usize;
+    while run.len() + 1 < RUN_REQUESTS {
+        let Some(frame) = conn.peek_buffered::<FRAME_LEN>() else { break };
+        let Some(h) = frame[..HEADER_LEN].try_into().ok().and_then(|h| decode_local(&h)) else { break };
+        if h.direction != first.direction || h.size == 0 || bytes + h.size as usize > RUN_BYTES {
+            break;
+        }
+        let region = cx.regions.lookup(h.addr, h.size).filter(|r| r.device.is_none());
+        let Some(hold) = region.and_then(|r| r.hold(conn.raw_fd())) else { break };
+        let mut raw = [0u8; FRAME_LEN];
+        if conn.recv_exact(&mut raw).is_err() {
+            break; // it was buffered: cannot happen
+        }
+        let theirs = u64::from_le_bytes(raw[HEADER_LEN..].try_into().unwrap_or_default());
+        bytes += h.size as usize;
+        run.push((h, theirs, hold));
+    }
+    run
+}
+
+/// Serve a run of small same-host requests on host regions (each held)
+/// with one vectored copy; what the kernel leaves undone (it may stop at
+/// an iovec boundary) is copied request by request. `false`: the
+/// connection closes.
+fn serve_run(
+    cx: &LocalServing<'_>,
+    conn: &mut Conn,
+    acks: &mut Acks,
+    pid: u32,
+    run: Vec<(RequestHeader, u64, Hold)>,
+) -> bool {
+    let stopped = || (cx.stopping)() || run.iter().any(|(_, _, hold)| hold.region().is_revoked());
+    if stopped() {
+        return false;
+    }
+    let locals: Vec<(*mut u8, usize)> = run.iter().map(|(h, _, _)| (h.addr as *mut u8, h.size as usize)).collect();
+    let remotes: Vec<(u64, usize)> = run.iter().map(|(h, theirs, _)| (*theirs, h.size as usize)).collect();
+    let pull = run[0].0.direction == Direction::Write;
+    // SAFETY: every local range lies in a registered region held (not
+    // unregistered) until `run` drops.
+    let mut copied = unsafe { xmem::copy_vectored(pid, &locals, &remotes, pull) }.unwrap_or(0);
+    for (h, theirs, _) in &run {
+        let whole = copied >= h.size as usize;
+        copied = copied.saturating_sub(h.size as usize);
+        // Not (wholly) copied by the vectored call: on its own, which also
+        // reports a failure of the mechanism for it.
+        match if whole { Ok(()) } else { copy_host(pid, h, *theirs, &stopped) } {
+            Ok(()) => {
+                cx.stats.served(h.direction, h.size);
+                acks.ok(true);
+            }
+            failed => return answer(cx, conn, acks, h, failed),
+        }
+    }
+    // One send acknowledges the run (or more, if more is pipelined).
+    match acks.flush_unless_pipelined(conn) {
+        Ok(()) => true,
+        Err(e) => {
+            log::debug!("same-host link: {e}");
+            false
+        }
+    }
 }
 
 /// Serve one device request over the link (CUDA IPC: the initiator's
