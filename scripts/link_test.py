@@ -144,23 +144,30 @@ def run_iperf(hosts, nss, seconds: float) -> dict | None:
     if not shutil.which("iperf3"):
         return None
     port = str(20000 + os.getpid() % 20000)
-    server = subprocess.Popen(in_ns(nss[1], ["iperf3", "-s", "-1", "-B", hosts[1], "-p", port]),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(50):
-            probe = subprocess.run(in_ns(nss[0], ["iperf3", "-c", hosts[1], "-p", port, "-t", str(seconds), "-J"]),
-                                   capture_output=True, text=True)
-            if probe.returncode == 0:
-                break
+    end = None
+    # A one-off server (-1) per attempt: a client that came too early (the
+    # server not listening yet) or got an error report ("error" in its JSON,
+    # no "sum_received") is not a measurement, and may have used the server up.
+    for _ in range(50):
+        server = subprocess.Popen(in_ns(nss[1], ["iperf3", "-s", "-1", "-B", hosts[1], "-p", port]),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
             time.sleep(0.1)
-        else:
-            return None
-        j = json.loads(probe.stdout)
-    finally:
-        if server.poll() is None:
-            server.kill()
-        server.wait(timeout=30)
-    end = j["end"]
+            client = subprocess.run(in_ns(nss[0], ["iperf3", "-c", hosts[1], "-p", port, "-t", str(seconds), "-J"]),
+                                    capture_output=True, text=True)
+            try:
+                report = json.loads(client.stdout) if client.returncode == 0 else {}
+            except json.JSONDecodeError:
+                report = {}
+        finally:
+            if server.poll() is None:
+                server.kill()
+            server.wait(timeout=30)
+        if "sum_received" in report.get("end", {}):
+            end = report["end"]
+            break
+    if end is None:
+        return None
     secs = end["sum_received"]["seconds"]
     gb = end["sum_received"]["bytes"] / 1e9
     cpu = end["cpu_utilization_percent"]
