@@ -175,7 +175,7 @@ pub(crate) fn own(identity: &super::Identity, mut buffers: Vec<AdvertisedBuffer>
     loop {
         let id = identity;
         let host = HostIdentity::current();
-        let text = encode_with_host(&id.session_id, &id.instance, &id.data_host, id.data_port, &buffers, host);
+        let text = encode_with_host(&id.session_id, &id.instance, &id.data_host, id.data_port, &buffers, host.as_ref());
         if text.len() + 2 <= max_frame || buffers.is_empty() {
             return text;
         }

@@ -223,8 +223,8 @@ mod tests {
     fn one_process_never_offers_or_accepts_ipc_with_itself() {
         let own = HostIdentity::current().expect("/proc");
         // Without a driver loaded here there is nothing to say; with one, the reason.
-        let why = can_export(own).unwrap_err();
+        let why = can_export(&own).unwrap_err();
         assert!(why.is_empty() || why.contains("one process"), "{why}");
-        assert!(can_import(own, own).unwrap_err().contains("one process"));
+        assert!(can_import(&own, &own).unwrap_err().contains("one process"));
     }
 }

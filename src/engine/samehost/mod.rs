@@ -42,16 +42,28 @@ pub(crate) struct HostIdentity {
 
 impl HostIdentity {
     /// This process's identity, read once (`None` where `/proc` cannot say).
-    pub fn current() -> Option<&'static HostIdentity> {
-        static OWN: OnceLock<Option<HostIdentity>> = OnceLock::new();
-        OWN.get_or_init(|| {
-            let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?.trim().to_owned();
-            let pid_ns = std::fs::metadata("/proc/self/ns/pid").ok()?.ino();
-            // SAFETY: geteuid has no preconditions and cannot fail.
-            let uid = unsafe { libc::geteuid() };
-            (!boot_id.is_empty()).then_some(HostIdentity { boot_id, pid_ns, pid: std::process::id(), uid })
-        })
-        .as_ref()
+    /// Read again in a forked child (another pid, and perhaps another pid
+    /// namespace or user since).
+    pub fn current() -> Option<HostIdentity> {
+        static OWN: Mutex<Option<(u32, Option<HostIdentity>)>> = Mutex::new(None);
+        let pid = std::process::id();
+        let mut own = OWN.lock();
+        match &*own {
+            Some((p, id)) if *p == pid => id.clone(),
+            _ => {
+                let id = Self::read(pid);
+                *own = Some((pid, id.clone()));
+                id
+            }
+        }
+    }
+
+    fn read(pid: u32) -> Option<HostIdentity> {
+        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?.trim().to_owned();
+        let pid_ns = std::fs::metadata("/proc/self/ns/pid").ok()?.ino();
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        (!boot_id.is_empty()).then_some(HostIdentity { boot_id, pid_ns, pid, uid })
     }
 
     /// Why `other` cannot be reached with a cross-process copy from here,
@@ -131,9 +143,10 @@ fn yama_scope() -> Option<u32> {
     std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok()?.trim().parse().ok()
 }
 
-/// Under Yama scope 1 a process may name one other process that can
-/// read its memory; which one this process named.
-static PTRACER: Mutex<Option<u32>> = Mutex::new(None);
+/// Under Yama scope 1 a process may name one other process that can read
+/// its memory: (this process's pid, the pid it named); a forked child has
+/// named nobody.
+static PTRACER: Mutex<Option<(u32, u32)>> = Mutex::new(None);
 
 /// Let `pid` (and only it) copy from and to this process where Yama
 /// requires it.
@@ -141,14 +154,16 @@ fn grant(pid: u32) -> Result<(), String> {
     match yama_scope() {
         None | Some(0) => Ok(()),
         Some(1) => {
-            let mut granted = PTRACER.lock();
+            let mut state = PTRACER.lock();
+            let me = std::process::id();
+            let granted = state.filter(|&(by, _)| by == me).map(|(_, p)| p);
             // A pid named before whose process is gone makes room.
             let gone = |p: u32| {
                 // SAFETY: kill with signal 0 only checks that the process exists.
                 let rc = unsafe { libc::kill(p as libc::pid_t, 0) };
                 rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
             };
-            match *granted {
+            match granted {
                 Some(p) if p == pid => Ok(()),
                 Some(p) if !gone(p) => Err(format!(
                     "Yama ptrace_scope is 1 and lets a process name one peer that may copy its memory; this process \
@@ -160,7 +175,7 @@ fn grant(pid: u32) -> Result<(), String> {
                     if rc != 0 {
                         return Err(format!("PR_SET_PTRACER for pid {pid}: {}", std::io::Error::last_os_error()));
                     }
-                    *granted = Some(pid);
+                    *state = Some((me, pid));
                     Ok(())
                 }
             }
@@ -222,7 +237,7 @@ pub(crate) fn accept(enabled: bool, offer: &Offer, from: SocketAddr, local: Sock
     let mut yes =
         decided(true, "same host, pid namespace and user; a probe copy between the processes worked".to_owned());
     if offer.device_ipc {
-        (yes.device_ipc, yes.device_reason) = match device::can_import(own, &offer.host) {
+        (yes.device_ipc, yes.device_reason) = match device::can_import(&own, &offer.host) {
             Ok(()) => (true, device::ACCEPTED.to_owned()),
             Err(why) => (false, why),
         };
@@ -307,14 +322,14 @@ mod tests {
     use super::*;
 
     fn other(f: impl FnOnce(&mut HostIdentity)) -> HostIdentity {
-        let mut h = HostIdentity::current().expect("/proc").clone();
+        let mut h = HostIdentity::current().expect("/proc");
         f(&mut h);
         h
     }
 
     #[test]
     fn reasons_name_the_difference() {
-        let off = offer_or_why_not(false, HostIdentity::current()).unwrap_err();
+        let off = offer_or_why_not(false, HostIdentity::current().as_ref()).unwrap_err();
         assert!(off.contains("PDX_SAME_HOST=off"), "{off}");
         assert!(offer_or_why_not(true, None).unwrap_err().contains("Mooncake"));
         let boot = offer_or_why_not(true, Some(&other(|h| h.boot_id = "x".into()))).unwrap_err();
@@ -327,7 +342,7 @@ mod tests {
 
     #[test]
     fn device_ipc_fields_are_optional_both_ways() {
-        let offer = offer_or_why_not(true, HostIdentity::current()).unwrap();
+        let offer = offer_or_why_not(true, HostIdentity::current().as_ref()).unwrap();
         // An older pdx's offer and answer (no device fields) parse as "no".
         let old_offer = serde_json::to_string(&offer).unwrap();
         assert!(!old_offer.contains("device_ipc"), "{old_offer}");
@@ -349,7 +364,7 @@ mod tests {
 
     #[test]
     fn an_offer_from_this_process_is_accepted_only_on_its_own_connection() {
-        let offer = offer_or_why_not(true, HostIdentity::current()).unwrap();
+        let offer = offer_or_why_not(true, HostIdentity::current().as_ref()).unwrap();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, from) = listener.accept().unwrap();
