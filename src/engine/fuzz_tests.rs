@@ -8,6 +8,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use super::descriptor::{encode_descriptor, parse_descriptor, AdvertisedBuffer};
+use super::samehost::{Answer, HostIdentity, Offer};
 use super::wire::{self, FrameType, RequestHeader};
 use super::*;
 use crate::transfer::host::parse_session;
@@ -78,7 +79,35 @@ fn seeds() -> Vec<Vec<u8>> {
         super::hello::encode_request("00ff"),
         super::hello::encode_reply("00ff"),
         desc.into_bytes(),
+        // The same-host link: an offer (naming pid 1, which holds none of
+        // these connections), an answer, and its request frames.
+        super::hello::encode_request_body(&super::hello::Body {
+            instance: Some("00ff".into()),
+            same_host: Some(Offer { host: identity(), probe_addr: 4096, probe: "00".repeat(16), device_ipc: true }),
+            ..Default::default()
+        }),
+        super::hello::encode_reply_body(&super::hello::Body {
+            same_host_answer: Some(Answer {
+                accepted: true,
+                reason: "r".into(),
+                device_ipc: true,
+                device_reason: "d".into(),
+            }),
+            ..Default::default()
+        }),
+        super::samehost::window::encode(Direction::Write, &Request { local: 4096, remote: 4096, len: 16 }).to_vec(),
+        super::samehost::device::encode(
+            Direction::Read,
+            &Request { local: 4096, remote: 4096, len: 16 },
+            &super::ipc::DeviceExport { handle: [7; super::ipc::HANDLE_LEN], offset: 3 },
+        )
+        .to_vec(),
     ]
+}
+
+/// A host identity naming pid 1 (not this process).
+fn identity() -> HostIdentity {
+    HostIdentity { pid: 1, ..HostIdentity::current().expect("/proc") }
 }
 
 #[test]
@@ -104,6 +133,11 @@ fn decoders_never_panic() {
             let header: &[u8; wire::HEADER_LEN] = input[..wire::HEADER_LEN].try_into().unwrap();
             let h = RequestHeader::decode(header);
             assert_eq!(RequestHeader::decode(&h.encode()), h);
+            let _ = super::samehost::window::decode_local(header);
+            let _ = super::samehost::device::decode_ipc(header);
+            if let Some(tail) = input.get(wire::HEADER_LEN..wire::HEADER_LEN + super::samehost::device::TAIL_LEN) {
+                let _ = super::samehost::device::decode_tail(tail.try_into().unwrap());
+            }
             if super::hello::is_hello(header) {
                 if let Some(n) = super::hello::request_body_len(header) {
                     let _ = super::hello::decode_body(&input[wire::HEADER_LEN..input.len().min(wire::HEADER_LEN + n)]);
