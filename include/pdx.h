@@ -1614,9 +1614,14 @@ pdx_status pdx_set_log_callback(pdx_log_callback callback, void *userdata, int32
 pdx_status pdx_engine_metrics(pdx_engine *engine, char *buf, size_t buf_len, size_t *out_len);
 
 /**
- * One peer's figures as a JSON object: `"path"` (`"tcp"`) and `"reason"`
- * (why that path) always; `bytes_written`, `bytes_read`, `tasks_written`,
- * `tasks_read` (completed tasks this engine initiated to the peer),
+ * One peer's figures as a JSON object: `"path"` (`"same-host"` or
+ * `"tcp"`: the path of the last data connection opened to the peer) and
+ * `"reason"` (why that path, in plain words: what qualified the peer for
+ * the same-host link, or why it is on TCP) always, filled by the time the
+ * first transfer to the peer returns; `bytes_written`, `bytes_read`,
+ * `tasks_written`, `tasks_read` (completed tasks this engine initiated to
+ * the peer), `same_host_bytes_written`, `same_host_bytes_read` (of those
+ * bytes, what moved over the same-host link),
  * `tasks_failed` and `failures` (by kind: `timeout`, `connection_lost`,
  * `peer_unreachable`, `remote_rejected`, `shutdown`, `protocol`, `other`),
  * `last_error` (text or null) and `last_error_unix_s` (when, or null),

@@ -950,8 +950,9 @@ class Engine:
         return _grown_text(lambda buf, n, out: lib.pdx_engine_metrics(self._h, buf, n, out))
 
     def peer_info(self, session: str) -> dict[str, Any]:
-        """One peer's figures (`pdx_peer_info`): path and reason, bytes and
-        tasks each way, failures by kind, last error and when, lanes open,
+        """One peer's figures (`pdx_peer_info`): "path" ("same-host" or
+        "tcp") and "reason", bytes and tasks each way (and the bytes of the
+        same-host link), failures by kind, last error and when, lanes open,
         tasks queued. PdxError (PDX_ERR_INVALID_ARGUMENT) for a peer this
         engine never sent to or has forgotten."""
         raw = _grown_text(lambda buf, n, out: lib.pdx_peer_info(self._h, _enc(session), buf, n, out))
