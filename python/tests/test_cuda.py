@@ -200,8 +200,11 @@ def test_scattered_pages_and_accounting(cuda, engines):
     assert after.copies_wrong_context == before.copies_wrong_context == 0
     assert after.copies_no_context == 0
     assert after.copies_pageable - before.copies_pageable == 1  # only this test's own cuda.get
-    assert after.copies_by_device[1] == after.copies_by_device[2] == 0
-    assert after.contexts_retained_mask == 0b1001 and after.contexts_live == 2
+    # Only devices 0 and 3 were used (counted from `before`: other tests of
+    # this process may have used the others).
+    assert [after.copies_by_device[d] - before.copies_by_device[d] for d in (1, 2)] == [0, 0]
+    # Devices 0 and 3 have live contexts (other tests' helpers may hold more).
+    assert after.contexts_retained_mask & 0b1001 == 0b1001 and after.contexts_live >= 2
     for engine, addr in ((initiator, src), (target, dst)):
         engine.unregister(addr)
         cuda.free(addr)

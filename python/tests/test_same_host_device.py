@@ -15,6 +15,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,23 @@ def test_two_engines_of_one_process_stage_device_memory_with_the_reason(cuda):
         target.unregister(dst)
         cuda.free(src)
         cuda.free(dst)
+
+
+def test_unregistering_device_memory_closes_the_peers_mappings_of_it(cuda, peer, initiator):
+    remote = peer("alloc", dev=1, n=MiB)["addr"]
+    for round_ in range(2):
+        local = cuda.alloc(0, MiB)
+        initiator.register_at(local, MiB, "cuda:0")
+        want = random.Random(round_).randbytes(MiB)
+        cuda.put(0, local, want)
+        initiator.write(peer.session, local, remote, MiB)
+        assert peer("digest", area=remote, n=MiB)["sha"] == sha(want)
+        assert peer("stats")["ipc_mapped"] >= 1
+        # The connections that let the peer map it close with the
+        # unregistration, and the peer's mappings with them.
+        initiator.unregister(local)
+        deadline = time.monotonic() + 10
+        while peer("stats")["ipc_mapped"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert peer("stats")["ipc_mapped"] == 0
+        cuda.free(local)

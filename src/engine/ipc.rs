@@ -115,6 +115,9 @@ fn allocation_of(api: &Api, ipc: &Ipc, addr: u64) -> Result<(u64, u64)> {
 pub struct Exports {
     /// Base → (size, handle).
     cache: Mutex<HashMap<u64, (u64, [u8; HANDLE_LEN])>>,
+    /// Bumped whenever a handle is forgotten: connections opened before
+    /// may have let a peer map memory that is now withdrawn.
+    epoch: std::sync::atomic::AtomicU64,
 }
 
 impl Exports {
@@ -163,7 +166,17 @@ impl Exports {
     /// the same base is another allocation with another handle.
     pub fn forget(&self, addr: u64, len: u64) {
         let end = addr.saturating_add(len.max(1));
-        self.cache.lock().retain(|&base, &mut (size, _)| base.saturating_add(size.max(1)) <= addr || base >= end);
+        let mut cache = self.cache.lock();
+        let before = cache.len();
+        cache.retain(|&base, &mut (size, _)| base.saturating_add(size.max(1)) <= addr || base >= end);
+        if cache.len() != before {
+            self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
+
+    /// How many times a handle was forgotten (see [`Exports::forget`]).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::Acquire)
     }
 
     #[cfg(test)]

@@ -338,8 +338,13 @@ impl TransferBackend for Engine {
             .map(|r| (r.start, r.len))
             .collect();
         self.inner.regions.unregister_all(addrs, drain)?;
+        let forgot = !device.is_empty();
         for (addr, len) in device {
             self.inner.peers.dialer().exports.forget(addr, len);
+        }
+        if forgot {
+            // Peers close their mappings of it with the lanes that made them.
+            self.inner.peers.retire_device_lanes();
         }
         Ok(())
     }

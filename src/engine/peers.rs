@@ -62,6 +62,8 @@ pub struct Lane {
     /// Where device memory is exported from, when the same-host link
     /// moves it through CUDA IPC (negotiated with the link).
     pub exports: Option<Arc<Exports>>,
+    /// [`Exports::epoch`] when the lane opened.
+    pub exports_epoch: u64,
     /// The peer's path, told when the same-host link fails.
     pub path: Arc<PathChoice>,
     pub session: Arc<str>,
@@ -72,6 +74,14 @@ pub struct Lane {
 struct Negotiated {
     same_host: bool,
     device_ipc: bool,
+}
+
+impl Lane {
+    /// A lane with CUDA IPC opened before a device region of this engine
+    /// was unregistered: the peer may still map that memory through it.
+    pub fn retired(&self) -> bool {
+        self.exports.as_ref().is_some_and(|e| e.epoch() != self.exports_epoch)
+    }
 }
 
 impl Peer {
@@ -232,7 +242,8 @@ impl Peer {
         let (path, session) = (self.path.clone(), self.session.as_str().into());
         let Negotiated { same_host, device_ipc } = negotiated;
         let exports = device_ipc.then(|| self.dialer.exports.clone());
-        Ok(Lane { conn, v2, same_host, exports, path, session, _tracked: tracked })
+        let exports_epoch = self.dialer.exports.epoch();
+        Ok(Lane { conn, v2, same_host, exports, exports_epoch, path, session, _tracked: tracked })
     }
 
     /// Send one notification to the name in the peer's descriptor.
@@ -244,6 +255,19 @@ impl Peer {
             Some(m) if !m.is_empty() => Ok(()),
             _ => Err(Error::new(ErrorKind::NotifyRejected, format!("{} rejected the notification", self.session))),
         }
+    }
+
+    /// Close the idle lanes through which the peer may hold device memory
+    /// this engine has since unregistered (see [`Lane::retired`]).
+    fn discard_retired(&self) {
+        let mut state = self.lanes.lock();
+        let (retired, kept): (Vec<Lane>, Vec<Lane>) =
+            std::mem::take(&mut state.idle).into_iter().partition(Lane::retired);
+        state.idle = kept;
+        state.open -= retired.len();
+        drop(state);
+        drop(retired);
+        self.lane_freed.notify_all();
     }
 
     /// Close the idle lanes: after one broke with a connection error, the
@@ -275,7 +299,7 @@ impl Peer {
             }
             while let Some(lane) = state.idle.pop() {
                 // Not a same-host lane once that link failed for this peer.
-                if lane.conn.idle_and_alive() && !(lane.same_host && self.path.failed().is_some()) {
+                if lane.conn.idle_and_alive() && !(lane.same_host && self.path.failed().is_some()) && !lane.retired() {
                     return Ok(lane);
                 }
                 state.open -= 1; // closed by the peer while idle, or of a failed link
@@ -303,7 +327,7 @@ impl Peer {
     /// Give a lane back: pooled if it ended cleanly, closed otherwise.
     pub fn release(&self, lane: Lane, clean: bool) {
         let mut state = self.lanes.lock();
-        if clean {
+        if clean && !lane.retired() {
             state.idle.push(lane);
         } else {
             state.open -= 1;
@@ -357,6 +381,16 @@ impl Peers {
     /// Peers with a known descriptor.
     pub fn len(&self) -> usize {
         self.map.lock().len()
+    }
+
+    /// Device memory was unregistered: close the lanes through which a peer
+    /// may still map it (CUDA IPC), idle ones now, busy ones when released;
+    /// the peer closes its mappings with the connection.
+    pub fn retire_device_lanes(&self) {
+        let peers: Vec<Arc<Peer>> = self.map.lock().values().cloned().collect();
+        for p in peers {
+            p.discard_retired();
+        }
     }
 
     /// Wake every thread waiting for a lane, and the sweeper (they see the
