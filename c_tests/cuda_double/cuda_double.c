@@ -410,18 +410,28 @@ static CUresult push_op(struct dbl_stream *s, struct op o) {
   return SUCCESS;
 }
 
+/* What every copy checks first: a current context, and a stream of it
+ * (counted when missing). Called with the lock held. */
+static CUresult copy_context(const struct dbl_stream *stream) {
+  if (!current) {
+    st.copies_no_context++;
+    return ERR_INVALID_CONTEXT;
+  }
+  if (!stream || stream->ctx != current) {
+    st.copies_wrong_context++;
+    return ERR_INVALID_HANDLE;
+  }
+  return SUCCESS;
+}
+
 static CUresult enqueue(int h2d, uintptr_t dev, void *host, size_t n, CUstream s) {
   if (!inited) return ERR_NOT_INITIALIZED;
   pthread_mutex_lock(&lock);
-  CUresult rc = SUCCESS;
   struct dbl_stream *stream = resolve_stream(s);
   struct alloc *a = find(dev, n, 1);
-  if (!current) {
-    st.copies_no_context++;
-    rc = ERR_INVALID_CONTEXT;
-  } else if (!stream || stream->ctx != current) {
-    st.copies_wrong_context++;
-    rc = ERR_INVALID_HANDLE;
+  CUresult rc = copy_context(stream);
+  if (rc != SUCCESS) {
+    /* counted by copy_context */
   } else if (!a || !host || find((uintptr_t)host, n, 1)) {
     rc = ERR_INVALID_VALUE;
   } else if (a->device != current->device) {
@@ -458,15 +468,11 @@ EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstr
 EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   if (!inited) return ERR_NOT_INITIALIZED;
   pthread_mutex_lock(&lock);
-  CUresult rc = SUCCESS;
   struct dbl_stream *stream = resolve_stream(s);
   struct alloc *a = find((uintptr_t)dst, n, 1), *b = find((uintptr_t)src, n, 1);
-  if (!current) {
-    st.copies_no_context++;
-    rc = ERR_INVALID_CONTEXT;
-  } else if (!stream || stream->ctx != current) {
-    st.copies_wrong_context++;
-    rc = ERR_INVALID_HANDLE;
+  CUresult rc = copy_context(stream);
+  if (rc != SUCCESS) {
+    /* counted by copy_context */
   } else if (!a || !b) {
     rc = ERR_INVALID_VALUE;
   } else if (a->device != current->device && b->device != current->device) {

@@ -151,15 +151,14 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Warm up with one call, then time calls until the workload's limits or
-/// `budget`; the median call.
+/// Warm up with one call, then time calls until `most` of them, or
+/// `budget` once `least` ran; the median call.
 fn time_calls(
-    w: &Workload,
+    (most, least): (usize, usize),
     budget: Duration,
     mut call: impl FnMut() -> Result<(), String>,
 ) -> Result<Duration, String> {
     call()?;
-    let (most, least) = w.calls();
     let started = Instant::now();
     let mut times = Vec::new();
     while times.len() < most && (times.len() < least || started.elapsed() < budget) {
@@ -220,7 +219,7 @@ impl Setup<'_> {
         match m {
             Method::SameHost | Method::Tcp => {
                 let engine = if m == Method::SameHost { self.same_host } else { self.tcp };
-                time_calls(w, budget, || {
+                time_calls(w.calls(), budget, || {
                     // SAFETY: every local range lies in `self.local`, alive and not otherwise used meanwhile.
                     unsafe { engine.transfer_sync(session, direction, w.requests(local_addr, remote)) }
                         .map_err(|e| format!("{} {}: {e}", m.name(), w.name))
@@ -245,7 +244,7 @@ impl Setup<'_> {
             Method::Memcpy => {
                 let (block, count) = (w.block, w.count);
                 let (local, scratch) = (&mut *self.local, &mut *self.scratch);
-                time_calls(w, budget, || {
+                time_calls(w.calls(), budget, || {
                     for i in 0..count {
                         let r = i * block..(i + 1) * block;
                         match w.op {
@@ -529,16 +528,8 @@ fn raw_copies(buf: &mut Buffer, args: &[&str]) -> Result<u64, String> {
             running.into_iter().try_for_each(|t| t.join().map_err(|_| "a copy thread panicked".to_owned())?)
         })
     };
-    let (most, least) = (most.max(1), least.clamp(1, most.max(1)));
-    call()?;
-    let started = Instant::now();
-    let mut times = Vec::new();
-    while times.len() < most && (times.len() < least || started.elapsed() < budget) {
-        let t0 = Instant::now();
-        call()?;
-        times.push(t0.elapsed().as_secs_f64());
-    }
-    Ok((median(times) * 1e9) as u64)
+    let median = time_calls((most.max(1), least.clamp(1, most.max(1))), budget, call)?;
+    Ok(u64::try_from(median.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// Copy `segments` (ours inside the served buffer, checked by the caller;

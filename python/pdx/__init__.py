@@ -30,7 +30,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from ctypes import POINTER, c_char_p, c_int32, c_size_t, c_uint16, c_uint64, c_void_p
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 __all__ = [
     "Args",
@@ -324,7 +324,38 @@ _SIGNATURES += _CONFIG_SIGNATURES
 _declare(lib, _CONFIG_SIGNATURES)
 
 
-class Args:
+_H = TypeVar("_H", bound="_Handle")
+
+
+class _Handle:
+    """An owned pdx handle `_h`, freed once (by `_free`): at `close()`, at
+    the end of a `with` block, or when collected."""
+
+    _h: c_void_p
+
+    def _free(self, handle: c_void_p) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Free the handle (idempotent)."""
+        if self._h:
+            self._free(self._h)
+            self._h = c_void_p()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self: _H) -> _H:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Args(_Handle):
     """A `pdx_args`: SGLang's PD server arguments, set/get as text.
 
     Keys are ServerArgs field names or CLI flags; values are text, None for
@@ -343,23 +374,8 @@ class Args:
         if argv is not None:
             self.parse_argv(argv)
 
-    def close(self) -> None:
-        """Free the arguments (idempotent)."""
-        if self._h:
-            lib.pdx_args_free(self._h)
-            self._h = c_void_p()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self) -> Args:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _free(self, handle: c_void_p) -> None:
+        lib.pdx_args_free(handle)
 
     def set(self, key: str, value: object) -> None:
         """Set `key` to `value` (bools as true/false, None as Python's None)."""
@@ -668,7 +684,7 @@ def _option_text(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-class _Options:
+class _Options(_Handle):
     """A `pdx_engine_options` built from keyword arguments (None: not set)."""
 
     def __init__(self, options: dict[str, object]):
@@ -683,16 +699,8 @@ class _Options:
             self.close()
             raise
 
-    def close(self) -> None:
-        if self._h:
-            lib.pdx_engine_options_free(self._h)
-            self._h = c_void_p()
-
-    def __enter__(self) -> _Options:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _free(self, handle: c_void_p) -> None:
+        lib.pdx_engine_options_free(handle)
 
 
 def resolve_transport_with(
@@ -712,7 +720,7 @@ def _opcode(op: int | str) -> int:
     return op
 
 
-class Engine:
+class Engine(_Handle):
     """A `pdx_engine`: a transfer engine on `hostname` (see pdx_engine_init).
 
     Memory arguments are int addresses (with a length) or buffers (bytes for
@@ -748,23 +756,12 @@ class Engine:
 
     def close(self) -> None:
         """Stop the engine (in-flight transfers fail); idempotent."""
-        if self._h:
-            lib.pdx_engine_free(self._h)
-            self._h = c_void_p()
-            self._registered.clear()
-            self._batches.clear()
+        super().close()
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self) -> Engine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _free(self, handle: c_void_p) -> None:
+        lib.pdx_engine_free(handle)
+        self._registered.clear()
+        self._batches.clear()
 
     def _string(self, raw: bytes | None) -> str:
         if raw is None:

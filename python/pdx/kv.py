@@ -31,6 +31,7 @@ from . import (
     _declare,
     _enc,
     _SIGNATURES,
+    _Handle,
     _Signature,
     check,
     lib,
@@ -155,7 +156,7 @@ def group_concurrent_contiguous_count(src_pages: Pages, dst_pages: Pages) -> int
         return plan.requests()
 
 
-class Plan:
+class Plan(_Handle):
     """A `pdx_kv_plan`: the page map and buffers, checked and copied by pdx.
 
     `local[b]` pairs with `remote[b]`; `src_pages[i]` (local) with
@@ -245,18 +246,7 @@ class Plan:
 
     def close(self) -> None:
         """Free the plan; idempotent. Batches already submitted are not affected."""
-        if self._h:
-            lib.pdx_kv_plan_free(self._h)
-            self._h = c_void_p()
+        super().close()
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self) -> Plan:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _free(self, handle: c_void_p) -> None:
+        lib.pdx_kv_plan_free(handle)

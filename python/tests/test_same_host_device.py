@@ -22,7 +22,7 @@ import pytest
 
 import pdx
 
-from test_cuda import KiB, MiB, Driver, _double_path
+from test_cuda import KiB, MiB, cuda  # noqa: F401  (`cuda`: the stand-in, a fixture of this module too)
 
 HERE = Path(__file__).resolve().parent
 
@@ -53,18 +53,6 @@ class Peer:
         except (RuntimeError, BrokenPipeError, ValueError):
             pass
         self.proc.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def cuda(tmp_path_factory):
-    path = _double_path(tmp_path_factory.mktemp("cuda_double"))
-    old = os.environ.get("PDX_CUDA_LIB")
-    os.environ["PDX_CUDA_LIB"] = path
-    yield Driver(path)
-    if old is None:
-        os.environ.pop("PDX_CUDA_LIB", None)
-    else:
-        os.environ["PDX_CUDA_LIB"] = old
 
 
 @pytest.fixture(scope="module")

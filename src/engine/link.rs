@@ -86,7 +86,7 @@ impl Link for Lane {
     /// Device memory through CUDA IPC where the hello negotiated it and it
     /// has not failed for this peer.
     fn moves_device_memory(&self) -> bool {
-        self.same_host && self.exports.is_some() && self.path.ipc_failed().is_none()
+        self.same_host && self.exports.is_some() && !self.path.ipc_has_failed()
     }
 
     unsafe fn run_device_window(

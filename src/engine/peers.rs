@@ -299,7 +299,7 @@ impl Peer {
             }
             while let Some(lane) = state.idle.pop() {
                 // Not a same-host lane once that link failed for this peer.
-                if lane.conn.idle_and_alive() && !(lane.same_host && self.path.failed().is_some()) && !lane.retired() {
+                if lane.conn.idle_and_alive() && !(lane.same_host && self.path.has_failed()) && !lane.retired() {
                     return Ok(lane);
                 }
                 state.open -= 1; // closed by the peer while idle, or of a failed link

@@ -60,40 +60,37 @@ fn every_size_moves_over_the_same_host_link_and_is_counted() {
     assert_eq!(info["same_host_bytes_written"], moved);
 }
 
-#[test]
-fn scattered_pages_both_ways() {
+/// Write `blocks` blocks of `block` bytes from one engine to another, block
+/// i to slot (i * step) % blocks of the target's region (every slot once),
+/// check them there, read them back; the two engines, for their figures.
+fn scattered_round_trip(blocks: usize, block: usize, step: usize) -> (Engine, Engine) {
     let (a, b) = (engine_with(true), engine_with(true));
-    const PAGES: usize = 2048;
-    const PAGE: usize = 4096;
-    let region = vec![0u8; PAGES * PAGE];
+    let region = vec![0u8; blocks * block];
     b.register(region.as_ptr() as u64, region.len() as u64).unwrap();
-    let src = pattern(PAGES * PAGE, 7);
-    // Page i goes to slot (i * 613) % PAGES: every slot once.
-    let slot = |i: usize| (i * 613) % PAGES * PAGE;
-    let reqs = (0..PAGES)
-        .map(|i| Request {
-            local: src.as_ptr() as usize + i * PAGE,
-            remote: region.as_ptr() as u64 + slot(i) as u64,
-            len: PAGE,
-        })
-        .collect();
+    let src = pattern(blocks * block, 7);
+    let slot = |i: usize| (i * step) % blocks * block;
+    let reqs = |base: usize| -> Vec<Request> {
+        (0..blocks)
+            .map(|i| Request { local: base + i * block, remote: region.as_ptr() as u64 + slot(i) as u64, len: block })
+            .collect()
+    };
     // SAFETY: the test's buffers outlive the call.
-    unsafe { a.transfer_sync(b.session_id(), Direction::Write, reqs) }.unwrap();
-    for i in 0..PAGES {
-        assert!(region[slot(i)..slot(i) + PAGE] == src[i * PAGE..(i + 1) * PAGE], "page {i}");
+    unsafe { a.transfer_sync(b.session_id(), Direction::Write, reqs(src.as_ptr() as usize)) }.unwrap();
+    for i in 0..blocks {
+        assert!(region[slot(i)..slot(i) + block] == src[i * block..(i + 1) * block], "block {i}");
     }
     let mut back = vec![0u8; src.len()];
-    let reqs = (0..PAGES)
-        .map(|i| Request {
-            local: back.as_mut_ptr() as usize + i * PAGE,
-            remote: region.as_ptr() as u64 + slot(i) as u64,
-            len: PAGE,
-        })
-        .collect();
     // SAFETY: as above.
-    unsafe { a.transfer_sync(b.session_id(), Direction::Read, reqs) }.unwrap();
+    unsafe { a.transfer_sync(b.session_id(), Direction::Read, reqs(back.as_mut_ptr() as usize)) }.unwrap();
     assert!(back == src);
-    assert_eq!(a.stats().same_host_tasks_read, PAGES as u64);
+    b.unregister(region.as_ptr() as u64).unwrap();
+    (a, b)
+}
+
+#[test]
+fn scattered_pages_both_ways() {
+    let (a, _) = scattered_round_trip(2048, 4096, 613);
+    assert_eq!(a.stats().same_host_tasks_read, 2048);
 }
 
 #[test]
@@ -153,29 +150,8 @@ fn a_failing_copy_falls_back_to_tcp_and_the_transfer_succeeds() {
 
 #[test]
 fn pipelined_blocks_are_copied_in_runs_both_ways() {
-    let (a, b) = (engine_with(true), engine_with(true));
     const BLOCKS: usize = 256;
-    const BLOCK: usize = 64 << 10;
-    let region = vec![0u8; BLOCKS * BLOCK];
-    b.register(region.as_ptr() as u64, region.len() as u64).unwrap();
-    let src = pattern(BLOCKS * BLOCK, 11);
-    // Block i to slot (i * 97) % 256, and one block split over a region's end
-    // is not among them: every request is served.
-    let slot = |i: usize| (i * 97) % BLOCKS * BLOCK;
-    let reqs = |base: usize| -> Vec<Request> {
-        (0..BLOCKS)
-            .map(|i| Request { local: base + i * BLOCK, remote: region.as_ptr() as u64 + slot(i) as u64, len: BLOCK })
-            .collect()
-    };
-    // SAFETY: the test's buffers outlive the call.
-    unsafe { a.transfer_sync(b.session_id(), Direction::Write, reqs(src.as_ptr() as usize)) }.unwrap();
-    for i in 0..BLOCKS {
-        assert!(region[slot(i)..slot(i) + BLOCK] == src[i * BLOCK..(i + 1) * BLOCK], "block {i}");
-    }
-    let mut back = vec![0u8; src.len()];
-    // SAFETY: as above.
-    unsafe { a.transfer_sync(b.session_id(), Direction::Read, reqs(back.as_mut_ptr() as usize)) }.unwrap();
-    assert!(back == src);
+    let (a, b) = scattered_round_trip(BLOCKS, 64 << 10, 97);
     let s = b.stats();
     assert_eq!((s.served_writes, s.served_reads), (BLOCKS as u64, BLOCKS as u64));
     assert_eq!(a.stats().same_host_tasks_written, BLOCKS as u64);

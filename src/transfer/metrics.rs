@@ -77,6 +77,18 @@ fn escape(value: &str) -> String {
 struct Text(String);
 
 impl Text {
+    /// Samples of `name` per direction (`totals`, write then read): under
+    /// `path` what did not move over the same-host link, and for the native
+    /// engine (`tcp`) also `same_host` under its own path.
+    fn by_direction_and_path(&mut self, name: &str, path: &str, totals: [u64; 2], same_host: [u64; 2]) {
+        for ((d, total), near) in DIRECTIONS.iter().zip(totals).zip(same_host) {
+            self.sample(name, &[("direction", d), ("path", path)], total.saturating_sub(near));
+            if path == "tcp" {
+                self.sample(name, &[("direction", d), ("path", SAME_HOST)], near);
+            }
+        }
+    }
+
     fn family(&mut self, name: &str, kind: &str, help: &str) {
         let _ = writeln!(self.0, "# HELP {name} {help}");
         let _ = writeln!(self.0, "# TYPE {name} {kind}");
@@ -154,24 +166,14 @@ pub fn render(m: &MetricsSnapshot) -> String {
         "Payload bytes of completed tasks this engine initiated, by direction and path.",
     );
     let same_host = [s.same_host_bytes_written, s.same_host_bytes_read];
-    for ((d, v), near) in DIRECTIONS.iter().zip([s.bytes_written, s.bytes_read]).zip(same_host) {
-        t.sample("pdx_transferred_bytes_total", &[("direction", d), ("path", path)], v.saturating_sub(near));
-        if path == "tcp" {
-            t.sample("pdx_transferred_bytes_total", &[("direction", d), ("path", SAME_HOST)], near);
-        }
-    }
+    t.by_direction_and_path("pdx_transferred_bytes_total", path, [s.bytes_written, s.bytes_read], same_host);
     t.family(
         "pdx_tasks_completed_total",
         "counter",
         "Tasks this engine initiated that completed, by direction and path.",
     );
     let same_host = [s.same_host_tasks_written, s.same_host_tasks_read];
-    for ((d, v), near) in DIRECTIONS.iter().zip([s.tasks_written, s.tasks_read]).zip(same_host) {
-        t.sample("pdx_tasks_completed_total", &[("direction", d), ("path", path)], v.saturating_sub(near));
-        if path == "tcp" {
-            t.sample("pdx_tasks_completed_total", &[("direction", d), ("path", SAME_HOST)], near);
-        }
-    }
+    t.by_direction_and_path("pdx_tasks_completed_total", path, [s.tasks_written, s.tasks_read], same_host);
     t.family("pdx_tasks_failed_total", "counter", "Tasks this engine initiated that failed, by kind of failure.");
     for (i, v) in s.failed_by_kind.iter().enumerate() {
         t.sample("pdx_tasks_failed_total", &[("kind", kind_label(i)), ("path", path)], v);

@@ -279,11 +279,16 @@ impl PathChoice {
         self.failed.lock().clone()
     }
 
+    /// Whether the link failed for this peer (no copy of the reason).
+    pub fn has_failed(&self) -> bool {
+        self.failed.lock().is_some()
+    }
+
     /// A data connection to `session` was opened on this path; logged at
     /// info when path or reason changed.
     pub fn decided(&self, session: &str, same_host: bool, reason: String) {
         let mut now = self.now.lock();
-        if *now != (same_host, reason.clone()) {
+        if now.0 != same_host || now.1 != reason {
             let path = if same_host { PATH } else { "tcp" };
             log::info!("{session}: data path {path} ({reason})");
             *now = (same_host, reason);
@@ -293,6 +298,11 @@ impl PathChoice {
     /// Why CUDA IPC failed for this peer, if it did.
     pub fn ipc_failed(&self) -> Option<String> {
         self.ipc_failed.lock().clone()
+    }
+
+    /// Whether CUDA IPC failed for this peer (no copy of the reason).
+    pub fn ipc_has_failed(&self) -> bool {
+        self.ipc_failed.lock().is_some()
     }
 
     /// CUDA IPC failed mid-transfer: device memory is staged over the link

@@ -5,12 +5,10 @@ use std::io;
 
 use super::super::conn::{Conn, MAX_IO_CHUNK};
 use super::super::hello;
-use super::super::ipc::PeerImports;
-use super::super::samehost::device::{self, decode_ipc};
-use super::super::samehost::{self, window::decode_local};
+use super::super::samehost;
 use super::super::wire::{RequestHeader, HEADER_LEN};
 use super::acks::Acks;
-use super::local::{serve_ipc, serve_local, LocalServing};
+use super::local::{is_same_host_frame, serve_frame, LocalServing};
 use super::Serving;
 use crate::transfer::stats::Stats;
 use crate::transfer::Direction;
@@ -127,16 +125,11 @@ pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::super
                     AfterHello::Close => break,
                 }
             }
-            Ok(Some(h)) if decode_local(&h).is_some() => {
-                let (Some(header), Some(pid)) = (decode_local(&h), same_host) else {
+            Ok(Some(h)) if is_same_host_frame(&h) => {
+                let Some(pid) = same_host else {
                     log::debug!("data connection: a same-host request on a connection without the link; closing");
                     break;
                 };
-                let mut theirs = [0u8; 8];
-                if let Err(e) = conn.recv_exact(&mut theirs) {
-                    log::debug!("data connection: {e}");
-                    break;
-                }
                 ticket.set_busy(true);
                 let _idle_again = IdleAgain(ticket);
                 let cx = LocalServing {
@@ -145,35 +138,7 @@ pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::super
                     stats: &inner.stats,
                     stopping: &stopping,
                 };
-                if serve_local(&cx, conn, &mut acks, pid, &header, u64::from_le_bytes(theirs)) {
-                    continue;
-                }
-                break;
-            }
-            Ok(Some(h)) if decode_ipc(&h).is_some() => {
-                let (Some(header), Some(pid)) = (decode_ipc(&h), same_host) else {
-                    log::debug!(
-                        "data connection: a device request on a connection without the same-host link; closing"
-                    );
-                    break;
-                };
-                let mut tail = [0u8; device::TAIL_LEN];
-                if let Err(e) = conn.recv_exact(&mut tail) {
-                    log::debug!("data connection: {e}");
-                    break;
-                }
-                ticket.set_busy(true);
-                let _idle_again = IdleAgain(ticket);
-                // The initiator's allocations, opened once per connection
-                // (closed when it closes).
-                let imports = conn.attachment(|| PeerImports::new(format!("pid {pid}")));
-                let cx = LocalServing {
-                    regions: &inner.regions,
-                    staging: &inner.staging,
-                    stats: &inner.stats,
-                    stopping: &stopping,
-                };
-                if serve_ipc(&cx, conn, &mut acks, &imports, &header, &device::decode_tail(&tail)) {
+                if serve_frame(&cx, conn, &mut acks, pid, &h) {
                     continue;
                 }
                 break;

@@ -13,7 +13,7 @@ use std::io;
 use super::super::conn::Conn;
 use super::super::ipc::{DeviceExport, Local, PeerImports};
 use super::super::regions::{Hold, Region, Regions};
-use super::super::samehost::device::Unusable;
+use super::super::samehost::device::{self, Unusable};
 use super::super::samehost::window::{copy_failed_status, decode_local, FRAME_LEN};
 use super::super::samehost::xmem;
 use super::super::staging::{Side, Staging};
@@ -47,6 +47,41 @@ enum Failed {
     Stopped,
 }
 
+/// Whether `header` opens a same-host request (host memory, or device
+/// memory by CUDA IPC); its tail follows on the connection.
+pub(crate) fn is_same_host_frame(header: &[u8; HEADER_LEN]) -> bool {
+    decode_local(header).is_some() || device::decode_ipc(header).is_some()
+}
+
+/// Serve the same-host request `header` opens (see [`is_same_host_frame`]),
+/// from process `pid`: its tail read here, then [`serve_local`] or
+/// [`serve_ipc`] (the initiator's allocations opened once per connection,
+/// closed with it). `false`: the connection closes.
+pub(crate) fn serve_frame(
+    cx: &LocalServing<'_>,
+    conn: &mut Conn,
+    acks: &mut Acks,
+    pid: u32,
+    header: &[u8; HEADER_LEN],
+) -> bool {
+    if let Some(h) = decode_local(header) {
+        let mut theirs = [0u8; 8];
+        if let Err(e) = conn.recv_exact(&mut theirs) {
+            log::debug!("same-host link: {e}");
+            return false;
+        }
+        return serve_local(cx, conn, acks, pid, &h, u64::from_le_bytes(theirs));
+    }
+    let Some(h) = device::decode_ipc(header) else { return false };
+    let mut tail = [0u8; device::TAIL_LEN];
+    if let Err(e) = conn.recv_exact(&mut tail) {
+        log::debug!("same-host link: {e}");
+        return false;
+    }
+    let imports = conn.attachment(|| PeerImports::new(format!("pid {pid}")));
+    serve_ipc(cx, conn, acks, &imports, &h, &device::decode_tail(&tail))
+}
+
 /// The region of `header`, held (the connection listed with it) while the
 /// memory is touched, so unregistering can shut this connection and wait;
 /// `None` after refusing a request outside every region (the connection
@@ -68,7 +103,7 @@ fn hold_or_refuse(cx: &LocalServing<'_>, conn: &Conn, acks: &mut Acks, header: &
 
 /// Serve one same-host request from process `pid` (`header` checked here,
 /// the initiator's bytes at `theirs`). `false`: the connection closes.
-pub(crate) fn serve_local(
+fn serve_local(
     cx: &LocalServing<'_>,
     conn: &mut Conn,
     acks: &mut Acks,
@@ -179,7 +214,7 @@ fn serve_run(
 /// bytes are `theirs` of its device memory, opened in `imports`): checked
 /// and held as any request, then one copy on a device of ours,
 /// synchronized before the acknowledgement. `false`: the connection closes.
-pub(crate) fn serve_ipc(
+fn serve_ipc(
     cx: &LocalServing<'_>,
     conn: &Conn,
     acks: &mut Acks,

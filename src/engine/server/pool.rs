@@ -393,6 +393,19 @@ mod tests {
     /// 300 connections, each writing verified data in turns, are served by
     /// at most `max_threads()` pool threads; parked, none holds a receive
     /// buffer; idle past the timeout, all are closed.
+    /// A client connected to `listener`, its server side admitted to `plane`.
+    fn admitted(serving: &Serving, plane: &DataPlane, listener: &TcpListener) -> TcpStream {
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        client.set_nodelay(true).unwrap();
+        let (stream, from) = listener.accept().unwrap();
+        let t = Duration::from_secs(10);
+        let conn = Conn::new(stream, t, t).unwrap();
+        let ticket = serving.budget.admit(super::super::Plane::Data, from.ip(), conn.raw_fd()).unwrap();
+        let tracked = serving.registry.track_owned(conn.stream()).unwrap();
+        plane.admit(conn, ticket, tracked);
+        client
+    }
+
     #[test]
     fn many_connections_few_threads_no_idle_buffers() {
         const CONNS: usize = 300;
@@ -406,19 +419,7 @@ mod tests {
         engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
         let plane = DataPlane::start(&serving).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = listener.local_addr().unwrap();
-        let mut clients = Vec::new();
-        for _ in 0..CONNS {
-            let client = TcpStream::connect(at).unwrap();
-            client.set_nodelay(true).unwrap();
-            clients.push(client);
-            let (stream, from) = listener.accept().unwrap();
-            let t = Duration::from_secs(10);
-            let conn = Conn::new(stream, t, t).unwrap();
-            let ticket = serving.budget.admit(super::super::Plane::Data, from.ip(), conn.raw_fd()).unwrap();
-            let tracked = serving.registry.track_owned(conn.stream()).unwrap();
-            plane.admit(conn, ticket, tracked);
-        }
+        let mut clients: Vec<TcpStream> = (0..CONNS).map(|_| admitted(&serving, &plane, &listener)).collect();
         let peak = AtomicUsize::new(0);
         for round in 0..3u8 {
             std::thread::scope(|sc| {
@@ -484,18 +485,7 @@ mod tests {
         engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
         let plane = DataPlane::start(&serving).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = listener.local_addr().unwrap();
-        let connect = || {
-            let client = TcpStream::connect(at).unwrap();
-            client.set_nodelay(true).unwrap();
-            let (stream, from) = listener.accept().unwrap();
-            let t = Duration::from_secs(10);
-            let conn = Conn::new(stream, t, t).unwrap();
-            let ticket = serving.budget.admit(super::super::Plane::Data, from.ip(), conn.raw_fd()).unwrap();
-            let tracked = serving.registry.track_owned(conn.stream()).unwrap();
-            plane.admit(conn, ticket, tracked);
-            client
-        };
+        let connect = || admitted(&serving, &plane, &listener);
         let write = |c: &mut TcpStream, size: u64, payload: &[u8]| {
             let h =
                 RequestHeader { size, addr: region.as_ptr() as u64, direction: Direction::Write, acknowledged: true };
