@@ -13,8 +13,9 @@ The target runs with `PDX_MAX_DATA_CONNECTIONS` and
 
 Reported: the target's socket descriptors (inbound data connections plus
 its two listeners), threads (whole process) and RSS, idle and at the peak of
-open connections; per-engine bytes moved (max/min); failed transfers and
-mismatches. Exit status 1 on any failure or mismatch.
+open connections; per-engine bytes moved (max/min); the longest round of
+any engine (a stall shows there); failed transfers and mismatches. Exit
+status 1 on any failure or mismatch.
 """
 from __future__ import annotations
 
@@ -89,10 +90,11 @@ def initiator_main(session: str, remote: int, first: int, count: int, seconds: f
         src = bytearray(os.urandom(SLOT))
         dst = bytearray(SLOT)
         moved = failed = mismatched = rounds = 0
+        longest = 0.0
         while time.monotonic() < start_at:
             time.sleep(0.01)
         end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        while (started := time.monotonic()) < end:
             src[0:8] = rounds.to_bytes(8, "little")
             for op, buf in (("write", src), ("read", dst)):
                 mv = memoryview(buf)
@@ -115,7 +117,8 @@ def initiator_main(session: str, remote: int, first: int, count: int, seconds: f
             if dst != src:
                 mismatched += 1
             rounds += 1
-        results[k] = {"moved": moved, "failed": failed, "mismatched": mismatched, "rounds": rounds}
+            longest = max(longest, time.monotonic() - started)
+        results[k] = {"moved": moved, "failed": failed, "mismatched": mismatched, "rounds": rounds, "longest_s": longest}
 
     threads = [threading.Thread(target=drive, args=(k,)) for k in range(count)]
     for t in threads:
@@ -192,6 +195,7 @@ def main() -> int:
         "total_gb": round(sum(moved) / 1e9, 2),
         "per_engine_mb_max_min": [round(max(moved) / 1e6, 1), round(min(moved) / 1e6, 1)] if moved else None,
         "max_over_min": round(max(moved) / max(min(moved), 1), 2) if moved else None,
+        "longest_round_ms": round(max(r["longest_s"] for r in results) * 1e3, 1) if results else None,
         "per_process_mean_mb": [round(sum(moved[i:i + per]) / per / 1e6, 1) for i in range(0, len(moved), per)],
         "failed_transfers": failed,
         "mismatched_rounds": mismatched,
