@@ -30,7 +30,7 @@ def test_an_unreachable_advertised_data_address_fails_each_attempt_within_the_co
 
 
 def test_pdx_fills_a_1_gbit_link():
-    command = [sys.executable, str(ROOT / "scripts" / "link_test.py"), "--engines", "pdx", "--iters", "3",
+    command = [sys.executable, str(ROOT / "scripts" / "link_test.py"), "--engines", "pdx", "--iters", "3", "--rounds", "1",
                "--iperf-seconds", "1", "--min-fraction", "0.9"]
     p = _bed(["--rate", "1gbit"], command, 300)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
