@@ -149,7 +149,10 @@ def main() -> int:
         return 0
 
     env = dict(os.environ, PDX_MAX_DATA_CONNECTIONS="4096", PDX_MAX_CONNECTIONS_PER_ADDRESS="4096",
-               PDX_IDLE_TIMEOUT_MS="600000", PDX_TCP_LANES="4", PDX_SAME_HOST="off")
+               PDX_IDLE_TIMEOUT_MS="600000", PDX_TCP_LANES="4", PDX_SAME_HOST="off",
+               # Every engine binds two listeners in this range; the default
+               # (15000-17000) holds about 1000 engines on one address.
+               PDX_MIN_PORT="15000", PDX_MAX_PORT="30000")
     me = [sys.executable, __file__, "--engines", str(a.engines), "--seconds", str(a.seconds), "--target", a.target]
     tenv = dict(env, PDX_LIB=a.target_lib) if a.target_lib else env
     target = subprocess.Popen([*me, "--role", "target"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=tenv, text=True)

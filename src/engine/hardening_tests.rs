@@ -587,9 +587,13 @@ fn peers_are_served_past_trickling_connections(count: usize, announce: u64, max_
     // SAFETY: the sources and `target` outlive every transfer of this test.
     unsafe { known.transfer_sync(victim.session_id(), Direction::Write, vec![req(&before, addr(&target), 4096)]) }
         .unwrap();
+    let threads_before = victim.inner.registry.live_threads();
     let (attack, opened) = Tricklers::start(victim.rpc_port(), count, announce);
     std::thread::sleep(Duration::from_millis(2500));
     let charged = victim.inner.budget.handshake_bytes_in_flight();
+    // Admitted before their threads start: the attack holds at most the
+    // handshake cap of threads (plus evicted ones on their way out).
+    let threads_held = victim.inner.registry.live_threads().saturating_sub(threads_before);
     let newcomer = engine_with(s);
     let t0 = Instant::now();
     let probe = newcomer.probe(victim.session_id());
@@ -607,10 +611,12 @@ fn peers_are_served_past_trickling_connections(count: usize, announce: u64, max_
     let still_open = attack.stop();
     println!(
         "{count} connections announcing {announce} B frames (MC_HANDSHAKE_MAX_LENGTH {max_len}; {opened} opened, \
-         {still_open} still open at the end), victim charged {charged} B: newcomer probe {probe:?} in \
+         {still_open} still open at the end), victim charged {charged} B, {threads_held} threads held: newcomer probe {probe:?} in \
          {probe_took:?}, write {write:?} in {write_took:?}; known peer write {known_write:?}, notify {known_notify:?}"
     );
     assert_eq!(opened, count, "every attacking connection was opened");
+    let cap = victim.inner.budget.caps().1;
+    assert!(threads_held <= cap + 16, "{threads_held} threads for {count} connections (handshake cap {cap})");
     probe.unwrap();
     assert!(probe_took < Duration::from_secs(2), "probe took {probe_took:?}");
     write.unwrap();

@@ -108,6 +108,12 @@ impl Registry {
         self.sockets.lock().len()
     }
 
+    /// Threads spawned here and still running.
+    #[cfg(test)]
+    pub fn live_threads(&self) -> usize {
+        self.threads.lock().iter().filter(|h| !h.is_finished()).count()
+    }
+
     /// Spawn a named thread that `stop` will join. Finished threads are
     /// reaped here so the list stays short.
     pub fn spawn(&self, name: String, body: impl FnOnce() + Send + 'static) -> std::io::Result<()> {

@@ -124,6 +124,13 @@ impl AcceptBackoff {
     }
 }
 
+/// A handshake connection with its place in the budget. Fields drop in
+/// order: the ticket (it names the descriptor) before the socket closes.
+struct AdmittedHandshake {
+    ticket: super::budget::Ticket,
+    stream: std::net::TcpStream,
+}
+
 /// Accept connections until the engine stops (see [`super::budget`] for
 /// the caps and eviction): a handshake connection gets a thread for its
 /// one exchange; a data connection goes to the pool of [`pool`] (or, if
@@ -175,26 +182,30 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
             continue;
         }
         let serving2 = serving.clone();
-        let spawned = serving.registry.spawn(name.to_owned(), move || {
-            let ip = from.ip();
-            let _open = OpenConnection::new(&serving2.stats);
-            match plane {
-                Plane::Handshake => {
-                    let mut stream = stream;
-                    // Declared after the stream: dropped (unlisted) before it closes.
-                    let Some(ticket) = serving2.budget.admit(plane, ip, stream.as_raw_fd()) else { return };
-                    let Some(_tracked) = serving2.registry.track(&stream) else { return };
-                    handshake::serve_handshake(&serving2, &mut stream, &ticket);
-                }
-                Plane::Data => {
-                    let t = serving2.settings.progress_timeout;
-                    let Ok(mut conn) = Conn::new(stream, t, t) else { return };
-                    let Some(ticket) = serving2.budget.admit(plane, ip, conn.raw_fd()) else { return };
-                    let Some(_tracked) = serving2.registry.track(conn.stream()) else { return };
-                    data::serve_data(&serving2, &mut conn, &ticket);
-                }
+        let spawned = match plane {
+            Plane::Handshake => {
+                // Admitted before its thread starts, so that the handshake
+                // threads alive at once are bounded by the cap
+                // (`PDX_MAX_HANDSHAKE_CONNECTIONS`: the oldest is evicted and
+                // its thread leaves) however many peers connect at once.
+                let Some(ticket) = serving.budget.admit(plane, from.ip(), stream.as_raw_fd()) else { continue };
+                let admitted = AdmittedHandshake { ticket, stream };
+                serving.registry.spawn(name.to_owned(), move || {
+                    let _open = OpenConnection::new(&serving2.stats);
+                    let mut admitted = admitted;
+                    let Some(_tracked) = serving2.registry.track(&admitted.stream) else { return };
+                    handshake::serve_handshake(&serving2, &mut admitted.stream, &admitted.ticket);
+                })
             }
-        });
+            Plane::Data => serving.registry.spawn(name.to_owned(), move || {
+                let _open = OpenConnection::new(&serving2.stats);
+                let t = serving2.settings.progress_timeout;
+                let Ok(mut conn) = Conn::new(stream, t, t) else { return };
+                let Some(ticket) = serving2.budget.admit(plane, from.ip(), conn.raw_fd()) else { return };
+                let Some(_tracked) = serving2.registry.track(conn.stream()) else { return };
+                data::serve_data(&serving2, &mut conn, &ticket);
+            }),
+        };
         if let Err(e) = spawned {
             log::warn!("could not start a connection thread: {e}");
         }
