@@ -216,3 +216,53 @@ fn replayed_handshakes_and_data_connections_achieve_nothing() {
     assert!(target.iter().all(|&x| x == 0));
     wait_for("only the genuine write was served", || b.inner.stats.served_writes.load(Relaxed) == 1);
 }
+
+/// A same-host offer in a hello that has not proven the secret: the
+/// target reads nothing of it (no `/proc` read, no probe copy: the offer's
+/// unique probe address never reaches the check) and says nothing about
+/// the link; two engines with the secret still get the link.
+#[test]
+fn an_unauthenticated_same_host_offer_is_never_checked_or_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = secret_file(dir.path(), "k", b'k');
+    let (a, b) = (engine(Some(&k), None), engine(Some(&k), None));
+    let target = vec![0u8; 1 << 20];
+    b.register(target.as_ptr() as u64, target.len() as u64).unwrap();
+    let src = vec![9u8; 256 << 10];
+    // SAFETY: `src` and `target` outlive the synchronous call.
+    unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, target.as_ptr() as u64)]) }.unwrap();
+    let info = a.peer_info(b.session_id()).unwrap();
+    assert_eq!(info["path"], "same-host", "{info}");
+
+    let offer = samehost::offer_or_why_not(true, samehost::HostIdentity::current().as_ref()).unwrap();
+    let marker = 0x7eed_0000_0000 + u64::from(std::process::id());
+    let instance = b.inner.identity.instance.clone();
+    for (nonce, with_proof) in [(None, false), (Some("0".repeat(32)), false), (Some("0".repeat(32)), true)] {
+        for after_proof in [false, true] {
+            let offer = samehost::Offer { probe_addr: marker, answer_after_proof: after_proof, ..offer.clone() };
+            let body = hello::Body {
+                instance: Some(instance.clone()),
+                nonce: nonce.clone(),
+                same_host: Some(offer),
+                ..hello::Body::default()
+            };
+            let mut s = TcpStream::connect(("127.0.0.1", b.data_port())).unwrap();
+            s.write_all(&hello::encode_request_body(&body)).unwrap();
+            if with_proof {
+                // A proof made without the secret.
+                let bad = hello::Body { proof: Some("00".repeat(32)), ..hello::Body::default() };
+                let _ = s.write_all(&hello::encode_request_body(&bad));
+            }
+            let got = read_to_close(&mut s);
+            let text = String::from_utf8_lossy(&got);
+            let reply = got.get(8..).and_then(hello::decode);
+            let answered = reply.as_ref().and_then(|r| r.same_host_answer.as_ref());
+            // Only the refusal of an older pdx's offer, unchecked, may appear.
+            if let Some(answer) = answered {
+                assert!(!answer.accepted && answer.reason.contains("only after"), "{answer:?}");
+            }
+            assert!(!text.contains("probe") && !text.contains("uid"), "{text}");
+        }
+    }
+    assert!(!samehost::EVALUATED.lock().contains(&marker), "an unauthenticated offer was checked");
+}

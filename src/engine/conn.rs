@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use socket2::SockRef;
 
 use super::deadline::{Stall, SLICE};
+use super::samehost::xmem::PeerProcess;
 use super::spin::Spin;
 
 /// Receive buffer size; payloads at least half this size bypass it.
@@ -53,9 +54,9 @@ pub struct Conn {
     resumed: bool,
     /// A request header was read from it.
     seen_header: bool,
-    /// Served with the same-host link to this initiator pid (kept while the
-    /// connection is parked between requests).
-    same_host_pid: Option<u32>,
+    /// Served with the same-host link to this initiator process (kept while
+    /// the connection is parked between requests).
+    same_host_peer: Option<Arc<PeerProcess>>,
     /// State a server keeps with the connection, kept while it is parked
     /// (the same-host link's opened device memory handles).
     attachment: Option<Arc<dyn Any + Send + Sync>>,
@@ -104,7 +105,7 @@ impl Conn {
             parked: false,
             resumed: false,
             seen_header: false,
-            same_host_pid: None,
+            same_host_peer: None,
             attachment: None,
             woken: false,
         })
@@ -204,14 +205,14 @@ impl Conn {
         self.resumed
     }
 
-    /// The initiator pid of the same-host link on this connection, if any.
-    pub fn same_host_pid(&self) -> Option<u32> {
-        self.same_host_pid
+    /// The initiator process of the same-host link on this connection, if any.
+    pub fn same_host_peer(&self) -> Option<Arc<PeerProcess>> {
+        self.same_host_peer.clone()
     }
 
-    /// Serve this connection with the same-host link to `pid` (or not).
-    pub fn set_same_host_pid(&mut self, pid: Option<u32>) {
-        self.same_host_pid = pid;
+    /// Serve this connection with the same-host link to `peer` (or not).
+    pub fn set_same_host_peer(&mut self, peer: Option<Arc<PeerProcess>>) {
+        self.same_host_peer = peer;
     }
 
     /// The state of type `T` kept with this connection, made by `make` on

@@ -83,7 +83,13 @@ fn seeds() -> Vec<Vec<u8>> {
         // these connections), an answer, and its request frames.
         super::hello::encode_request_body(&super::hello::Body {
             instance: Some("00ff".into()),
-            same_host: Some(Offer { host: identity(), probe_addr: 4096, probe: "00".repeat(16), device_ipc: true }),
+            same_host: Some(Offer {
+                host: identity(),
+                probe_addr: 4096,
+                probe: "00".repeat(16),
+                device_ipc: true,
+                answer_after_proof: false,
+            }),
             ..Default::default()
         }),
         super::hello::encode_reply_body(&super::hello::Body {

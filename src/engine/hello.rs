@@ -76,6 +76,11 @@ pub(crate) struct Body {
     /// Reply: the target's answer to that offer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub same_host_answer: Option<Answer>,
+    /// Reply: the answer to the offer comes in one more reply, after the
+    /// initiator's proof (the target holds a peer secret and checks
+    /// nothing of an offer before the proof).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub same_host_after_proof: bool,
 }
 
 /// True if `header` opens a hello; its `size` is the body length.
@@ -167,14 +172,20 @@ pub(crate) fn confirm(
     let not_the_peer = |why: &str| Error::new(ErrorKind::PeerUnreachable, format!("{what}: {why}"));
     let mut bounded = BoundedStream::new(stream, deadline);
     let cn = secret.map(|_| super::auth::nonce());
+    // With a secret, the target answers the offer only after our proof.
+    let offer = offer.map(|o| Offer { answer_after_proof: secret.is_some(), ..o });
     let request = Body { instance: Some(expected.to_owned()), nonce: cn.clone(), same_host: offer, ..Body::default() };
     bounded.write_all(&encode_request_body(&request)).map_err(io)?;
-    let mut prefix = [0u8; 8];
-    bounded.read_exact(&mut prefix).map_err(io)?;
-    let len = reply_body_len(prefix).ok_or_else(|| not_the_peer("answered the pdx hello with a malformed reply"))?;
-    let mut body = vec![0u8; len];
-    bounded.read_exact(&mut body).map_err(io)?;
-    let reply = decode(&body).ok_or_else(|| not_the_peer("answered the pdx hello with a malformed body"))?;
+    let read_reply = |bounded: &mut BoundedStream<'_>| -> Result<Body> {
+        let mut prefix = [0u8; 8];
+        bounded.read_exact(&mut prefix).map_err(io)?;
+        let len =
+            reply_body_len(prefix).ok_or_else(|| not_the_peer("answered the pdx hello with a malformed reply"))?;
+        let mut body = vec![0u8; len];
+        bounded.read_exact(&mut body).map_err(io)?;
+        decode(&body).ok_or_else(|| not_the_peer("answered the pdx hello with a malformed body"))
+    };
+    let reply = read_reply(&mut bounded)?;
     let instance = reply.instance.ok_or_else(|| not_the_peer("answered the pdx hello with a malformed body"))?;
     if instance != expected {
         return Err(not_the_peer(&format!("is engine instance {instance}, not {expected} (the port was reused)")));
@@ -195,31 +206,46 @@ pub(crate) fn confirm(
     };
     let ours = prove(secret, DATA_CLIENT, &[cn.as_bytes(), sn.as_bytes(), expected.as_bytes()]);
     bounded.write_all(&encode_request_body(&Body { proof: Some(ours), ..Body::default() })).map_err(io)?;
+    if reply.same_host_after_proof && answer.is_none() {
+        return Ok(read_reply(&mut bounded)?.same_host_answer);
+    }
     Ok(answer)
 }
 
 /// The server's side of an authenticated data-connection hello: `request`
 /// is the first hello's body, naming this engine's instance. Replies with
-/// this engine's instance, its nonce and proof (and `answer` to a
-/// same-host offer), then reads the initiator's proof (one more hello).
-/// `Err` says why the connection is refused.
+/// this engine's instance, its nonce and proof, then reads the initiator's
+/// proof (one more hello). A same-host offer is checked (`check`) only once
+/// that proof holds, and answered in one more reply; an older pdx that does
+/// not wait for it is declined unchecked. `Err` says why the connection is
+/// refused.
 pub(crate) fn serve_data_hello(
     conn: &mut super::conn::Conn,
     secret: &[u8],
     own: &str,
     request: Body,
-    answer: Option<Answer>,
+    check: &mut dyn FnMut(&Offer) -> Answer,
 ) -> std::result::Result<(), &'static str> {
     let Some(cn) = request.nonce.filter(|n| n.len() <= 128) else {
         return Err("its pdx hello carried no nonce (a pdx engine without a peer secret)");
     };
+    let after_proof = request.same_host.as_ref().is_some_and(|o| o.answer_after_proof);
+    let unchecked = request.same_host.as_ref().filter(|o| !o.answer_after_proof).map(|_| Answer {
+        accepted: false,
+        reason: "the peer holds a peer secret and checks a same-host offer only after the initiator's proof, which \
+                 this engine's (older) pdx does not wait for"
+            .to_owned(),
+        device_ipc: false,
+        device_reason: String::new(),
+    });
     let sn = super::auth::nonce();
     let proof = super::auth::prove(secret, super::auth::DATA_SERVER, &[cn.as_bytes(), sn.as_bytes(), own.as_bytes()]);
     let reply = Body {
         instance: Some(own.to_owned()),
         nonce: Some(sn.clone()),
         proof: Some(proof),
-        same_host_answer: answer,
+        same_host_answer: unchecked,
+        same_host_after_proof: after_proof,
         ..Body::default()
     };
     conn.send_all(&encode_reply_body(&reply)).map_err(|_| "it left during the hello")?;
@@ -233,6 +259,10 @@ pub(crate) fn serve_data_hello(
     if !super::auth::verify(secret, super::auth::DATA_CLIENT, &[cn.as_bytes(), sn.as_bytes(), own.as_bytes()], &theirs)
     {
         return Err("its proof of the peer secret is wrong (another secret, or a replayed connection)");
+    }
+    if let Some(offer) = request.same_host.as_ref().filter(|_| after_proof) {
+        let answer = Body { same_host_answer: Some(check(offer)), ..Body::default() };
+        conn.send_all(&encode_reply_body(&answer)).map_err(|_| "it left before the same-host answer")?;
     }
     Ok(())
 }

@@ -14,6 +14,7 @@
 //! reason; anything short of yes leaves the connection on TCP.
 
 pub(crate) mod device;
+pub(crate) mod kernel;
 pub(crate) mod window;
 pub(crate) mod xmem;
 
@@ -103,6 +104,12 @@ pub(crate) struct Offer {
     /// ([`device`]); absent (false) from an older pdx.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub device_ipc: bool,
+    /// The initiator holds a peer secret and waits for the answer after its
+    /// proof: a target with a secret checks nothing of an offer before the
+    /// peer has proven it (absent (false) from an older pdx, whose offers
+    /// such a target then declines unchecked).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub answer_after_proof: bool,
 }
 
 /// The target's answer: accepted, or why not.
@@ -200,50 +207,144 @@ pub(crate) fn offer_or_why_not(enabled: bool, peer: Option<&HostIdentity>) -> Re
     }
     grant(peer.pid)?;
     let probe = probe();
-    Ok(Offer { host: own.clone(), probe_addr: probe.as_ptr() as u64, probe: hex(probe), device_ipc: false })
+    Ok(Offer {
+        host: own.clone(),
+        probe_addr: probe.as_ptr() as u64,
+        probe: hex(probe),
+        device_ipc: false,
+        answer_after_proof: false,
+    })
 }
 
 /// The target's side: whether to serve the connection from `from` (to
-/// `local`) with the same-host link as `offer` asks. `enabled` is this
-/// engine's `PDX_SAME_HOST`. The reason is worded for the initiator.
-pub(crate) fn accept(enabled: bool, offer: &Offer, from: SocketAddr, local: SocketAddr) -> Answer {
-    let decided =
-        |accepted: bool, reason: String| Answer { accepted, reason, device_ipc: false, device_reason: String::new() };
+/// `local`) with the same-host link as `offer` asks, and the process
+/// granted it, pinned. `enabled` is this engine's `PDX_SAME_HOST`. The
+/// reason is worded for the initiator.
+///
+/// The decision rests on the kernel's word only ([`kernel`]): who owns the
+/// connection's socket, which process holds it, and that process's uids
+/// and pid namespace; the offer's claims are checked against them. The
+/// named process is pinned ([`xmem::PeerProcess`]) before any of it is read
+/// and must still run once all is read, so every fact is about one process.
+pub(crate) fn accept(
+    enabled: bool,
+    offer: &Offer,
+    from: SocketAddr,
+    local: SocketAddr,
+) -> (Answer, Option<xmem::PeerProcess>) {
+    let refused =
+        |reason: String| (Answer { accepted: false, reason, device_ipc: false, device_reason: String::new() }, None);
     if !enabled {
-        return decided(false, "the peer has PDX_SAME_HOST=off".to_owned());
+        return refused("the peer has PDX_SAME_HOST=off".to_owned());
     }
+    #[cfg(test)]
+    EVALUATED.lock().push(offer.probe_addr);
     let Some(own) = HostIdentity::current() else {
-        return decided(false, "the peer cannot read its host identity from /proc".to_owned());
+        return refused("the peer cannot read its host identity from /proc".to_owned());
     };
     if let Some(why) = own.differs(&offer.host, "this engine") {
-        return decided(false, format!("the peer finds that {why}"));
+        return refused(format!("the peer finds that {why}"));
     }
     // Only a process of this host connecting to us, and only the one the
     // offer names, may have us copy its memory.
     if !(from.ip() == local.ip() || from.ip().is_loopback()) {
-        return decided(false, format!("the connection comes from {from}, not from an address of the peer's host"));
+        return refused(format!("the connection comes from {from}, not from an address of the peer's host"));
     }
-    if let Err(why) = xmem::owns_connection(offer.host.pid, from, local) {
-        return decided(false, why);
+    match check_with_kernel(&own, offer, from, local) {
+        Ok(peer) => {
+            let mut yes = Answer {
+                accepted: true,
+                reason: "same host, pid namespace and user (the kernel's account of the connection's process); a \
+                         probe copy between the processes worked"
+                    .to_owned(),
+                device_ipc: false,
+                device_reason: String::new(),
+            };
+            if offer.device_ipc {
+                (yes.device_ipc, yes.device_reason) = match device::can_import(&own, &offer.host) {
+                    Ok(()) => (true, device::ACCEPTED.to_owned()),
+                    Err(why) => (false, why),
+                };
+            }
+            (yes, Some(peer))
+        }
+        Err(why) => refused(why),
     }
+}
+
+/// The kernel's facts about the process `offer` names and the connection
+/// (see [`accept`]): the process, pinned, or why the link is refused.
+fn check_with_kernel(
+    own: &HostIdentity,
+    offer: &Offer,
+    from: SocketAddr,
+    local: SocketAddr,
+) -> Result<xmem::PeerProcess, String> {
+    let pid = offer.host.pid;
+    // Without CAP_SYS_PTRACE the kernel itself keeps this thread's copies
+    // to processes of this engine's user.
+    xmem::shed_ptrace_capability().map_err(|e| format!("the peer cannot drop CAP_SYS_PTRACE for its copies: {e}"))?;
+    let (ruid, euid) = kernel::own_uids();
+    if ruid != euid {
+        return Err(format!(
+            "the peer runs with real uid {ruid} and effective uid {euid}; the link needs one user on both sides"
+        ));
+    }
+    let peer = xmem::PeerProcess::open(pid).map_err(|e| format!("no process {pid} here to check: {e}"))?;
+    let socket = kernel::socket_of(from, local)?;
+    if socket.uid != euid {
+        return Err(format!(
+            "the connection's socket belongs to uid {} by the kernel's account (the peer runs as uid {euid}): the \
+             link is only for processes of the peer's own user",
+            socket.uid
+        ));
+    }
+    if offer.host.uid != socket.uid {
+        return Err(format!(
+            "the offer claims uid {}, but the kernel says the connection's socket belongs to uid {}",
+            offer.host.uid, socket.uid
+        ));
+    }
+    let process = kernel::process(pid)?;
+    if process.uids.iter().any(|&u| u != euid) {
+        let [r, e, s, f] = process.uids;
+        return Err(format!(
+            "pid {pid} runs as uid {r}/{e}/{s}/{f} (real/effective/saved/fs, the kernel's account); the link is only \
+             for a process running wholly as the peer's user (uid {euid})"
+        ));
+    }
+    // Its namespace and open files: readable to a root engine only with
+    // CAP_SYS_PTRACE (its uids were checked above; the copies run without).
+    let read = xmem::with_ptrace_capability(|| {
+        let pid_ns = kernel::pid_namespace(pid)?;
+        if pid_ns != own.pid_ns || offer.host.pid_ns != pid_ns {
+            return Err(format!(
+                "pid {pid} runs in pid namespace pid:[{pid_ns}] by the kernel's account (the offer claims pid:[{}], \
+                 the peer runs in pid:[{}])",
+                offer.host.pid_ns, own.pid_ns
+            ));
+        }
+        kernel::holds_socket(pid, socket.inode)
+    });
+    read.map_err(|e| format!("the peer cannot raise CAP_SYS_PTRACE to read /proc/{pid}: {e}"))??;
     let mut got = [0u8; PROBE_LEN];
     // SAFETY: `got` is PROBE_LEN writable bytes.
-    if let Err(e) = unsafe { xmem::read_from(offer.host.pid, offer.probe_addr, got.as_mut_ptr(), PROBE_LEN) } {
-        return decided(false, format!("the peer's probe copy failed: {}", xmem::explain(&e)));
+    if let Err(e) = unsafe { peer.read_from(offer.probe_addr, got.as_mut_ptr(), PROBE_LEN) } {
+        return Err(format!("the peer's probe copy failed: {}", xmem::explain(&e)));
     }
     if hex(&got) != offer.probe {
-        return decided(false, "the peer's probe copy read other bytes than offered".to_owned());
+        return Err("the peer's probe copy read other bytes than offered".to_owned());
     }
-    let mut yes =
-        decided(true, "same host, pid namespace and user; a probe copy between the processes worked".to_owned());
-    if offer.device_ipc {
-        (yes.device_ipc, yes.device_reason) = match device::can_import(&own, &offer.host) {
-            Ok(()) => (true, device::ACCEPTED.to_owned()),
-            Err(why) => (false, why),
-        };
+    // Still running: every fact above was about this one process.
+    if !peer.running() {
+        return Err(format!("pid {pid} exited while its offer was checked"));
     }
-    yes
+    Ok(peer)
 }
+
+/// Tests: the probe address of every offer this process began to check.
+#[cfg(test)]
+pub(crate) static EVALUATED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 
 /// The path to one peer and why: what its last data connection
 /// negotiated, and whether the link failed (then TCP until the peer is
@@ -368,7 +469,7 @@ mod tests {
         let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, from) = listener.accept().unwrap();
         let asked = Offer { device_ipc: true, ..offer };
-        let answer = accept(true, &asked, from, server.local_addr().unwrap());
+        let (answer, _) = accept(true, &asked, from, server.local_addr().unwrap());
         assert!(answer.accepted && !answer.device_ipc && answer.device_reason.contains("one process"), "{answer:?}");
     }
 
@@ -379,17 +480,30 @@ mod tests {
         let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, from) = listener.accept().unwrap();
         let local = server.local_addr().unwrap();
-        let yes = accept(true, &offer, from, local);
+        let (yes, pinned) = accept(true, &offer, from, local);
         assert!(yes.accepted, "{yes:?}");
-        let no = accept(false, &offer, from, local);
+        assert!(yes.reason.contains("kernel"), "{yes:?}");
+        assert_eq!(pinned.map(|p| p.pid()), Some(std::process::id()));
+        let (no, pinned) = accept(false, &offer, from, local);
+        assert!(pinned.is_none());
         assert!(!no.accepted && no.reason.contains("PDX_SAME_HOST=off"), "{no:?}");
         // A connection this process does not hold (a made-up port).
         let stranger = SocketAddr::new(from.ip(), 1);
-        let no = accept(true, &offer, stranger, local);
+        let (no, _) = accept(true, &offer, stranger, local);
         assert!(!no.accepted, "{no:?}");
+        // A claimed uid the kernel does not confirm.
+        let claims_other =
+            Offer { host: HostIdentity { uid: offer.host.uid + 1, ..offer.host.clone() }, ..offer.clone() };
+        let (no, _) = accept(true, &claims_other, from, local);
+        assert!(!no.accepted && no.reason.contains("uid"), "{no:?}");
+        // A claimed pid namespace the kernel does not confirm is caught by
+        // the comparison with this engine's own first; a pid that is no process.
+        let nobody = Offer { host: HostIdentity { pid: i32::MAX as u32, ..offer.host.clone() }, ..offer.clone() };
+        let (no, _) = accept(true, &nobody, from, local);
+        assert!(!no.accepted && no.reason.contains("no process"), "{no:?}");
         // A wrong probe.
         let bad = Offer { probe: "00".repeat(PROBE_LEN), ..offer.clone() };
-        let no = accept(true, &bad, from, local);
+        let (no, _) = accept(true, &bad, from, local);
         assert!(!no.accepted && no.reason.contains("probe"), "{no:?}");
         drop(client);
     }

@@ -2,10 +2,13 @@
 //! each checked against the registered regions before memory is touched.
 
 use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
 
 use super::super::conn::{Conn, MAX_IO_CHUNK};
 use super::super::hello;
 use super::super::samehost;
+use super::super::samehost::xmem::PeerProcess;
 use super::super::wire::{RequestHeader, HEADER_LEN};
 use super::acks::Acks;
 use super::local::{is_same_host_frame, serve_frame, LocalServing};
@@ -25,8 +28,8 @@ impl Drop for IdleAgain<'_> {
 /// How a connection goes on after its hello.
 enum AfterHello {
     Close,
-    /// Serve requests; with the same-host link to this pid when accepted.
-    Serve(Option<u32>),
+    /// Serve requests; with the same-host link to this process when accepted.
+    Serve(Option<Arc<PeerProcess>>),
 }
 
 /// Answer a hello with our instance (and, to a same-host offer, our
@@ -46,11 +49,21 @@ fn answer_hello(inner: &Serving, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> 
     // A hello for another instance (a reused port) is answered as without
     // a secret: the initiator learns its descriptor is stale.
     let for_us = request.instance.as_deref() == Some(own.as_str());
-    let offer = request.same_host.take().filter(|_| for_us);
-    let answer = offer.as_ref().map(|offer| same_host_answer(inner, conn, offer));
-    let link = offer.zip(answer.as_ref()).filter(|(_, a)| a.accepted).map(|(o, _)| o.host.pid);
+    if !for_us {
+        request.same_host = None;
+    }
+    // The process granted the link, once an offer is checked.
+    let mut link = None;
+    let stream = conn.stream();
+    let addrs = stream.peer_addr().and_then(|from| Ok((from, stream.local_addr()?))).map_err(|e| e.to_string());
+    let mut check = |offer: &samehost::Offer| {
+        let (answer, granted) = same_host_answer(inner, &addrs, offer);
+        link = granted.map(Arc::new);
+        answer
+    };
     if let (Some(secret), true) = (&inner.access.secret, for_us) {
-        return match hello::serve_data_hello(conn, secret, own, request, answer) {
+        // Nothing of an offer is checked before the peer proves the secret.
+        return match hello::serve_data_hello(conn, secret, own, request, &mut check) {
             Ok(()) => AfterHello::Serve(link),
             Err(why) => {
                 refused_unauthenticated(inner, conn, why);
@@ -58,6 +71,7 @@ fn answer_hello(inner: &Serving, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> 
             }
         };
     }
+    let answer = request.same_host.take().map(|offer| check(&offer));
     let reply = hello::Body { instance: Some(own.clone()), same_host_answer: answer, ..hello::Body::default() };
     if let Err(e) = conn.send_all(&hello::encode_reply_body(&reply)) {
         log::debug!("data connection: hello reply: {e}");
@@ -76,20 +90,27 @@ fn answer_hello(inner: &Serving, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> 
     }
 }
 
-/// Our answer to a same-host offer on `conn`.
-fn same_host_answer(inner: &Serving, conn: &Conn, offer: &samehost::Offer) -> samehost::Answer {
-    let addrs = conn.stream().peer_addr().and_then(|from| Ok((from, conn.stream().local_addr()?)));
-    let answer = match addrs {
-        Ok((from, local)) => samehost::accept(inner.settings.same_host, offer, from, local),
-        Err(e) => samehost::Answer {
-            accepted: false,
-            reason: format!("the peer cannot read the connection's addresses: {e}"),
-            device_ipc: false,
-            device_reason: String::new(),
-        },
+/// Our answer to a same-host offer on the connection between `addrs`
+/// (the initiator's, ours), and the process granted the link, pinned.
+fn same_host_answer(
+    inner: &Serving,
+    addrs: &Result<(SocketAddr, SocketAddr), String>,
+    offer: &samehost::Offer,
+) -> (samehost::Answer, Option<PeerProcess>) {
+    let (answer, granted) = match addrs {
+        Ok((from, local)) => samehost::accept(inner.settings.same_host, offer, *from, *local),
+        Err(e) => (
+            samehost::Answer {
+                accepted: false,
+                reason: format!("the peer cannot read the connection's addresses: {e}"),
+                device_ipc: false,
+                device_reason: String::new(),
+            },
+            None,
+        ),
     };
     log::debug!("data connection: same-host link for pid {}: {} ({})", offer.host.pid, answer.accepted, answer.reason);
-    answer
+    (answer, granted)
 }
 
 /// Count and log (at most once a second per address) a data connection
@@ -109,8 +130,8 @@ pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::super
     // Only a connection's first request may be a hello (a connection served
     // from the readiness loop may have been parked after it).
     let mut first = !conn.resumed();
-    // The initiator's pid once the same-host link is accepted.
-    let mut same_host = conn.same_host_pid();
+    // The initiator's process once the same-host link is accepted.
+    let mut same_host = conn.same_host_peer();
     loop {
         let header = match conn.recv_header_idle::<HEADER_LEN>(&stopping) {
             // Only a connection's first request may be a hello.
@@ -118,15 +139,15 @@ pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::super
                 first = false;
                 match answer_hello(inner, conn, &h) {
                     AfterHello::Serve(link) => {
-                        same_host = link;
-                        conn.set_same_host_pid(link);
+                        same_host = link.clone();
+                        conn.set_same_host_peer(link);
                         continue;
                     }
                     AfterHello::Close => break,
                 }
             }
             Ok(Some(h)) if is_same_host_frame(&h) => {
-                let Some(pid) = same_host else {
+                let Some(peer) = same_host.as_deref() else {
                     log::debug!("data connection: a same-host request on a connection without the link; closing");
                     break;
                 };
@@ -138,7 +159,7 @@ pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::super
                     stats: &inner.stats,
                     stopping: &stopping,
                 };
-                if serve_frame(&cx, conn, &mut acks, pid, &h) {
+                if serve_frame(&cx, conn, &mut acks, peer, &h) {
                     continue;
                 }
                 break;

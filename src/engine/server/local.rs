@@ -15,7 +15,7 @@ use super::super::ipc::{DeviceExport, Local, PeerImports};
 use super::super::regions::{Hold, Region, Regions};
 use super::super::samehost::device::{self, Unusable};
 use super::super::samehost::window::{copy_failed_status, decode_local, FRAME_LEN};
-use super::super::samehost::xmem;
+use super::super::samehost::xmem::{self, PeerProcess};
 use super::super::staging::{Side, Staging};
 use super::super::wire::{RequestHeader, HEADER_LEN};
 use super::acks::Acks;
@@ -54,14 +54,14 @@ pub(crate) fn is_same_host_frame(header: &[u8; HEADER_LEN]) -> bool {
 }
 
 /// Serve the same-host request `header` opens (see [`is_same_host_frame`]),
-/// from process `pid`: its tail read here, then [`serve_local`] or
-/// [`serve_ipc`] (the initiator's allocations opened once per connection,
-/// closed with it). `false`: the connection closes.
+/// from the process `peer` (granted the link): its tail read here, then
+/// [`serve_local`] or [`serve_ipc`] (the initiator's allocations opened
+/// once per connection, closed with it). `false`: the connection closes.
 pub(crate) fn serve_frame(
     cx: &LocalServing<'_>,
     conn: &mut Conn,
     acks: &mut Acks,
-    pid: u32,
+    peer: &PeerProcess,
     header: &[u8; HEADER_LEN],
 ) -> bool {
     if let Some(h) = decode_local(header) {
@@ -70,7 +70,7 @@ pub(crate) fn serve_frame(
             log::debug!("same-host link: {e}");
             return false;
         }
-        return serve_local(cx, conn, acks, pid, &h, u64::from_le_bytes(theirs));
+        return serve_local(cx, conn, acks, peer, &h, u64::from_le_bytes(theirs));
     }
     let Some(h) = device::decode_ipc(header) else { return false };
     let mut tail = [0u8; device::TAIL_LEN];
@@ -78,7 +78,13 @@ pub(crate) fn serve_frame(
         log::debug!("same-host link: {e}");
         return false;
     }
-    let imports = conn.attachment(|| PeerImports::new(format!("pid {pid}")));
+    // Device memory arrives as handles its exporter chose to hand out, but
+    // only while the process granted the link still runs.
+    if !peer.running() {
+        log::debug!("same-host link: pid {} has exited; closing", peer.pid());
+        return false;
+    }
+    let imports = conn.attachment(|| PeerImports::new(format!("pid {}", peer.pid())));
     serve_ipc(cx, conn, acks, &imports, &h, &device::decode_tail(&tail))
 }
 
@@ -101,13 +107,13 @@ fn hold_or_refuse(cx: &LocalServing<'_>, conn: &Conn, acks: &mut Acks, header: &
     hold
 }
 
-/// Serve one same-host request from process `pid` (`header` checked here,
-/// the initiator's bytes at `theirs`). `false`: the connection closes.
+/// Serve one same-host request from process `peer` (`header` checked
+/// here, the initiator's bytes at `theirs`). `false`: the connection closes.
 fn serve_local(
     cx: &LocalServing<'_>,
     conn: &mut Conn,
     acks: &mut Acks,
-    pid: u32,
+    peer: &PeerProcess,
     header: &RequestHeader,
     theirs: u64,
 ) -> bool {
@@ -120,16 +126,16 @@ fn serve_local(
             if !more.is_empty() {
                 let mut run = vec![(*header, theirs, hold)];
                 run.extend(more);
-                return serve_run(cx, conn, acks, pid, run);
+                return serve_run(cx, conn, acks, peer, run);
             }
-            copy_host(pid, header, theirs, &stop)
+            copy_host(peer, header, theirs, &stop)
         }
-        None => copy_host(pid, header, theirs, &stop),
+        None => copy_host(peer, header, theirs, &stop),
         Some(dev) => cx
             .staging
             .lease(Side::Inbound, dev, 1, &stop)
             .map_err(Failed::Device)
-            .and_then(|lease| copy_device(&lease, cx.staging.chunk(), pid, header, theirs, &stop)),
+            .and_then(|lease| copy_device(&lease, cx.staging.chunk(), peer, header, theirs, &stop)),
     };
     drop(hold);
     answer(cx, conn, acks, header, copied)
@@ -174,7 +180,7 @@ fn serve_run(
     cx: &LocalServing<'_>,
     conn: &mut Conn,
     acks: &mut Acks,
-    pid: u32,
+    peer: &PeerProcess,
     run: Vec<(RequestHeader, u64, Hold)>,
 ) -> bool {
     let stopped = || (cx.stopping)() || run.iter().any(|(_, _, hold)| hold.region().is_revoked());
@@ -186,13 +192,13 @@ fn serve_run(
     let pull = run[0].0.direction == Direction::Write;
     // SAFETY: every local range lies in a registered region held (not
     // unregistered) until `run` drops.
-    let mut copied = unsafe { xmem::copy_vectored(pid, &locals, &remotes, pull) }.unwrap_or(0);
+    let mut copied = unsafe { peer.copy_vectored(&locals, &remotes, pull) }.unwrap_or(0);
     for (h, theirs, _) in &run {
         let whole = copied >= h.size as usize;
         copied = copied.saturating_sub(h.size as usize);
         // Not (wholly) copied by the vectored call: on its own, which also
         // reports a failure of the mechanism for it.
-        match if whole { Ok(()) } else { copy_host(pid, h, *theirs, &stopped) } {
+        match if whole { Ok(()) } else { copy_host(peer, h, *theirs, &stopped) } {
             Ok(()) => {
                 cx.stats.served(h.direction, h.size);
                 acks.ok(true);
@@ -250,7 +256,14 @@ fn copy_ipc(
             None => return Err(Failed::Unusable(Unusable::NoDevice)),
         },
     };
-    imports.open(&device, &theirs.handle).map_err(|e| {
+    // Opening a handle follows the driver's own rules, with this thread's
+    // full capabilities as the rest of the process has them (the copying
+    // threads shed CAP_SYS_PTRACE, which a driver may need for an open).
+    let opened = xmem::with_ptrace_capability(|| imports.open(&device, &theirs.handle)).map_err(|e| {
+        log::warn!("same-host link: cannot set this thread's capabilities for CUDA IPC: {e}");
+        Failed::Unusable(Unusable::Open)
+    })?;
+    opened.map_err(|e| {
         log::warn!("same-host link: CUDA IPC with {} failed on {device:?}: {e}", imports.peer());
         Failed::Unusable(if e.kind() == ErrorKind::DeviceUnavailable { Unusable::NoIpc } else { Unusable::Open })
     })?;
@@ -335,7 +348,7 @@ fn slices(size: usize, slice: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..size.div_ceil(slice)).map(move |k| (k * slice, (size - k * slice).min(slice)))
 }
 
-fn copy_host(pid: u32, h: &RequestHeader, theirs: u64, stop: &dyn Fn() -> bool) -> Result<(), Failed> {
+fn copy_host(peer: &PeerProcess, h: &RequestHeader, theirs: u64, stop: &dyn Fn() -> bool) -> Result<(), Failed> {
     let ours = h.addr as *mut u8;
     for (off, n) in slices(h.size as usize, COPY_SLICE) {
         if stop() {
@@ -346,8 +359,8 @@ fn copy_host(pid: u32, h: &RequestHeader, theirs: u64, stop: &dyn Fn() -> bool) 
         // unregistered) until the caller drops the hold.
         let r = unsafe {
             match h.direction {
-                Direction::Write => xmem::read_from(pid, at, ours.add(off), n),
-                Direction::Read => xmem::write_to(pid, at, ours.add(off), n),
+                Direction::Write => peer.read_from(at, ours.add(off), n),
+                Direction::Read => peer.write_to(at, ours.add(off), n),
             }
         };
         r.map_err(Failed::Copy)?;
@@ -358,7 +371,7 @@ fn copy_host(pid: u32, h: &RequestHeader, theirs: u64, stop: &dyn Fn() -> bool) 
 fn copy_device(
     lease: &super::super::staging::Lease<'_>,
     chunk: usize,
-    pid: u32,
+    peer: &PeerProcess,
     h: &RequestHeader,
     theirs: u64,
     stop: &dyn Fn() -> bool,
@@ -372,13 +385,13 @@ fn copy_device(
         match h.direction {
             Direction::Write => {
                 // SAFETY: our pinned buffer holds a chunk; no copy of it is queued.
-                unsafe { xmem::read_from(pid, at, buf, n) }.map_err(Failed::Copy)?;
+                unsafe { peer.read_from(at, buf, n) }.map_err(Failed::Copy)?;
                 lease.h2d(0, dptr, n).and_then(|()| lease.sync(0)).map_err(Failed::Device)?;
             }
             Direction::Read => {
                 lease.d2h(0, dptr, n).and_then(|()| lease.sync(0)).map_err(Failed::Device)?;
                 // SAFETY: our pinned buffer, synchronized.
-                unsafe { xmem::write_to(pid, at, buf, n) }.map_err(Failed::Copy)?;
+                unsafe { peer.write_to(at, buf, n) }.map_err(Failed::Copy)?;
             }
         }
     }

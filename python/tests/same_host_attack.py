@@ -1,0 +1,267 @@
+"""Attacks on the same-host link's trust, run as root inside a fresh pid
+namespace (`unshare --pid --fork --mount-proc`), so that pid numbers can be
+reused on purpose (`/proc/sys/kernel/ns_last_pid`). test_same_host_attack.py
+runs it; it prints one JSON line per scenario.
+
+Each scenario has a pdx target (this process, root) with a registered region,
+an attacker that speaks the data port's wire protocol itself (docs/wire.md),
+and a bystander process whose memory the attacker must never reach:
+
+- `claimed-uid`: a uid-65534 attacker claims uid 0 for a child that shares
+  its sockets; the child exits and a uid-1000 bystander gets its pid.
+- `reused-pid`: a root attacker, claiming its own uid, is granted the link;
+  the child exits and a root bystander gets its pid.
+- `setuid-exec`: a root attacker is granted the link; the child then execs a
+  set-uid (uid 1000) program that keeps the sockets and the pid.
+
+For each, two granted-or-not connections send one same-host read (region to
+bystander) and one same-host write (bystander to region), and the scenario
+reports what the target answered, whether the bystander's secret reached the
+region and whether the bystander's memory changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+HELLO_ADDR = b"pdxhello"
+OP_HELLO, OP_LOCAL_READ, OP_LOCAL_WRITE = 0x50, 0x52, 0x53
+REPLY_MAGIC, STATUS_MAGIC = 0x50445848, 0x4D435456
+SECRET_LEN = 64
+
+# The attacker: speaks the data port's protocol itself. Commands arrive as
+# JSON lines on stdin; results go out as JSON lines on stdout.
+ATTACKER = r'''
+import ctypes, json, os, signal, socket, struct, sys, time
+port, claimed_uid, exec_argv = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+def out(**kw):
+    print(json.dumps(kw), flush=True)
+def hello(sock, body):
+    raw = json.dumps(body).encode()
+    sock.sendall(struct.pack("<Q", len(raw)) + b"pdxhello" + bytes([0x50]) + bytes(7) + raw)
+    prefix = recv_exact(sock, 8)
+    word = struct.unpack("<Q", prefix)[0]
+    assert word >> 32 == 0x50445848, prefix
+    return json.loads(recv_exact(sock, word & 0xffffffff))
+def recv_exact(sock, n):
+    got = b""
+    while len(got) < n:
+        part = sock.recv(n - len(got))
+        if not part:
+            return None if not got else got
+        got += part
+    return got
+first = socket.create_connection(("127.0.0.1", port))
+instance = hello(first, {"instance": "0" * 32})["instance"]
+first.close()
+probe = ctypes.create_string_buffer(os.urandom(16), 16)
+conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+for c in conns:
+    os.set_inheritable(c.fileno(), True)
+go_r, go_w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(go_w)
+    os.read(go_r, 1)  # exec only once the link is up
+    if exec_argv:
+        os.execve(exec_argv[0], exec_argv, {"PDX_BYSTANDER_SECRET": sys.argv[4]})
+    while True:
+        time.sleep(60)
+os.close(go_r)
+offer = {
+    "host": {
+        "boot_id": open("/proc/sys/kernel/random/boot_id").read().strip(),
+        "pid_ns": os.stat("/proc/self/ns/pid").st_ino,
+        "pid": child,
+        "uid": claimed_uid,
+    },
+    "probe_addr": ctypes.addressof(probe),
+    "probe": probe.raw.hex(),
+}
+answers = [hello(c, {"instance": instance, "same_host": offer}).get("same_host_answer") for c in conns]
+out(answers=answers, child=child)
+for line in sys.stdin:
+    cmd = json.loads(line)
+    if cmd["do"] == "exec":
+        os.write(go_w, b"x")
+        out(exec=True)
+    elif cmd["do"] == "kill":
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        out(freed=child)
+    elif cmd["do"] == "frames":
+        results = []
+        for c, (op, remote, size, local) in zip(conns, cmd["frames"]):
+            c.sendall(struct.pack("<QQB7xQ", size, remote, op, local))
+            status = recv_exact(c, 8)
+            results.append(None if status is None else struct.unpack("<Q", status)[0])
+        out(statuses=results)
+    elif cmd["do"] == "exit":
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        break
+'''
+
+# The bystander: holds a secret of its own at an address it reports.
+BYSTANDER = r'''
+import ctypes, json, os, sys
+secret = ctypes.create_string_buffer(os.urandom(64), 64)
+print(json.dumps({"pid": os.getpid(), "addr": ctypes.addressof(secret), "secret": secret.raw.hex()}), flush=True)
+sys.stdin.readline()
+print(json.dumps({"now": secret.raw.hex()}), flush=True)
+'''
+
+
+def _data_port(engine) -> int:
+    """The engine's data port: the listening socket of this process that
+    answers a pdx hello, other than the handshake port."""
+    rpc = engine.rpc_port
+    mine = {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if _is_link(f"/proc/self/fd/{fd}")}
+    ports = []
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        f = line.split()
+        if f[3] == "0A" and f"socket:[{f[9]}]" in mine:
+            port = int(f[1].split(":")[1], 16)
+            if port != rpc:
+                ports.append(port)
+    assert len(ports) == 1, ports
+    return ports[0]
+
+
+def _is_link(path: str) -> bool:
+    try:
+        os.readlink(path)
+        return True
+    except OSError:
+        return False
+
+
+def _send(proc: subprocess.Popen, **cmd) -> dict:
+    proc.stdin.write(json.dumps(cmd) + "\n")
+    proc.stdin.flush()
+    return json.loads(proc.stdout.readline())
+
+
+def _spawn_at(pid: int, argv: list[str], uid: int) -> subprocess.Popen:
+    """Start `argv` as `uid` with pid `pid` (the namespace's next pid set first)."""
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(pid - 1))
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, user=uid, group=uid,
+                            cwd="/")
+
+
+def _mem(pid: int, addr: int, n: int) -> bytes:
+    with open(f"/proc/{pid}/mem", "rb") as f:
+        f.seek(addr)
+        return f.read(n)
+
+
+def _find_in_stack(pid: int, needle: bytes) -> int:
+    for line in open(f"/proc/{pid}/maps"):
+        if line.rstrip().endswith("[stack]"):
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            at = _mem(pid, lo, hi - lo).find(needle)
+            assert at >= 0, "secret not found in the program's stack"
+            return lo + at
+    raise AssertionError("no stack mapping")
+
+
+def scenario(name: str, pdx, tmp: Path) -> dict:
+    engine = pdx.Engine("127.0.0.1", "tcp")
+    region = bytearray(b"R" * (1 << 20))
+    base = engine.register(region)
+    port = _data_port(engine)
+    attacker_uid = 65534 if name == "claimed-uid" else 0
+    bystander_uid = 0 if name == "reused-pid" else 1000
+    exec_argv: list[str] = []
+    secret_for_exec = os.urandom(SECRET_LEN // 2).hex()
+    if name == "setuid-exec":
+        helper = tmp / "sleeper"
+        shutil.copy("/bin/sleep", helper)
+        os.chown(helper, 1000, 1000)
+        os.chmod(helper, 0o4755)
+        exec_argv = [str(helper), "60"]
+    attacker = subprocess.Popen(
+        [SYSTEM_PYTHON, "-c", ATTACKER, str(port), "0", json.dumps(exec_argv), secret_for_exec],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, user=attacker_uid, group=attacker_uid, cwd="/")
+    first = json.loads(attacker.stdout.readline())
+    answers, child = first["answers"], first["child"]
+    bystander = None
+    if name == "setuid-exec":
+        _send(attacker, do="exec")
+        # Wait until the child runs the set-uid program (its euid changes).
+        for _ in range(20000):
+            status = open(f"/proc/{child}/status").read()
+            uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
+            if uid_line.split()[2] == "1000" and "sleep" in open(f"/proc/{child}/comm").read():
+                break
+            time.sleep(0.001)
+        victim_pid = child
+        secret = secret_for_exec.encode()
+        victim_addr = _find_in_stack(victim_pid, secret)
+    else:
+        freed = _send(attacker, do="kill")["freed"]
+        bystander = _spawn_at(freed, [SYSTEM_PYTHON, "-c", BYSTANDER], bystander_uid)
+        info = json.loads(bystander.stdout.readline())
+        victim_pid, victim_addr, secret = info["pid"], info["addr"], bytes.fromhex(info["secret"])
+        assert victim_pid == freed, (victim_pid, freed)
+    n = len(secret)
+    frames = [
+        # Write: the target would pull the bystander's bytes into the region.
+        (OP_LOCAL_WRITE, base + 4096, n, victim_addr),
+        # Read: the target would push region bytes into the bystander.
+        (OP_LOCAL_READ, base, n, victim_addr),
+    ]
+    statuses = _send(attacker, do="frames", frames=frames)["statuses"]
+    if bystander is not None:
+        bystander.stdin.write("dump\n")
+        bystander.stdin.flush()
+        now = bytes.fromhex(json.loads(bystander.stdout.readline())["now"])
+        bystander.wait(timeout=10)
+    else:
+        now = _mem(victim_pid, victim_addr, n)
+    _send_exit(attacker)
+    engine.close()
+    return {
+        "scenario": name,
+        "answers": answers,
+        "statuses": [None if s is None else {"magic_ok": s >> 32 == STATUS_MAGIC, "code": s & 0xffffffff}
+                     for s in statuses],
+        "secret_reached_region": secret in bytes(region),
+        "bystander_changed": now != secret,
+    }
+
+
+def _send_exit(attacker: subprocess.Popen) -> None:
+    attacker.stdin.write(json.dumps({"do": "exit"}) + "\n")
+    attacker.stdin.flush()
+    attacker.wait(timeout=10)
+
+
+def main() -> int:
+    import pdx
+
+    names = sys.argv[1:] or ["claimed-uid", "reused-pid", "setuid-exec"]
+    with tempfile.TemporaryDirectory() as d:
+        os.chmod(d, 0o755)
+        for name in names:
+            print(json.dumps(scenario(name, pdx, Path(d))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
