@@ -216,6 +216,53 @@ static void test_extra_slots_2026_07(void) {
   pdx_args_free(a);
 }
 
+/* pdx_rules=2026-09: decode context parallel, then SGLANG_RUST_SERVER. */
+static void test_rules_2026_09(void) {
+  pdx_args *a = NULL;
+  CHECK_OK(pdx_args_new(&a));
+  CHECK_OK(pdx_args_set(a, "pdx_rules", "2026-09"));
+  CHECK_OK(pdx_args_set(a, "disaggregation_mode", "decode"));
+  CHECK_OK(pdx_args_set(a, "--decode-context-parallel-size", "2"));
+  CHECK_OK(pdx_args_set(a, "disaggregation_transfer_backend", "mori"));
+  CHECK_STATUS(pdx_normalize_args(a), PDX_ERR_VALUE_ERROR);
+  CHECK_LAST_ERROR("PD decode DCP requires --disaggregation-transfer-backend mooncake, nixl, or fake for "
+                   "synthetic benchmarking, got 'mori'.");
+  CHECK_OK(pdx_args_set(a, "disaggregation_transfer_backend", "fake"));
+  CHECK_OK(pdx_args_set(a, "enable_hierarchical_cache", "true"));
+  CHECK_STATUS(pdx_normalize_args(a), PDX_ERR_VALUE_ERROR);
+  CHECK_LAST_ERROR("PD decode DCP currently requires chunk cache; --enable-hierarchical-cache is not supported.");
+
+  setenv("SGLANG_RUST_SERVER", "true", 1);
+  CHECK_OK(pdx_args_set(a, "disaggregation_transfer_backend", "mooncake"));
+  CHECK_OK(pdx_args_set(a, "disaggregation_mode", "prefill"));
+  CHECK_OK(pdx_args_set(a, "port", "31000"));
+  CHECK_OK(pdx_normalize_args(a));
+  CHECK_STR(get(a, "disaggregation_bootstrap_port"), "31000");
+  CHECK(pdx_args_message_count(a) == 2);
+  int32_t level = 0;
+  CHECK_STR(pdx_args_message(a, 0, &level),
+            "DCP on a PD prefill server is supported when prefill and decode use the same DCP layout, but it "
+            "usually adds communication overhead without improving prefill performance.");
+  CHECK(level == PDX_LOG_WARNING);
+  CHECK_STR(pdx_args_message(a, 1, &level),
+            "SGLANG_RUST_SERVER: KV bootstrap registry is served on the api port; "
+            "disaggregation_bootstrap_port 8998 -> 31000");
+  CHECK(level == PDX_LOG_INFO);
+  CHECK_OK(pdx_args_set(a, "disaggregation_bootstrap_port", "9000"));
+  CHECK_STATUS(pdx_normalize_args(a), PDX_ERR_VALUE_ERROR);
+  CHECK_LAST_ERROR("SGLANG_RUST_SERVER serves the PD KV bootstrap registry on the api port itself; "
+                   "--disaggregation-bootstrap-port 9000 conflicts with --port 31000. Drop "
+                   "--disaggregation-bootstrap-port (decode nodes and the PD router must then target the prefill "
+                   "api port).");
+  CHECK_STR(get(a, "disaggregation_bootstrap_port"), "9000");
+  /* The 2026-07 rules never read SGLANG_RUST_SERVER. */
+  CHECK_OK(pdx_args_set(a, "pdx_rules", "2026-07"));
+  CHECK_OK(pdx_normalize_args(a));
+  CHECK_STR(get(a, "disaggregation_bootstrap_port"), "9000");
+  unsetenv("SGLANG_RUST_SERVER");
+  pdx_args_free(a);
+}
+
 int main(void) {
   test_lifecycle_and_bad_handles();
   test_set_get();
@@ -223,5 +270,6 @@ int main(void) {
   test_mooncake_tcp_alias();
   test_rule_errors();
   test_extra_slots_2026_07();
+  test_rules_2026_09();
   return pdx_test_finish("test_args");
 }

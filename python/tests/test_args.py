@@ -21,7 +21,7 @@ def c_getenv(name):
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for name in ("MC_FORCE_TCP", "SGLANG_DISAGG_STAGING_BUFFER"):
+    for name in ("MC_FORCE_TCP", "SGLANG_DISAGG_STAGING_BUFFER", "SGLANG_RUST_SERVER"):
         monkeypatch.delenv(name, raising=False)
     yield
     # pdx may have set MC_FORCE_TCP behind os.environ's back.
@@ -128,7 +128,7 @@ def test_decode_radix_cache_rejects_fake_backend(rules, message):
     assert (e.value.status, e.value.message) == (pdx.PDX_ERR_VALUE_ERROR, message)
 
 
-@pytest.mark.parametrize("rules", ["default", "2026-07"])
+@pytest.mark.parametrize("rules", ["default", "2026-07", "2026-09"])
 def test_decode_radix_cache_allows_mooncake_tcp(rules):
     a = pdx.Args(pdx_rules=rules, disaggregation_mode="decode", disaggregation_transfer_backend="mooncake_tcp",
                  disaggregation_decode_enable_radix_cache=True)
@@ -165,6 +165,74 @@ def test_extra_slots_2026_07(mrr, dp, slots):
     a = pdx.Args(pdx_rules="2026-07", disaggregation_mode="decode", max_running_requests=mrr, dp_size=dp)
     a.normalize()
     assert a["disaggregation_decode_extra_slots"] == slots
+
+
+DCP_BACKEND = ("PD decode DCP requires --disaggregation-transfer-backend mooncake, nixl, or fake for synthetic "
+               "benchmarking, got 'mori'.")
+DCP_RADIX = "PD decode DCP currently requires chunk cache; --disaggregation-decode-enable-radix-cache is not supported."
+DCP_HICACHE = "PD decode DCP currently requires chunk cache; --enable-hierarchical-cache is not supported."
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(disaggregation_transfer_backend="mori", disaggregation_decode_enable_radix_cache=True,
+          enable_hierarchical_cache=True), DCP_BACKEND),
+    (dict(disaggregation_decode_enable_radix_cache=True, enable_hisparse=True, enable_hierarchical_cache=True),
+     DCP_RADIX),
+    (dict(disaggregation_transfer_backend="fake", enable_hierarchical_cache=True), DCP_HICACHE),
+])
+def test_2026_09_decode_dcp_rules_in_order(fields, message):
+    a = pdx.Args(pdx_rules="2026-09", disaggregation_mode="decode", dcp_size=2, **fields)
+    with pytest.raises(pdx.PdxError) as e:
+        a.normalize()
+    assert (e.value.status, e.value.message) == (pdx.PDX_ERR_VALUE_ERROR, message)
+    if message == DCP_HICACHE:
+        # The older rule sets do not have these rules.
+        for rules in ("default", "2026-07"):
+            a.set("pdx_rules", rules)
+            assert a.normalize() == [(pdx.PDX_LOG_WARNING, "KV cache is forced as chunk cache for decode server")]
+
+
+def test_2026_09_dcp_prefill_warning_and_alias_first():
+    a = pdx.Args(["--pdx-rules", "2026-09", "--disaggregation-mode", "prefill", "--decode-context-parallel-size", "4"])
+    assert a.normalize() == [(pdx.PDX_LOG_WARNING, "DCP on a PD prefill server is supported when prefill and decode "
+                              "use the same DCP layout, but it usually adds communication overhead without improving "
+                              "prefill performance.")]
+    a = pdx.Args(pdx_rules="2026-09", disaggregation_mode="decode", dcp_size=4,
+                 disaggregation_transfer_backend="mooncake_tcp")
+    a.normalize()
+    assert a["disaggregation_transfer_backend"] == "mooncake"
+
+
+def test_2026_09_rust_server_bootstrap_port(monkeypatch):
+    monkeypatch.setenv("SGLANG_RUST_SERVER", "1")
+    a = pdx.Args(pdx_rules="2026-09", disaggregation_mode="prefill", port=31000)
+    assert a.normalize() == [(pdx.PDX_LOG_INFO, "SGLANG_RUST_SERVER: KV bootstrap registry is served on the api port; "
+                                                "disaggregation_bootstrap_port 8998 -> 31000")]
+    assert a["disaggregation_bootstrap_port"] == "31000"
+    a = pdx.Args(pdx_rules="2026-09", disaggregation_mode="prefill", disaggregation_bootstrap_port=9000)
+    with pytest.raises(pdx.PdxError) as e:
+        a.normalize()
+    assert (e.value.status, e.value.message) == (pdx.PDX_ERR_VALUE_ERROR, (
+        "SGLANG_RUST_SERVER serves the PD KV bootstrap registry on the api port itself; "
+        "--disaggregation-bootstrap-port 9000 conflicts with --port 30000. Drop --disaggregation-bootstrap-port "
+        "(decode nodes and the PD router must then target the prefill api port)."))
+    assert a["disaggregation_bootstrap_port"] == "9000"
+    a.set("pdx_rules", "2026-07")
+    assert a.normalize() == []
+    monkeypatch.setenv("SGLANG_RUST_SERVER", "maybe")
+    a = pdx.Args(pdx_rules="2026-09", disaggregation_mode="prefill", disaggregation_bootstrap_port=9000)
+    assert a.normalize() == [(pdx.PDX_LOG_WARNING, 'Invalid value for SGLANG_RUST_SERVER: "maybe" is not a valid '
+                                                   'boolean value, using default "False"')]
+
+
+def test_2026_09_argv_takes_full_flags_only():
+    a = pdx.Args()
+    with pytest.raises(pdx.PdxError) as e:
+        a.parse_argv(["--pdx-rules", "2026-09", "--dcp", "2"])
+    assert e.value.status == pdx.PDX_ERR_INVALID_VALUE
+    assert e.value.message.endswith("write --dcp-size in full")
+    a.parse_argv(["--pdx-rules", "2026-09", "--dcp-size", "2", "--enable-hierarchical-cache"])
+    assert (a["dcp_size"], a["enable_hierarchical_cache"], a["pdx_rules"]) == ("2", "true", "2026-09")
 
 
 def test_parse_argv_missing_value_leaves_args_unchanged():

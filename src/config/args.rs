@@ -25,17 +25,24 @@ pub enum RuleSet {
     /// rejected for decode radix cache, extra-slots defaulting, no mamba
     /// fallback, no `disable_cuda_graph`; load-balance defaulting runs after.
     Upstream202607,
+    /// `"2026-09"`: the 2026-07 rules plus what SGLang's main added after
+    /// July (hook as in zihanlin-ai/sglang@77e0052, a fork of SGLang synced
+    /// with main; PRs #32837, #35409 and #33125): decode context parallel
+    /// (`dcp_size > 1`) checks right after the alias, and under
+    /// `SGLANG_RUST_SERVER` the prefill bootstrap port moves to `port`.
+    Upstream202609,
 }
 
 impl RuleSet {
     /// The names accepted by `pdx_rules`.
-    pub const CHOICES: &'static [&'static str] = &["default", "2026-07"];
+    pub const CHOICES: &'static [&'static str] = &["default", "2026-07", "2026-09"];
 
     /// The name `pdx_rules` reads back as.
     pub fn name(self) -> &'static str {
         match self {
             RuleSet::Pr26346 => "default",
             RuleSet::Upstream202607 => "2026-07",
+            RuleSet::Upstream202609 => "2026-09",
         }
     }
 
@@ -44,6 +51,7 @@ impl RuleSet {
         match name {
             "default" => Some(RuleSet::Pr26346),
             "2026-07" => Some(RuleSet::Upstream202607),
+            "2026-09" => Some(RuleSet::Upstream202609),
             _ => None,
         }
     }
@@ -235,17 +243,22 @@ server_args! {
     mooncake_ib_device: Option<String> = None, ["--mooncake-ib-device"];
     /// Encoder transfer backend.
     encoder_transfer_backend: String = "zmq_to_scheduler".into(), ["--encoder-transfer-backend"];
-    /// Bootstrap port.
-    disaggregation_bootstrap_port: i64 = 8998, ["--disaggregation-bootstrap-port"];
-    /// HTTP port.
+    /// Prefill's KV bootstrap port (moved to `port` under `SGLANG_RUST_SERVER`
+    /// by the 2026-09 rules).
+    disaggregation_bootstrap_port: i64 = DEFAULT_BOOTSTRAP_PORT, ["--disaggregation-bootstrap-port"];
+    /// HTTP (api) port.
     port: i64 = 30000, ["--port"];
-    /// Decode context-parallel size.
+    /// Decode context-parallel size (checked by the 2026-09 rules when above 1).
     dcp_size: i64 = 1, ["--dcp-size", "--decode-context-parallel-size"];
-    /// HiCache.
+    /// HiCache (refused with decode DCP by the 2026-09 rules).
     enable_hierarchical_cache: bool = false, ["--enable-hierarchical-cache"];
     /// pdx's own setting: which rule set normalization applies.
     pdx_rules: RuleSet = RuleSet::Pr26346, ["--pdx-rules"];
 }
+
+/// SGLang's default of `disaggregation_bootstrap_port`; the 2026-09 rules
+/// compare against it (`SGLANG_RUST_SERVER`).
+pub const DEFAULT_BOOTSTRAP_PORT: i64 = 8998;
 
 /// The read-only key of SGLang's shared-engine device choice,
 /// `disaggregation_ib_device or mooncake_ib_device`
@@ -383,6 +396,9 @@ mod tests {
         assert_eq!(a.get("load_balance_method").unwrap().as_deref(), Some("auto"));
         assert_eq!(a.get("pdx_rules").unwrap().as_deref(), Some("default"));
         assert_eq!(a.get("disaggregation_bootstrap_port").unwrap().as_deref(), Some("8998"));
+        assert_eq!(a.get("--port").unwrap().as_deref(), Some("30000"));
+        assert_eq!(a.get("--decode-context-parallel-size").unwrap().as_deref(), Some("1"));
+        assert_eq!(a.get("enable_hierarchical_cache").unwrap().as_deref(), Some("false"));
     }
 
     #[test]
@@ -436,7 +452,13 @@ mod tests {
         );
         a.set("pdx_rules", Some("2026-07")).unwrap();
         assert_eq!(a.pdx_rules, RuleSet::Upstream202607);
-        assert!(a.set("pdx_rules", Some("2025")).unwrap_err().message().contains("allowed values: default, 2026-07"));
+        a.set("--pdx-rules", Some("2026-09")).unwrap();
+        assert_eq!((a.pdx_rules, a.get("pdx_rules").unwrap().as_deref()), (RuleSet::Upstream202609, Some("2026-09")));
+        assert!(a
+            .set("pdx_rules", Some("2026-08"))
+            .unwrap_err()
+            .message()
+            .ends_with("'2026-08'; allowed values: default, 2026-07, 2026-09"));
         assert_eq!(a.disaggregation_transfer_backend, "mooncake_tcp");
     }
 

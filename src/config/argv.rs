@@ -15,6 +15,11 @@
 //! (exact or abbreviated) and their values, positionals, single-dash
 //! options, and everything after a bare `--`.
 //!
+//! The `2026-09` rule set has no option list here (SGLang's `server_args.py`
+//! of that commit was not available to generate one): under it every pdx
+//! flag must be written in full; a shortened one is an error naming the
+//! full flag, never resolved against an older list.
+//!
 //! The rule set whose list applies is the last `--pdx-rules` of `argv`
 //! (exact spelling), else the one `args` already has.
 
@@ -28,17 +33,37 @@ fn looks_like_option(token: &str) -> bool {
     token.starts_with('-') && token.len() > 1 && token[1..].parse::<f64>().is_err()
 }
 
-/// SGLang's option list (one entry per argparse action) under `rules`.
-pub fn sglang_options(rules: RuleSet) -> &'static [&'static [&'static str]] {
+/// SGLang's option list (one entry per argparse action) under `rules`;
+/// `None` where pdx has none (`2026-09`).
+pub fn sglang_options(rules: RuleSet) -> Option<&'static [&'static [&'static str]]> {
     match rules {
-        RuleSet::Pr26346 => FLAGS_6076066E3,
-        RuleSet::Upstream202607 => FLAGS_D4801BE,
+        RuleSet::Pr26346 => Some(FLAGS_6076066E3),
+        RuleSet::Upstream202607 => Some(FLAGS_D4801BE),
+        RuleSet::Upstream202609 => None,
+    }
+}
+
+/// The option list in effect: SGLang's, or an empty one with the reason an
+/// abbreviation cannot be resolved against it.
+#[derive(Clone, Copy)]
+struct Table {
+    actions: &'static [&'static [&'static str]],
+    /// Set when pdx has no SGLang list for the rule set.
+    missing: Option<RuleSet>,
+}
+
+impl Table {
+    fn of(rules: RuleSet) -> Table {
+        match sglang_options(rules) {
+            Some(actions) => Table { actions, missing: None },
+            None => Table { actions: &[], missing: Some(rules) },
+        }
     }
 }
 
 /// The action of `option` in `table`: its option strings.
-fn action_of(table: &'static [&'static [&'static str]], option: &str) -> Option<&'static [&'static str]> {
-    table.iter().copied().find(|a| a.contains(&option))
+fn action_of(table: Table, option: &str) -> Option<&'static [&'static str]> {
+    table.actions.iter().copied().find(|a| a.contains(&option))
 }
 
 /// How a `--` token resolves (argparse's `_parse_optional`).
@@ -50,15 +75,15 @@ enum Resolved<'a> {
     Unknown,
 }
 
-fn is_exact(table: &[&[&str]], option: &str) -> bool {
-    table.iter().any(|a| a.contains(&option)) || lookup(option).is_some_and(|spec| spec.flags.contains(&option))
+fn is_exact(table: Table, option: &str) -> bool {
+    table.actions.iter().any(|a| a.contains(&option)) || lookup(option).is_some_and(|spec| spec.flags.contains(&option))
 }
 
 /// Resolve `token` (starting with `--`) against `table`, Python 3.11
 /// argparse order: the exact string; the part before `=` exactly; else every
 /// option string starting with the part before `=` (more than one:
 /// `ambiguous option`, counted per option string as 3.11 does).
-fn resolve<'a>(table: &'static [&'static [&'static str]], token: &'a str) -> Result<Resolved<'a>> {
+fn resolve<'a>(table: Table, token: &'a str) -> Result<Resolved<'a>> {
     if is_exact(table, token) {
         return Ok(Resolved::Option(token, None));
     }
@@ -68,7 +93,7 @@ fn resolve<'a>(table: &'static [&'static [&'static str]], token: &'a str) -> Res
         None => (token, None),
     };
     let matches: Vec<&'static str> =
-        table.iter().flat_map(|a| a.iter().copied()).filter(|o| o.starts_with(prefix)).collect();
+        table.actions.iter().flat_map(|a| a.iter().copied()).filter(|o| o.starts_with(prefix)).collect();
     match matches.as_slice() {
         [] => {
             // argparse would not know it either ("unrecognized arguments");
@@ -77,6 +102,13 @@ fn resolve<'a>(table: &'static [&'static [&'static str]], token: &'a str) -> Res
                 FIELDS.iter().flat_map(|f| f.flags.iter().copied()).filter(|f| f.starts_with(prefix)).collect();
             if ours.is_empty() {
                 return Ok(Resolved::Unknown);
+            }
+            if let Some(rules) = table.missing {
+                return Err(Error::invalid_value(format!(
+                    "unrecognized option {token}: pdx has no copy of SGLang's option list for rule set {}, so it resolves no abbreviations under it; write {} in full",
+                    rules.name(),
+                    ours.join(" or ")
+                )));
             }
             Err(Error::invalid_value(format!(
                 "unrecognized option {token}: SGLang's parser of this rule set has no option it abbreviates; write {} in full",
@@ -116,7 +148,7 @@ fn rules_in(argv: &[impl AsRef<str>], current: RuleSet) -> RuleSet {
 /// that does not parse gives the error of [`ServerArgs::set`].
 pub fn parse_argv<S: AsRef<str>>(args: &mut ServerArgs, argv: &[S]) -> Result<()> {
     let mut work = args.clone();
-    let table = sglang_options(rules_in(argv, args.pdx_rules));
+    let table = Table::of(rules_in(argv, args.pdx_rules));
     let mut i = 0;
     while i < argv.len() {
         let token = argv[i].as_ref();
@@ -281,6 +313,7 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::InvalidValue);
         assert_eq!(a, ServerArgs::default());
         let want: Vec<&str> = sglang_options(RuleSet::Pr26346)
+            .unwrap()
             .iter()
             .flat_map(|o| o.iter().copied())
             .filter(|o| o.starts_with("--disaggregation-decode"))
@@ -309,7 +342,7 @@ mod tests {
     #[test]
     fn tables_hold_every_sglang_pd_flag_of_their_commit() {
         for rules in [RuleSet::Pr26346, RuleSet::Upstream202607] {
-            let table = sglang_options(rules);
+            let table = sglang_options(rules).unwrap();
             assert_eq!(table[0], &["-h", "--help"]);
             let all: Vec<&str> = table.iter().flat_map(|a| a.iter().copied()).collect();
             let unique: std::collections::HashSet<&str> = all.iter().copied().collect();
@@ -331,5 +364,66 @@ mod tests {
     fn field_names_are_not_flags() {
         let a = parse(&["disaggregation_mode", "decode", "--disaggregation_mode", "decode"]).unwrap();
         assert_eq!(a.disaggregation_mode, "null");
+    }
+
+    /// Under 2026-09 pdx has no SGLang option list: exact flags work (the
+    /// new rules' fields included), a shortened pdx flag is an error naming
+    /// the full one, and options that are not pdx flags are left alone.
+    #[test]
+    fn rules_2026_09_take_exact_flags_only() {
+        let a = parse(&[
+            "--pdx-rules",
+            "2026-09",
+            "--model",
+            "/m",
+            "--decode-context-parallel-size",
+            "4",
+            "--enable-hierarchical-cache",
+            "--disaggregation-bootstrap-port=9000",
+            "--port",
+            "31000",
+            "--tp",
+            "8",
+        ])
+        .unwrap();
+        assert_eq!(a.pdx_rules, RuleSet::Upstream202609);
+        assert_eq!((a.dcp_size, a.disaggregation_bootstrap_port, a.port), (4, 9000, 31000));
+        assert!(a.enable_hierarchical_cache);
+        let a = parse(&["--pdx-rules=2026-09", "--dcp-size", "2"]).unwrap();
+        assert_eq!(a.dcp_size, 2);
+
+        let mut a = ServerArgs::default();
+        let e =
+            parse_argv(&mut a, &["--pdx-rules", "2026-09", "--disaggregation-transfer", "mooncake_tcp"]).unwrap_err();
+        assert_eq!(
+            (e.kind(), e.message()),
+            (
+                ErrorKind::InvalidValue,
+                "unrecognized option --disaggregation-transfer: pdx has no copy of SGLang's option list for rule set 2026-09, so it resolves no abbreviations under it; write --disaggregation-transfer-backend in full"
+            )
+        );
+        assert_eq!(a, ServerArgs::default());
+        let e = parse(&["--pdx-rules", "2026-09", "--dcp=2"]).unwrap_err();
+        assert!(e.message().ends_with("write --dcp-size in full"), "{}", e.message());
+        let e = parse(&["--pdx-rules", "2026-09", "--disagg", "decode"]).unwrap_err();
+        assert!(
+            e.message().contains("write --disaggregation-mode or --disaggregation-transfer-backend or"),
+            "{}",
+            e.message()
+        );
+        // The rule set already on the arguments counts too.
+        let mut a = ServerArgs { pdx_rules: RuleSet::Upstream202609, ..Default::default() };
+        assert!(parse_argv(&mut a, &["--enable-hier"])
+            .unwrap_err()
+            .message()
+            .contains("--enable-hierarchical-cache in full"));
+        // The same abbreviation resolves under 2026-07, whose list pdx has.
+        let a = parse(&["--pdx-rules", "2026-07", "--enable-hierarchical", "--decode-context", "3"]).unwrap();
+        assert!(a.enable_hierarchical_cache);
+        assert_eq!(a.dcp_size, 3);
+        // A missing value names the flags as pdx lists them.
+        let e = parse(&["--pdx-rules", "2026-09", "--dcp-size"]).unwrap_err();
+        assert_eq!(e.message(), "argument --dcp-size/--decode-context-parallel-size: expected one argument");
+        assert!(sglang_options(RuleSet::Upstream202609).is_none());
     }
 }

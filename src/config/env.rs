@@ -243,6 +243,8 @@ vars! {
         "Ascend: physical NPU id of the hostname suffix (-1: the GPU id).";
     SGLANG_DISAGG_STAGING_BUFFER: Ty::Bool, "false",
         "SGLang's staging-buffer rule of argument normalization.";
+    SGLANG_RUST_SERVER: Ty::Bool, "false",
+        "SGLang's Rust server: under the `2026-09` rules a prefill's bootstrap port moves to its api port.";
     PDX_MIN_PORT: PORT, "15000", "Lowest listener port (wins over `MC_MIN_RPC_PORT`).";
     MC_MIN_RPC_PORT: PORT, "15000", "Lowest listener port.";
     MC_MIN_PRC_PORT: PORT, "15000", "Mooncake's misspelt alias of `MC_MIN_RPC_PORT`.";
@@ -311,6 +313,7 @@ pub mod names {
     pub(crate) const ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE: &str = vars::ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE.name;
     pub(crate) const ASCEND_NPU_PHY_ID: &str = vars::ASCEND_NPU_PHY_ID.name;
     pub(crate) const SGLANG_DISAGG_STAGING_BUFFER: &str = vars::SGLANG_DISAGG_STAGING_BUFFER.name;
+    pub(crate) const SGLANG_RUST_SERVER: &str = vars::SGLANG_RUST_SERVER.name;
     pub(crate) const MOONCAKE_DEVICE: &str = vars::MOONCAKE_DEVICE.name;
 }
 
@@ -322,6 +325,7 @@ const SGLANG_RULES: &[&str] = &[
     names::ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE,
     names::ASCEND_NPU_PHY_ID,
     names::SGLANG_DISAGG_STAGING_BUFFER,
+    names::SGLANG_RUST_SERVER,
     names::MOONCAKE_DEVICE,
 ];
 

@@ -113,8 +113,11 @@ pub extern "C" fn pdx_args_free(args: *mut pdx_args) {
 /// `key` is a ServerArgs field name (`"disaggregation_transfer_backend"`) or
 /// one of its CLI flags (`"--disaggregation-transfer-backend"`, and the
 /// aliases `--data-parallel-size`, `--decode-context-parallel-size`). The
-/// extra key `"pdx_rules"` (`"default"` or `"2026-07"`) picks the rule set
-/// of `pdx_normalize_args`.
+/// extra key `"pdx_rules"` (`"default"`, `"2026-07"` or `"2026-09"`) picks
+/// the rule set of `pdx_normalize_args`. The `2026-09` rules also read
+/// `dcp_size` (`--dcp-size`, `--decode-context-parallel-size`, default 1),
+/// `enable_hierarchical_cache` (default false),
+/// `disaggregation_bootstrap_port` (default 8998) and `port` (default 30000).
 ///
 /// `value` is the text of the value; NULL means Python's `None` and is
 /// accepted only by optional fields (`disaggregation_ib_device`,
@@ -242,7 +245,9 @@ pub unsafe extern "C" fn pdx_args_parse_argv(
 /// load-balance defaulting) under the rule set chosen by `pdx_rules`.
 ///
 /// On success the arguments are rewritten (e.g. backend `mooncake_tcp` →
-/// `mooncake`, `disaggregation_ib_device` → None) and the INFO/WARNING lines
+/// `mooncake`, `disaggregation_ib_device` → None; under `2026-09` with
+/// `SGLANG_RUST_SERVER` true, a prefill's `disaggregation_bootstrap_port` →
+/// `port`) and the INFO/WARNING lines
 /// are logged (`RUST_LOG`) and kept: read them with `pdx_args_message_count`
 /// / `pdx_args_message`. Strings from `pdx_args_get` and earlier messages
 /// of this object become invalid.
