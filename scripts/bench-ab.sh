@@ -6,16 +6,23 @@
 #   host write and read of 64 KiB x 256 and of 64 MiB (loopback, TCP);
 #   staged write 1 MiB x 16 (cuda:0 -> cuda:1) and staged read 64 MiB
 #   (cuda:0 <- cuda:1) through the CUDA stand-in.
-# Usage: scripts/bench-ab.sh A_BENCH B_BENCH CUDA_LIB [ROUNDS]
+# Usage: scripts/bench-ab.sh [--same-host] A_BENCH B_BENCH CUDA_LIB [ROUNDS]
 #   A_BENCH, B_BENCH: pdx-bench binaries (say, the build before a change and
 #   after it); CUDA_LIB: the driver to stage with (the stand-in is
 #   build/libcuda_double.so after the C tests are built); ROUNDS: default 5.
 # Both builds run over TCP loopback: PDX_SAME_HOST=off keeps a build that has
 # the same-host link off it (one from before the link ignores the variable,
-# and has no --path flag).
+# and has no --path flag). With --same-host, the figures are instead host
+# write and read of 64 KiB x 256 over the same-host link (both builds must
+# have it, and every run must report it).
 set -euo pipefail
-export PDX_SAME_HOST=off
-[ $# -ge 3 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
+path=tcp
+if [ "${1:-}" = --same-host ]; then
+  path=same-host
+  shift
+fi
+if [ "$path" = tcp ]; then export PDX_SAME_HOST=off; else export PDX_SAME_HOST=auto; fi
+[ $# -ge 3 ] || { sed -n '2,18p' "$0" >&2; exit 2; }
 a=$1 b=$2 cuda=$3 rounds=${4:-5}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -27,15 +34,21 @@ cases=(
   "staged write 1M x 16 (cuda:0 -> cuda:1)|--op write --block 1M --batch 16 --location cuda:0 --remote-location cuda:1"
   "staged read 64M (cuda:0 <- cuda:1)|--op read --block 64M --batch 1 --location cuda:0 --remote-location cuda:1"
 )
+if [ "$path" = same-host ]; then
+  cases=(
+    "same-host write 64K x 256|--op write --block 64K --batch 256"
+    "same-host read 64K x 256|--op read --block 64K --batch 256"
+  )
+fi
 # One figure in GB/s.
 run() {
   local bench=$1 args=$2 out=$tmp/r.json
   # shellcheck disable=SC2086
   PDX_CUDA_LIB=$cuda "$bench" --workload blocks --quiet --duration 1 --total 512M --json "$out" $args >/dev/null
-  # A build that reports its path (one with the link) must have stayed on TCP.
+  # A build that reports its path (one with the link) must have taken $path.
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); p=r.get("path","tcp")
-if p!="tcp": sys.exit(f"{sys.argv[2]} ran over {p}, not tcp")
-print(r["blocks"][0]["gb_per_s"])' "$out" "$bench"
+if p!=sys.argv[3]: sys.exit(f"{sys.argv[2]} ran over {p}, not {sys.argv[3]}")
+print(r["blocks"][0]["gb_per_s"])' "$out" "$bench" "$path"
 }
 printf '%-44s %10s %10s %8s   %s\n' figure "A GB/s" "B GB/s" "B/A" "ratios per round"
 for c in "${cases[@]}"; do
