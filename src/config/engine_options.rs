@@ -98,6 +98,7 @@ pub const OPTION_VARS: &[Var] = &[
     vars::PDX_PEER_SECRET_FILE,
     vars::PDX_IDLE_TIMEOUT_MS,
     vars::PDX_SAME_HOST,
+    vars::PDX_TCP_RAILS,
 ];
 
 /// The option key of a variable: its name without `PDX_` / `MC_`, lower case.

@@ -303,6 +303,8 @@ vars! {
         "Inbound data connections with no request for this long are closed (an initiator reconnects unseen).";
     PDX_SAME_HOST: Ty::Choice(&["auto", "off"]), "auto",
         "`auto`: two pdx engines on one host move bytes with one cross-process copy instead of TCP; `off` (on either side): TCP.";
+    PDX_TCP_RAILS: Ty::Text, "unset (one address)",
+        "`auto`: every interface that is up, not loopback and has an address carries lanes to pdx peers that advertise rails; or a comma list of interface names or local addresses (see docs/real-traffic.md).";
 }
 
 /// The names SGLang's rules use (the declarations' names).

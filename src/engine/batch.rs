@@ -65,6 +65,9 @@ pub struct BatchRun {
     host_waited: OnceLock<Result<()>>,
     /// The statistics of the peer (see [`crate::transfer::peer_stats`]).
     peer_stats: Arc<PeerCounters>,
+    /// Lane jobs of this batch still claiming windows (a slow rail's lane
+    /// leaves the tail to the others only while another one claims).
+    lanes_claiming: AtomicUsize,
 }
 
 impl BatchRun {
@@ -114,6 +117,7 @@ impl BatchRun {
             after,
             host_waited: OnceLock::new(),
             peer_stats: inner.stats.peers.entry(session),
+            lanes_claiming: AtomicUsize::new(0),
         })
     }
 
@@ -131,15 +135,28 @@ impl BatchRun {
             self.finish(inner);
             return;
         }
-        let lanes = self.plan.lanes(inner.settings.lanes_per_peer);
+        let per_peer = inner.settings.lanes_per_peer;
+        let mut lanes = self.plan.lanes(per_peer);
+        // With rails, at least one lane on each rail up, spread over them.
+        let rails = match inner.settings.tcp_rails {
+            Some(_) => self.peer(inner).ok().and_then(|p| p.rails().map(|set| set.up_indexes())),
+            None => None,
+        };
+        let rails = rails.unwrap_or_default();
+        if !rails.is_empty() {
+            lanes = lanes.max(rails.len()).min(per_peer.max(1));
+        }
+        let hint = |k: usize| (!rails.is_empty()).then(|| rails[k % rails.len()]);
+        self.lanes_claiming.store(lanes, Ordering::Release);
         let on_workers = if on_caller { lanes - 1 } else { lanes };
-        for _ in 0..on_workers {
+        for k in 0..on_workers {
             let run = self.clone();
             let inner2 = inner.clone();
-            inner.workers.submit(&self.session, Box::new(move || run.lane_job(&inner2)));
+            let rail = hint(k + usize::from(on_caller));
+            inner.workers.submit(&self.session, Box::new(move || run.lane_job(&inner2, rail)));
         }
         if on_caller {
-            self.lane_job(inner);
+            self.lane_job(inner, hint(0));
         }
     }
 
@@ -253,7 +270,26 @@ impl BatchRun {
         )
     }
 
-    fn lane_job(&self, inner: &Inner) {
+    /// Whether a lane on `rail` should leave the rest of the batch to the
+    /// other lanes (see [`super::rails::RailSet::should_yield`]); it then
+    /// stops claiming, and at least one lane always keeps claiming.
+    fn yields(&self, peer: &Peer, lane: Option<&Lane>) -> bool {
+        let (Some(set), Some(rail)) = (peer.rails(), lane.and_then(|l| l.rail.as_ref())) else { return false };
+        let Some((window, unclaimed)) = self.plan.peek() else { return false };
+        if !set.should_yield(rail, window, unclaimed) {
+            return false;
+        }
+        let mut n = self.lanes_claiming.load(Ordering::Acquire);
+        while n > 1 {
+            match self.lanes_claiming.compare_exchange(n, n - 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(now) => n = now,
+            }
+        }
+        false
+    }
+
+    fn lane_job(&self, inner: &Inner, rail: Option<usize>) {
         let peer = match self.peer(inner) {
             Ok(p) => p,
             Err(e) => {
@@ -266,10 +302,15 @@ impl BatchRun {
         };
         let stall = Stall::since(peer.progress.clone(), self.started);
         let mut lane: Option<Lane> = None;
-        while let Some(w) = self.plan.claim() {
+        loop {
+            if self.yields(&peer, lane.as_ref()) {
+                break;
+            }
+            let Some(w) = self.plan.claim() else { break };
             let idx: Vec<usize> = w.collect();
             let next = self.proceed(inner, &stall, None);
-            let mut l = match next.and_then(|()| lane.take().map(Ok).unwrap_or_else(|| self.open(&peer, &stall, None)))
+            let mut l = match next
+                .and_then(|()| lane.take().map(Ok).unwrap_or_else(|| self.open_on(&peer, &stall, None, rail)))
             {
                 Ok(l) => l,
                 Err(e) => {
@@ -279,7 +320,7 @@ impl BatchRun {
             };
             // SAFETY: the submitter guarantees local memory stays valid until
             // every task of the batch is terminal.
-            let out = unsafe { self.run(inner, &mut l, &idx) };
+            let out = unsafe { self.run_lane(inner, &peer, &mut l, &idx) };
             for &i in &idx[..out.confirmed] {
                 self.complete(inner, i, Ok(()));
             }
@@ -323,7 +364,16 @@ impl BatchRun {
 
     /// A lane for the next window; a failure aborts the batch.
     fn open(&self, peer: &Peer, stall: &Stall, cause: Option<&Error>) -> Result<Lane> {
-        match peer.acquire(stall) {
+        self.open_on(peer, stall, cause, None)
+    }
+
+    /// [`Self::open`] on rail `rail` while it is up (see [`Peer::acquire_on`]).
+    fn open_on(&self, peer: &Peer, stall: &Stall, cause: Option<&Error>, rail: Option<usize>) -> Result<Lane> {
+        let acquired = match rail {
+            Some(_) => peer.acquire_on(stall, rail),
+            None => peer.acquire(stall),
+        };
+        match acquired {
             Ok(mut l) => {
                 l.conn.set_stall(stall.clone());
                 self.peer_stats.set_path(peer.path.get());
@@ -360,6 +410,35 @@ impl BatchRun {
         }
         // SAFETY: forwarded from the caller.
         unsafe { link.run_device_window(self.direction, reqs, dev) }
+    }
+
+    /// [`Self::run`] on a lane, counted on its rail: the bytes it confirms
+    /// and how fast; a rail that broke the window (its own clock ran out,
+    /// or its connection was lost) while another rail is up is marked down,
+    /// and the caller retries the rest on the others.
+    ///
+    /// # Safety
+    /// As for [`Self::run`].
+    unsafe fn run_lane(&self, inner: &Inner, peer: &Peer, lane: &mut Lane, idx: &[usize]) -> WindowOutcome {
+        let Some(rail) = lane.rail.clone() else {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.run(inner, lane, idx) };
+        };
+        let t0 = Instant::now();
+        rail.busy(true);
+        lane.conn.mark_rail();
+        // SAFETY: forwarded from the caller.
+        let out = unsafe { self.run(inner, lane, idx) };
+        rail.busy(false);
+        let bytes: usize = idx[..out.confirmed].iter().map(|&i| self.plan.pieces[i].len).sum();
+        rail.confirmed(bytes as u64, t0.elapsed());
+        if let (Some(e), false, Some(set)) = (&out.broken, out.rejected, peer.rails()) {
+            let lost = matches!(e.kind(), ErrorKind::Timeout | ErrorKind::ConnectionLost);
+            if lost && set.rails.iter().any(|r| r.index != rail.index && r.is_up()) {
+                set.mark_down(&rail, format!("{e}"), &inner.registry);
+            }
+        }
+        out
     }
 
     /// Run the pieces `idx` (one window) on `link`: host memory as it is,
@@ -423,7 +502,7 @@ impl BatchRun {
             };
             let v2 = l.v2;
             // SAFETY: as in `lane_job`.
-            let out = unsafe { self.run(inner, &mut l, &[i]) };
+            let out = unsafe { self.run_lane(inner, peer, &mut l, &[i]) };
             match out.broken {
                 None => {
                     peer.release(l, true);

@@ -41,6 +41,8 @@ pub struct Conn {
     /// A task's stall clock (lanes): socket timeouts are then short slices
     /// and a blocked call gives up only once the clock says so.
     stall: Option<Paced>,
+    /// The rail a lane rides, with its own clock (see `super::rails`).
+    rail: Option<super::rails::RailClock>,
     /// How long [`Conn::recv_header_idle`] waits for the first byte of a
     /// request before it reports the connection idle (`None`: forever).
     idle: Option<Duration>,
@@ -100,6 +102,7 @@ impl Conn {
             spin_max: None,
             spin_while: None,
             stall: None,
+            rail: None,
             idle: None,
             park_when_idle: false,
             parked: false,
@@ -127,10 +130,26 @@ impl Conn {
         }
     }
 
+    /// Ride `rail`: its clock is marked as bytes move, and a blocked call
+    /// gives up when it says the rail is silent.
+    pub fn set_rail(&mut self, rail: super::rails::RailClock) {
+        self.rail = Some(rail);
+    }
+
+    /// Work starts on this lane's rail: its clock counts from now.
+    pub fn mark_rail(&self) {
+        if let Some(r) = &self.rail {
+            r.mark();
+        }
+    }
+
     /// Bytes moved: the task's peer made progress.
     fn progressed(&self) {
         if let Some(p) = &self.stall {
             p.stall.mark();
+        }
+        if let Some(r) = &self.rail {
+            r.mark();
         }
     }
 
@@ -142,9 +161,12 @@ impl Conn {
         // reader, not a frozen one), even though no call of ours completed.
         let queued = self.send_queue();
         if queued >= 0 && queued < p.outq.get() {
-            p.stall.mark();
+            self.progressed();
         }
         p.outq.set(queued);
+        if self.rail.as_ref().is_some_and(super::rails::RailClock::silent) {
+            return false;
+        }
         !p.stall.expired(if sending { p.send_limit } else { p.recv_limit })
     }
 

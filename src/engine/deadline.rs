@@ -44,11 +44,12 @@ impl Progress {
     }
 
     /// Bytes moved at `t` (progress never moves back).
-    fn mark_at(&self, t: Instant) {
+    pub fn mark_at(&self, t: Instant) {
         self.0.fetch_max(to_nanos(t), Ordering::AcqRel);
     }
 
-    fn last(&self) -> Instant {
+    /// When bytes last moved.
+    pub fn last(&self) -> Instant {
         epoch() + Duration::from_nanos(self.0.load(Ordering::Acquire))
     }
 }

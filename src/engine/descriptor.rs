@@ -30,6 +30,9 @@ pub struct PeerDescriptor {
     pub instance: Option<String>,
     /// `pdx_host`: where a pdx peer runs (see [`super::samehost`]).
     pub host: Option<HostIdentity>,
+    /// `pdx_rails`: the addresses a pdx peer with `PDX_TCP_RAILS` takes
+    /// data on, at `data_port` (see [`super::rails`]); empty otherwise.
+    pub rails: Vec<std::net::IpAddr>,
 }
 
 /// Our descriptor as it goes on the wire: fields in Mooncake's (sorted) order.
@@ -40,6 +43,9 @@ struct OwnDescriptor<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pdx_host: Option<&'a HostIdentity>,
     pdx_instance: &'a str,
+    /// Absent without rails, so that the descriptor is what it was.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pdx_rails: Vec<String>,
     protocol: &'static str,
     rdma_server_name: &'static str,
     tcp_data_host: &'a str,
@@ -66,6 +72,8 @@ struct PeerFields {
     pdx_instance: Option<String>,
     /// Read leniently: a malformed identity only means no same-host link.
     pdx_host: Option<serde_json::Value>,
+    /// Read leniently: a malformed list only means fewer rails.
+    pdx_rails: Option<serde_json::Value>,
     buffers: Option<Vec<PeerBuffer>>,
 }
 
@@ -90,7 +98,7 @@ pub fn encode_descriptor(
     data_port: u16,
     buffers: &[AdvertisedBuffer],
 ) -> String {
-    encode_with_host(name, instance, data_host, data_port, buffers, None)
+    encode_with_host(name, instance, data_host, data_port, buffers, None, &[])
 }
 
 /// [`encode_descriptor`] with the engine's host identity.
@@ -101,9 +109,11 @@ fn encode_with_host(
     data_port: u16,
     buffers: &[AdvertisedBuffer],
     host: Option<&HostIdentity>,
+    rails: &[std::net::IpAddr],
 ) -> String {
     let own = OwnDescriptor {
         pdx_host: host,
+        pdx_rails: rails.iter().map(ToString::to_string).collect(),
         buffers: buffers.iter().map(|b| OwnBuffer { addr: b.addr, length: b.length, name }).collect(),
         name,
         pdx_instance: instance,
@@ -166,6 +176,7 @@ pub fn parse_descriptor(text: &[u8], session_name: &str, session_host: &str) -> 
         buffers,
         instance,
         host: d.pdx_host.and_then(|h| serde_json::from_value(h).ok()),
+        rails: super::rails::parse_advertised(d.pdx_rails.as_ref()),
     })
 }
 
@@ -175,7 +186,16 @@ pub(crate) fn own(identity: &super::Identity, mut buffers: Vec<AdvertisedBuffer>
     loop {
         let id = identity;
         let host = HostIdentity::current();
-        let text = encode_with_host(&id.session_id, &id.instance, &id.data_host, id.data_port, &buffers, host.as_ref());
+        let rails: Vec<std::net::IpAddr> = id.rails.iter().map(|r| r.addr).collect();
+        let text = encode_with_host(
+            &id.session_id,
+            &id.instance,
+            &id.data_host,
+            id.data_port,
+            &buffers,
+            host.as_ref(),
+            &rails,
+        );
         if text.len() + 2 <= max_frame || buffers.is_empty() {
             return text;
         }
@@ -211,6 +231,24 @@ mod tests {
         assert_eq!(d.instance.as_deref(), Some("0a1b"));
         // Mooncake's descriptor has no instance.
         assert_eq!(parse_descriptor(CAPTURED.as_bytes(), "a:1", "a").unwrap().instance, None);
+    }
+
+    #[test]
+    fn rails_are_advertised_only_when_there_are_some() {
+        let b = [AdvertisedBuffer { addr: 4096, length: 10 }];
+        let without = encode_with_host("h:1", "0a1b", "h", 2, &b, None, &[]);
+        assert_eq!(without, encode_descriptor("h:1", "0a1b", "h", 2, &b));
+        assert!(!without.contains("pdx_rails"), "no rails: the descriptor is byte for byte what it was");
+        let rails = ["10.231.1.1".parse().unwrap(), "10.231.2.1".parse().unwrap()];
+        let with = encode_with_host("h:1", "0a1b", "h", 2, &b, None, &rails);
+        assert!(
+            with.contains(r#""pdx_instance":"0a1b","pdx_rails":["10.231.1.1","10.231.2.1"],"protocol":"tcp""#),
+            "{with}"
+        );
+        assert_eq!(parse_descriptor(with.as_bytes(), "x:9", "x").unwrap().rails, rails.to_vec());
+        assert!(parse_descriptor(CAPTURED.as_bytes(), "a:1", "a").unwrap().rails.is_empty(), "Mooncake: none");
+        let odd = br#"{"protocol":"tcp","tcp_data_port":7,"pdx_rails":"10.0.0.1"}"#;
+        assert!(parse_descriptor(odd, "a:1", "a").unwrap().rails.is_empty(), "a malformed list is no rails, no error");
     }
 
     #[test]

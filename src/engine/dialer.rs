@@ -111,6 +111,11 @@ impl Dialer {
         Dialer { settings, registry, regions, identity, secret, exports: Arc::default() }
     }
 
+    /// This engine's rails (`PDX_TCP_RAILS`; empty: none).
+    pub fn local_rails(&self) -> &[super::rails::LocalRail] {
+        &self.identity.rails
+    }
+
     /// The descriptor this engine sends about itself.
     pub fn own_descriptor(&self) -> String {
         descriptor::own(&self.identity, self.regions.advertised(), self.settings.handshake_max_len)

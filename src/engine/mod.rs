@@ -31,6 +31,7 @@ mod observe;
 mod peers;
 mod plan;
 mod prepare;
+mod rails;
 mod regions;
 mod registry;
 mod samehost;
@@ -93,6 +94,9 @@ pub(crate) struct Identity {
     /// This engine's instance id, advertised in the descriptor and
     /// confirmed on every data connection (see [`hello`]).
     pub instance: String,
+    /// The local rails data connections may take (`PDX_TCP_RAILS`; empty:
+    /// one address), advertised in the descriptor (see [`rails`]).
+    pub rails: Vec<rails::LocalRail>,
 }
 
 /// State shared by the engine's threads. Its fields are private to the
@@ -174,8 +178,16 @@ impl Engine {
         let host = engine_host(hostname)?;
         let access = access::Access::from_settings(&settings)?;
         let ip = bind_ip(&host, &settings)?;
+        let rails = rails::discover(settings.tcp_rails.as_deref())?;
         let rpc = listen::bind_in_range(ip, settings.min_port, settings.max_port)?;
-        let data = listen::bind_in_range(ip, settings.min_data_port, settings.max_data_port)?;
+        // With rails, data arrives on every rail's address: the data port
+        // listens on all of them (the allowlist still applies).
+        let data_ip = match (rails.is_empty(), ip) {
+            (true, ip) => ip,
+            (false, IpAddr::V4(_)) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            (false, IpAddr::V6(_)) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        };
+        let data = listen::bind_in_range(data_ip, settings.min_data_port, settings.max_data_port)?;
         let port_of = |l: &TcpListener| l.local_addr().map(|a| a.port()).map_err(|e| Error::io(e.to_string()));
         let (rpc_port, data_port) = (port_of(&rpc)?, port_of(&data)?);
         let identity = Identity {
@@ -184,6 +196,7 @@ impl Engine {
             rpc_port,
             data_port,
             instance: hello::new_instance(),
+            rails,
         };
         let workers = Arc::new(Workers::default());
         let (registry, regions) = (Arc::new(Registry::default()), Arc::new(Regions::default()));

@@ -66,6 +66,7 @@ pub(super) fn peer_info(from: &Sources<'_>, session: &str) -> Result<Value> {
         )));
     }
     let p = counted.unwrap_or_else(|| crate::transfer::peer_stats::PeerCounters::empty_snapshot(session));
+    let rails = from.peers.cached(session).and_then(|peer| peer.rails().map(|set| set.info()));
     // The live peer's path, else the last one recorded.
     let (path, reason) = from
         .peers
@@ -79,7 +80,7 @@ pub(super) fn peer_info(from: &Sources<'_>, session: &str) -> Result<Value> {
         Some((text, at)) => (json!(text), json!(at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64())),
         None => (Value::Null, Value::Null),
     };
-    Ok(json!({
+    let mut info = json!({
         "session": session,
         "path": path,
         "reason": reason,
@@ -95,7 +96,12 @@ pub(super) fn peer_info(from: &Sources<'_>, session: &str) -> Result<Value> {
         "last_error_unix_s": when,
         "lanes_open": lanes.unwrap_or(0),
         "tasks_queued": p.queued,
-    }))
+    });
+    // Only a peer paired with rails has them (see `super::rails`).
+    if let (Some(rails), Some(map)) = (rails, info.as_object_mut()) {
+        map.insert("rails".to_owned(), rails);
+    }
+    Ok(info)
 }
 
 /// Log the metrics line of engine `session` every `interval` until

@@ -15,6 +15,7 @@ use super::deadline::{Progress, Stall};
 use super::descriptor::{parse_descriptor, PeerDescriptor};
 use super::dialer::Dialer;
 use super::ipc::Exports;
+use super::rails::{Rail, RailClock, RailSet};
 use super::registry::OwnedSocketGuard;
 use super::samehost::{self, PathChoice};
 use super::settings::Settings;
@@ -38,6 +39,8 @@ pub struct Peer {
     lane_freed: Condvar,
     /// The path its data connections take, and why.
     pub path: Arc<PathChoice>,
+    /// Its rails, paired on first use (`None`: one address, as before).
+    rails: std::sync::OnceLock<Option<Arc<RailSet>>>,
 }
 
 struct LaneState {
@@ -67,6 +70,8 @@ pub struct Lane {
     /// The peer's path, told when the same-host link fails.
     pub path: Arc<PathChoice>,
     pub session: Arc<str>,
+    /// The rail it rides, when the peer has rails.
+    pub rail: Option<Arc<Rail>>,
 }
 
 /// What a data connection's hello settled.
@@ -88,6 +93,26 @@ impl Peer {
     /// The descriptor currently cached.
     pub fn descriptor(&self) -> Arc<PeerDescriptor> {
         self.descriptor.read().clone()
+    }
+
+    /// The peer's rails, paired with ours on first use: only when both
+    /// sides have rails and the peer is no candidate for the same-host
+    /// link (which keeps its one copy).
+    pub fn rails(&self) -> Option<&Arc<RailSet>> {
+        self.rails
+            .get_or_init(|| {
+                let desc = self.descriptor();
+                let locals = self.dialer.local_rails();
+                if locals.is_empty() || desc.rails.is_empty() || desc.instance.is_none() {
+                    return None;
+                }
+                if samehost::offer_or_why_not(self.dialer.settings.same_host, desc.host.as_ref()).is_ok() {
+                    log::info!("{}: on this host: rails do not apply (the same-host link)", self.session);
+                    return None;
+                }
+                Some(Arc::new(RailSet::new(&self.session, locals, &desc.rails, desc.data_port)))
+            })
+            .as_ref()
     }
 
     fn fetch(dialer: &Dialer, addr: &SessionAddr, session: &str, by: Option<Instant>) -> Result<PeerDescriptor> {
@@ -134,9 +159,19 @@ impl Peer {
     /// [`super::hello`]), all by `by`; offer it the same-host link where
     /// that may work. True if the link was accepted; the path and its
     /// reason are recorded either way.
-    fn connect_to(&self, desc: &PeerDescriptor, by: Instant) -> Result<(TcpStream, Negotiated)> {
-        let mut stream = super::dialer::connect_by(&self.dialer.settings, &desc.data_host, desc.data_port, Some(by))
-            .map_err(|e| e.context(format!("data connection to {} (as its descriptor advertises)", self.session)))?;
+    fn connect_to(&self, desc: &PeerDescriptor, by: Instant, rail: Option<&Rail>) -> Result<(TcpStream, Negotiated)> {
+        let mut stream = match rail {
+            Some(rail) => rail.connect(desc.data_port, by).map_err(|e| {
+                Error::new(
+                    ErrorKind::PeerUnreachable,
+                    format!("data connection to {} on rail {rail}: {e}", self.session),
+                )
+            })?,
+            None => super::dialer::connect_by(&self.dialer.settings, &desc.data_host, desc.data_port, Some(by))
+                .map_err(|e| {
+                    e.context(format!("data connection to {} (as its descriptor advertises)", self.session))
+                })?,
+        };
         let Some(instance) = &desc.instance else {
             if self.dialer.secret.is_some() {
                 return Err(Error::new(
@@ -197,7 +232,7 @@ impl Peer {
     /// connection tried again; a peer that is merely slow to answer (a
     /// timeout) is not. All of it runs under one bound, the longer of the
     /// connect and handshake timeouts, however many steps it takes.
-    fn open_lane(&self) -> Result<Lane> {
+    fn open_lane(&self, rail: Option<&Arc<Rail>>) -> Result<Lane> {
         let s = &self.dialer.settings;
         let by = Instant::now() + s.connect_timeout.max(s.handshake_timeout);
         let mut desc = self.descriptor();
@@ -206,9 +241,10 @@ impl Peer {
         if fetched_here {
             desc = self.fetch_and_cache(Some(by))?;
         }
-        let (stream, negotiated) = match self.connect_to(&desc, by) {
+        let (stream, negotiated) = match self.connect_to(&desc, by, rail.map(|r| &**r)) {
             Ok(opened) => opened,
-            Err(first) if fetched_here || first.kind() == ErrorKind::Timeout => return Err(first),
+            // A rail that does not connect is the rail's failure, not a stale descriptor.
+            Err(first) if fetched_here || first.kind() == ErrorKind::Timeout || rail.is_some() => return Err(first),
             Err(first) => {
                 // A peer that restarted under the same name has new ports.
                 let fresh = self
@@ -226,13 +262,17 @@ impl Peer {
                     fresh.data_port
                 );
                 desc = fresh;
-                self.connect_to(&desc, by)?
+                self.connect_to(&desc, by, None)?
             }
         };
         let stall = Stall::new(self.progress.clone());
         let mut conn = Conn::paced(stream, stall, s.progress_timeout, recv_limit(s))
             .map_err(|e| Error::io(format!("configuring a data connection: {e}")))?;
         conn.set_spin(s.spin);
+        if let (Some(rail), Some(set)) = (rail, self.rails()) {
+            conn.set_rail(RailClock { rail: rail.clone(), set: set.clone() });
+            set.connected(rail);
+        }
         let tracked = self
             .dialer
             .registry
@@ -243,7 +283,8 @@ impl Peer {
         let Negotiated { same_host, device_ipc } = negotiated;
         let exports = device_ipc.then(|| self.dialer.exports.clone());
         let exports_epoch = self.dialer.exports.epoch();
-        Ok(Lane { conn, v2, same_host, exports, exports_epoch, path, session, _tracked: tracked })
+        let rail = rail.cloned();
+        Ok(Lane { conn, v2, same_host, exports, exports_epoch, path, session, rail, _tracked: tracked })
     }
 
     /// Send one notification to the name in the peer's descriptor.
@@ -286,8 +327,18 @@ impl Peer {
     /// per-peer limit, or the next one released (bounded wait: the lane
     /// wait timeout, and the task's stall clock while the peer is silent).
     pub fn acquire(&self, stall: &Stall) -> Result<Lane> {
+        self.acquire_on(stall, None)
+    }
+
+    /// [`Peer::acquire`] on a rail: rail `hint` while it is up, else the
+    /// least busy rail up (a rail that cannot connect is dropped or marked
+    /// down, and the next one tried); with no rail up, or none at all, the
+    /// one address of the descriptor.
+    pub fn acquire_on(&self, stall: &Stall, hint: Option<usize>) -> Result<Lane> {
         let deadline = Instant::now() + self.dialer.settings.lane_wait_timeout;
         let limit = recv_limit(&self.dialer.settings);
+        let rails = self.rails();
+        let mut rail = rails.and_then(|set| set.choose(hint));
         let mut state = self.lanes.lock();
         state.last_used = Instant::now();
         loop {
@@ -297,22 +348,49 @@ impl Peer {
             if self.dialer.registry.stopping() {
                 return Err(Error::new(ErrorKind::Shutdown, "engine is shutting down"));
             }
-            while let Some(lane) = state.idle.pop() {
-                // Not a same-host lane once that link failed for this peer.
-                if lane.conn.idle_and_alive() && !(lane.same_host && self.path.has_failed()) && !lane.retired() {
-                    return Ok(lane);
+            let mut k = state.idle.len();
+            while k > 0 {
+                k -= 1;
+                let lane = &state.idle[k];
+                // Not a same-host lane once that link failed for this peer,
+                // nor one on a rail that is down.
+                let rail_down = lane.rail.as_ref().is_some_and(|r| !r.is_up());
+                if !lane.conn.idle_and_alive()
+                    || (lane.same_host && self.path.has_failed())
+                    || lane.retired()
+                    || rail_down
+                {
+                    drop(state.idle.swap_remove(k));
+                    state.open -= 1; // closed by the peer while idle, or of a failed link
+                    continue;
                 }
-                state.open -= 1; // closed by the peer while idle, or of a failed link
+                if lane.rail.as_ref().map(|r| r.index) == rail.as_ref().map(|r| r.index) {
+                    return Ok(state.idle.swap_remove(k));
+                }
+            }
+            let full = state.open >= self.dialer.settings.lanes_per_peer;
+            if full && rail.is_some() && !state.idle.is_empty() {
+                // Every lane is open and idle ones ride other rails: close one for ours.
+                drop(state.idle.remove(0));
+                state.open -= 1;
             }
             if state.open < self.dialer.settings.lanes_per_peer {
                 state.open += 1;
                 drop(state);
-                let lane = self.open_lane();
+                let lane = self.open_lane(rail.as_ref());
                 if lane.is_err() {
                     self.lanes.lock().open -= 1;
                     self.lane_freed.notify_one();
                 }
-                return lane;
+                match (lane, rails, &rail) {
+                    (Err(e), Some(set), Some(r)) if e.kind() != ErrorKind::Shutdown => {
+                        set.connect_failed(r, e.message(), &self.dialer.registry);
+                        rail = set.choose(None);
+                        state = self.lanes.lock();
+                        continue;
+                    }
+                    (lane, _, _) => return lane,
+                }
             }
             let wake = deadline.min(Instant::now() + super::deadline::SLICE);
             if self.lane_freed.wait_until(&mut state, wake).timed_out() && Instant::now() >= deadline {
@@ -426,6 +504,7 @@ impl Peers {
             lanes: Mutex::new(LaneState { idle: Vec::new(), open: 0, last_used: Instant::now() }),
             lane_freed: Condvar::new(),
             path: Arc::default(),
+            rails: std::sync::OnceLock::new(),
         });
         let mut map = self.map.lock();
         if map.len() >= MAX_PEERS && !map.contains_key(session) {

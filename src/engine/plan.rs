@@ -19,6 +19,9 @@ const LANE_FANOUT_BYTES: usize = 64 << 20;
 pub(crate) const WINDOW_REQUESTS: usize = 256;
 pub(crate) const WINDOW_BYTES: usize = 8 << 20;
 
+/// Most pieces [`Plan::peek`] adds up.
+const PEEK_PIECES: usize = 1024;
+
 /// Where a request's local bytes are: host memory, or device memory of the
 /// device with this ordinal (staged).
 pub(crate) type Kind = Option<u32>;
@@ -100,6 +103,20 @@ impl Plan {
                 return Some(start..end);
             }
         }
+    }
+
+    /// The next window's bytes and the unclaimed bytes (`usize::MAX` past
+    /// [`PEEK_PIECES`] pieces: "plenty", so a claim costs no walk of a
+    /// long batch); `None`: nothing left.
+    pub fn peek(&self) -> Option<(usize, usize)> {
+        let start = self.cursor.load(Ordering::Acquire);
+        if start >= self.pieces.len() {
+            return None;
+        }
+        let sum = |r: &[Request]| r.iter().map(|p| p.len).fold(0usize, usize::saturating_add);
+        let rest = &self.pieces[start..];
+        let unclaimed = if rest.len() > PEEK_PIECES { usize::MAX } else { sum(rest) };
+        Some((sum(&self.pieces[start..self.window_end(start)]), unclaimed))
     }
 
     fn window_end(&self, start: usize) -> usize {
@@ -188,6 +205,18 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&c| c == 1));
+    }
+
+    #[test]
+    fn peek_sees_the_next_window_and_what_is_left() {
+        let p = Plan::new(&[req(PIECE_BYTES * 3), req(5)], &[], 0);
+        assert_eq!(p.peek(), Some((2 * PIECE_BYTES, 3 * PIECE_BYTES + 5)));
+        p.claim();
+        assert_eq!(p.peek(), Some((PIECE_BYTES + 5, PIECE_BYTES + 5)));
+        p.claim();
+        assert_eq!(p.peek(), None);
+        let long = Plan::new(&vec![req(1); PEEK_PIECES + 1], &[], 0);
+        assert_eq!(long.peek(), Some((WINDOW_REQUESTS, usize::MAX)), "a long batch is not walked");
     }
 
     #[test]

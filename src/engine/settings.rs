@@ -73,6 +73,9 @@ pub struct Settings {
     pub allowed_peers: Option<String>,
     /// The shared secret's file (`PDX_PEER_SECRET_FILE`); read at start.
     pub peer_secret_file: Option<String>,
+    /// Which interfaces carry lanes (`PDX_TCP_RAILS`: `auto` or a list);
+    /// `None`: one address, as before (see `super::rails`).
+    pub tcp_rails: Option<String>,
 }
 
 impl Settings {
@@ -138,6 +141,7 @@ impl Settings {
             metrics_interval: read(env, &PDX_METRICS_INTERVAL_S).unwrap_or(Duration::ZERO),
             allowed_peers: read(env, &PDX_ALLOWED_PEERS),
             peer_secret_file: read(env, &PDX_PEER_SECRET_FILE),
+            tcp_rails: read(env, &PDX_TCP_RAILS).filter(|s: &String| !s.trim().is_empty()),
         }
     }
 }

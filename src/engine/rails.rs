@@ -1,0 +1,627 @@
+//! Multi-rail TCP: every link between two hosts carries lanes.
+//!
+//! With `PDX_TCP_RAILS` set (`auto`, or a list of interface names or local
+//! addresses), an engine finds its rails (interfaces that are up, not
+//! loopback, with an address), listens for data on all of them and
+//! advertises their addresses in its descriptor (`pdx_rails`, a field
+//! Mooncake ignores). An initiator with rails pairs its own with a pdx
+//! peer's: for each advertised address a local rail on the same subnet,
+//! else whatever the kernel routes. Lanes are opened on every pair; the
+//! executor's lanes claim windows as they finish the last, so a rail that
+//! confirms bytes faster takes more of a batch, and a slow rail stops
+//! claiming once the others would finish the rest before it finishes a
+//! window ([`Rail::should_yield`]).
+//!
+//! A rail has its own clock: while it has work in flight and confirms no
+//! bytes for [`RAIL_CLOCK`] while another rail to the same peer does, its
+//! lanes give up ([`RailClock::silent`]), the rail is marked down and the
+//! unconfirmed pieces are retried on the others. A down rail is probed in
+//! the background (a TCP connect to the peer's data port from the rail's
+//! address every [`PROBE_EVERY`]) and used again as soon as it answers. A
+//! rail that never connected is dropped for that peer, with the reason.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::deadline::Progress;
+use super::registry::Registry;
+use crate::error::{Error, Result};
+
+/// A rail with work in flight that confirms nothing for this long, while
+/// another rail to the same peer does, is down.
+pub const RAIL_CLOCK: Duration = Duration::from_secs(2);
+/// How often a down rail is probed.
+pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// Bound on one rail's connect (a rail that cannot connect in this long is
+/// dropped; the task's own clocks are far longer).
+const RAIL_CONNECT: Duration = Duration::from_secs(2);
+/// Most rails an engine uses or accepts from a peer's descriptor.
+pub const MAX_RAILS: usize = 16;
+
+/// One local interface address that carries lanes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalRail {
+    /// The interface's name (`eth1`).
+    pub name: String,
+    pub addr: IpAddr,
+    /// The subnet's prefix length.
+    pub prefix: u8,
+}
+
+/// Every address of an interface that is up, not loopback, and not an IPv6
+/// link-local address (those need a scope to be reached), as (interface,
+/// address, prefix length).
+pub fn interfaces() -> std::io::Result<Vec<LocalRail>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut found = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        let flags = ifa.ifa_flags as libc::c_int;
+        if flags & libc::IFF_UP == 0 || flags & libc::IFF_LOOPBACK != 0 || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: the address and mask point at sockaddrs of their family
+        // (or are null), as getifaddrs documents.
+        let (Some(addr), mask) = (unsafe { sockaddr_ip(ifa.ifa_addr) }, unsafe { sockaddr_ip(ifa.ifa_netmask) }) else {
+            continue;
+        };
+        if matches!(addr, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80) {
+            continue;
+        }
+        let prefix = match mask {
+            Some(IpAddr::V4(m)) => u32::from(m).count_ones() as u8,
+            Some(IpAddr::V6(m)) => u128::from(m).count_ones() as u8,
+            None => {
+                if addr.is_ipv4() {
+                    32
+                } else {
+                    128
+                }
+            }
+        };
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        found.push(LocalRail { name, addr, prefix });
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(found)
+}
+
+/// The IP address in `sa`, for the IPv4 and IPv6 families.
+///
+/// # Safety
+/// `sa` is null or points at a valid sockaddr of the size its family says.
+unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: non-null and valid per the caller; the family decides the type.
+    match i32::from(unsafe { (*sa).sa_family }) {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET address is a sockaddr_in.
+            let v4 = unsafe { &*(sa as *const libc::sockaddr_in) };
+            Some(IpAddr::from(u32::from_be(v4.sin_addr.s_addr).to_be_bytes()))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 address is a sockaddr_in6.
+            let v6 = unsafe { &*(sa as *const libc::sockaddr_in6) };
+            Some(IpAddr::from(v6.sin6_addr.s6_addr))
+        }
+        _ => None,
+    }
+}
+
+/// This engine's rails for `spec` (`PDX_TCP_RAILS`): `None` or empty: none
+/// (one address, as before); `auto`: every address [`interfaces`] finds;
+/// else a comma list of interface names (all their addresses) or local
+/// addresses, each of which must exist.
+pub fn discover(spec: Option<&str>) -> Result<Vec<LocalRail>> {
+    discover_from(spec, interfaces)
+}
+
+fn discover_from(spec: Option<&str>, list: impl FnOnce() -> std::io::Result<Vec<LocalRail>>) -> Result<Vec<LocalRail>> {
+    let Some(spec) = spec.map(str::trim).filter(|s| !s.is_empty()) else { return Ok(Vec::new()) };
+    let all = list().map_err(|e| Error::io(format!("PDX_TCP_RAILS: cannot list the interfaces: {e}")))?;
+    let mut rails: Vec<LocalRail> = Vec::new();
+    if spec == "auto" {
+        rails = all;
+        if rails.is_empty() {
+            log::warn!("PDX_TCP_RAILS=auto: no interface is up with an address; one address, as without rails");
+        }
+    } else {
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let matched: Vec<LocalRail> = match item.parse::<IpAddr>() {
+                Ok(ip) => all.iter().filter(|r| r.addr == ip).cloned().collect(),
+                Err(_) => all.iter().filter(|r| r.name == item).cloned().collect(),
+            };
+            if matched.is_empty() {
+                return Err(Error::invalid_argument(format!(
+                    "PDX_TCP_RAILS: {item:?} is neither an interface that is up with an address nor one of its \
+                     addresses (found: {})",
+                    all.iter().map(|r| format!("{} {}", r.name, r.addr)).collect::<Vec<_>>().join(", ")
+                )));
+            }
+            for r in matched {
+                if !rails.contains(&r) {
+                    rails.push(r);
+                }
+            }
+        }
+    }
+    if rails.len() > MAX_RAILS {
+        log::warn!("PDX_TCP_RAILS: {} rails found; using the first {MAX_RAILS}", rails.len());
+        rails.truncate(MAX_RAILS);
+    }
+    Ok(rails)
+}
+
+/// Whether `a` and `b` are on one subnet of `prefix` bits.
+fn same_subnet(a: IpAddr, b: IpAddr, prefix: u8) -> bool {
+    match (a, b) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix.min(32))).unwrap_or(0);
+            u32::from(a) & mask == u32::from(b) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(b)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix.min(128))).unwrap_or(0);
+            u128::from(a) & mask == u128::from(b) & mask
+        }
+        _ => false,
+    }
+}
+
+/// A peer's advertised rails, read leniently from its descriptor: at most
+/// [`MAX_RAILS`] IP addresses; anything else is skipped.
+pub fn parse_advertised(value: Option<&serde_json::Value>) -> Vec<IpAddr> {
+    let Some(list) = value.and_then(serde_json::Value::as_array) else { return Vec::new() };
+    let mut out: Vec<IpAddr> = Vec::new();
+    for ip in list.iter().filter_map(|v| v.as_str()?.parse::<IpAddr>().ok()) {
+        if out.len() < MAX_RAILS && !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    out
+}
+
+/// Pair our rails with a peer's addresses: each remote address gets a
+/// local rail on its subnet (the one fewest pairs use so far), else none
+/// (the kernel routes it, from whichever address it picks).
+pub fn pair(locals: &[LocalRail], remotes: &[IpAddr]) -> Vec<(Option<LocalRail>, IpAddr)> {
+    let mut uses = vec![0usize; locals.len()];
+    remotes
+        .iter()
+        .map(|&remote| {
+            let best = (0..locals.len())
+                .filter(|&i| same_subnet(locals[i].addr, remote, locals[i].prefix))
+                .min_by_key(|&i| uses[i]);
+            match best {
+                Some(i) => {
+                    uses[i] += 1;
+                    (Some(locals[i].clone()), remote)
+                }
+                None => (None, remote),
+            }
+        })
+        .collect()
+}
+
+/// What a rail to a peer is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RailState {
+    /// Carrying lanes (or ready to).
+    Up,
+    /// Failed after it worked; probed in the background.
+    Down,
+    /// Never connected: not used for this peer.
+    Dropped,
+}
+
+impl RailState {
+    pub fn name(self) -> &'static str {
+        match self {
+            RailState::Up => "up",
+            RailState::Down => "down",
+            RailState::Dropped => "dropped",
+        }
+    }
+}
+
+struct Status {
+    state: RailState,
+    reason: String,
+    /// A lane on it connected once.
+    connected: bool,
+}
+
+/// One pair of a local rail and a peer's address.
+pub struct Rail {
+    pub index: usize,
+    pub local: Option<LocalRail>,
+    pub remote: IpAddr,
+    status: Mutex<Status>,
+    /// Bytes confirmed over it.
+    pub bytes: AtomicU64,
+    /// When it last moved a byte.
+    progress: Progress,
+    /// Lanes on it running a window.
+    busy: AtomicUsize,
+    /// Confirmed bytes per second, smoothed (0: not measured yet).
+    rate: AtomicU64,
+    probing: AtomicBool,
+}
+
+impl fmt::Display for Rail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.local {
+            Some(l) => write!(f, "{} ({}) -> {}", l.addr, l.name, self.remote),
+            None => write!(f, "routed -> {}", self.remote),
+        }
+    }
+}
+
+impl Rail {
+    pub fn state(&self) -> RailState {
+        self.status.lock().state
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.state() == RailState::Up
+    }
+
+    pub fn reason(&self) -> String {
+        self.status.lock().reason.clone()
+    }
+
+    /// Connect to the peer's data `port` over this rail (from its local
+    /// address), by `by` and within [`RAIL_CONNECT`].
+    pub fn connect(&self, port: u16, by: Instant) -> std::io::Result<TcpStream> {
+        let limit = RAIL_CONNECT.min(by.saturating_duration_since(Instant::now()));
+        if limit.is_zero() {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the connect bound passed"));
+        }
+        let target = SocketAddr::new(self.remote, port);
+        let socket = socket2::Socket::new(socket2::Domain::for_address(target), socket2::Type::STREAM, None)?;
+        if let Some(l) = &self.local {
+            socket.bind(&SocketAddr::new(l.addr, 0).into())?;
+        }
+        socket.connect_timeout(&target.into(), limit)?;
+        Ok(socket.into())
+    }
+
+    /// A window of `bytes` confirmed over it in `took`.
+    pub fn confirmed(&self, bytes: u64, took: Duration) {
+        if bytes == 0 {
+            return;
+        }
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.progress.mark();
+        let now = (bytes as f64 / took.as_secs_f64().max(1e-6)) as u64;
+        let before = self.rate.load(Ordering::Relaxed);
+        let smoothed = if before == 0 { now } else { (before * 3 + now) / 4 };
+        self.rate.store(smoothed.max(1), Ordering::Relaxed);
+    }
+
+    /// Lane on it starts (`true`) or ends a window.
+    pub fn busy(&self, running: bool) {
+        if running {
+            self.busy.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.busy.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn set(&self, state: RailState, reason: String, session: &str) -> bool {
+        let mut st = self.status.lock();
+        if st.state == state {
+            return false;
+        }
+        log::info!("{session}: rail {self} {} -> {}: {reason}", st.state.name(), state.name());
+        st.state = state;
+        st.reason = reason;
+        true
+    }
+}
+
+/// A peer's rails.
+pub struct RailSet {
+    pub session: String,
+    pub rails: Vec<Arc<Rail>>,
+    /// The peer's data port (the probe's target).
+    port: u16,
+    /// Round-robin start for lanes with no rail asked for.
+    next: AtomicUsize,
+}
+
+impl RailSet {
+    /// The pairs of `locals` and `remotes`, all up.
+    pub fn new(session: &str, locals: &[LocalRail], remotes: &[IpAddr], port: u16) -> RailSet {
+        let rails = pair(locals, remotes)
+            .into_iter()
+            .enumerate()
+            .map(|(index, (local, remote))| {
+                let reason = match &local {
+                    Some(l) => format!("same subnet as {} ({}/{})", l.addr, l.name, l.prefix),
+                    None => "no local rail on its subnet: routed by the kernel".to_owned(),
+                };
+                Arc::new(Rail {
+                    index,
+                    local,
+                    remote,
+                    status: Mutex::new(Status { state: RailState::Up, reason, connected: false }),
+                    bytes: AtomicU64::new(0),
+                    progress: Progress::default(),
+                    busy: AtomicUsize::new(0),
+                    rate: AtomicU64::new(0),
+                    probing: AtomicBool::new(false),
+                })
+            })
+            .collect::<Vec<_>>();
+        for r in &rails {
+            log::info!("{session}: rail {r}: {}", r.reason());
+        }
+        RailSet { session: session.to_owned(), rails, port, next: AtomicUsize::new(0) }
+    }
+
+    /// The rail a lane should use: `hint` while it is up, else the up rail
+    /// with the fewest busy lanes (taking turns among equals); `None` when
+    /// no rail is up.
+    pub fn choose(&self, hint: Option<usize>) -> Option<Arc<Rail>> {
+        if let Some(r) = hint.and_then(|h| self.rails.get(h)).filter(|r| r.is_up()) {
+            return Some(r.clone());
+        }
+        let n = self.rails.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..n)
+            .map(|k| &self.rails[(start + k) % n.max(1)])
+            .filter(|r| r.is_up())
+            .min_by_key(|r| r.busy.load(Ordering::Acquire))
+            .cloned()
+    }
+
+    /// The up rails' indexes, for spreading a batch's lanes.
+    pub fn up_indexes(&self) -> Vec<usize> {
+        self.rails.iter().filter(|r| r.is_up()).map(|r| r.index).collect()
+    }
+
+    /// A lane on `rail` connected.
+    pub fn connected(&self, rail: &Rail) {
+        rail.status.lock().connected = true;
+        rail.progress.mark();
+    }
+
+    /// A lane on `rail` could not connect (`why`): a rail that never
+    /// connected is dropped for this peer; one that did is down (probed).
+    pub fn connect_failed(self: &Arc<Self>, rail: &Arc<Rail>, why: &str, registry: &Arc<Registry>) {
+        let connected = rail.status.lock().connected;
+        if connected {
+            self.mark_down(rail, format!("cannot connect again: {why}"), registry);
+        } else {
+            rail.set(RailState::Dropped, format!("cannot connect: {why}"), &self.session);
+        }
+    }
+
+    /// `rail` failed (`why`) while others may live: down, probed in the
+    /// background until it answers.
+    pub fn mark_down(self: &Arc<Self>, rail: &Arc<Rail>, why: String, registry: &Arc<Registry>) {
+        if !rail.set(RailState::Down, why, &self.session) || rail.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (set, rail2, registry2) = (self.clone(), rail.clone(), registry.clone());
+        let spawned = registry.spawn(format!("pdx-rail-probe-{}", rail.index), move || set.probe(&rail2, &registry2));
+        if let Err(e) = spawned {
+            rail.probing.store(false, Ordering::Release);
+            log::warn!("{}: cannot start the probe of rail {rail} ({e}); it stays down", self.session);
+        }
+    }
+
+    /// Probe `rail` until it answers (then it is up again) or the engine stops.
+    fn probe(&self, rail: &Rail, registry: &Registry) {
+        let started = Instant::now();
+        while !registry.stopping() {
+            let by = Instant::now() + PROBE_EVERY.max(Duration::from_millis(200));
+            let tried = Instant::now();
+            match rail.connect(self.port, by) {
+                Ok(stream) => {
+                    drop(stream);
+                    rail.progress.mark();
+                    let down = started.elapsed();
+                    rail.set(
+                        RailState::Up,
+                        format!("answered a probe after {:.1} s down", down.as_secs_f64()),
+                        &self.session,
+                    );
+                    break;
+                }
+                Err(e) => log::debug!("{}: rail {rail} probe: {e}", self.session),
+            }
+            // In short naps: a stopping engine joins this thread.
+            while tried.elapsed() < PROBE_EVERY && !registry.stopping() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        rail.probing.store(false, Ordering::Release);
+    }
+
+    /// Whether a lane on `rail` should stop claiming windows of a batch
+    /// with `unclaimed` bytes left, each next window `window` bytes: yes
+    /// when the other rails, at their measured rates, would move all of it
+    /// before this rail moves the window (then the batch ends sooner
+    /// without it).
+    pub fn should_yield(&self, rail: &Rail, window: usize, unclaimed: usize) -> bool {
+        let own = rail.rate.load(Ordering::Relaxed);
+        let others: u64 = self
+            .rails
+            .iter()
+            .filter(|r| r.index != rail.index && r.is_up())
+            .map(|r| r.rate.load(Ordering::Relaxed))
+            .sum();
+        if own == 0 || others == 0 {
+            return false;
+        }
+        window as f64 / own as f64 > unclaimed as f64 / others as f64
+    }
+
+    /// The rails as `pdx_peer_info` shows them.
+    pub fn info(&self) -> serde_json::Value {
+        let rails: Vec<serde_json::Value> = self
+            .rails
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "rail": rail_label(r),
+                    "local": r.local.as_ref().map(|l| l.addr.to_string()),
+                    "interface": r.local.as_ref().map(|l| l.name.clone()),
+                    "remote": r.remote.to_string(),
+                    "state": r.state().name(),
+                    "reason": r.reason(),
+                    "bytes": r.bytes.load(Ordering::Relaxed),
+                })
+            })
+            .collect();
+        serde_json::Value::Array(rails)
+    }
+}
+
+/// A rail's name in metrics and `pdx_peer_info`: `local->remote`.
+pub fn rail_label(r: &Rail) -> String {
+    match &r.local {
+        Some(l) => format!("{}->{}", l.addr, r.remote),
+        None => format!("routed->{}", r.remote),
+    }
+}
+
+/// A lane's view of its rail, consulted while a call blocks: the rail's
+/// own clock (see the module's documentation).
+#[derive(Clone)]
+pub struct RailClock {
+    pub rail: Arc<Rail>,
+    pub set: Arc<RailSet>,
+}
+
+impl RailClock {
+    /// Bytes moved on this rail just now.
+    pub fn mark(&self) {
+        self.rail.progress.mark();
+    }
+
+    /// True when this rail has moved nothing for [`RAIL_CLOCK`] while
+    /// another rail to the same peer has: the lane should give up.
+    pub fn silent(&self) -> bool {
+        self.silent_at(Instant::now())
+    }
+
+    fn silent_at(&self, now: Instant) -> bool {
+        let quiet = |r: &Rail| now.saturating_duration_since(r.progress.last()) >= RAIL_CLOCK;
+        quiet(&self.rail) && self.set.rails.iter().any(|r| r.index != self.rail.index && r.is_up() && !quiet(r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rail(name: &str, addr: &str, prefix: u8) -> LocalRail {
+        LocalRail { name: name.to_owned(), addr: addr.parse().unwrap(), prefix }
+    }
+
+    #[test]
+    fn rails_are_found_by_auto_by_name_and_by_address() {
+        let list = || Ok(vec![rail("eth0", "10.0.1.2", 24), rail("eth1", "10.0.2.2", 24), rail("eth1", "fd00::2", 64)]);
+        assert!(discover_from(None, list).unwrap().is_empty());
+        assert!(discover_from(Some(" "), list).unwrap().is_empty());
+        assert_eq!(discover_from(Some("auto"), list).unwrap().len(), 3);
+        let named = discover_from(Some("eth1"), list).unwrap();
+        assert_eq!(named.iter().map(|r| r.addr.to_string()).collect::<Vec<_>>(), ["10.0.2.2", "fd00::2"]);
+        let by_addr = discover_from(Some("10.0.1.2, eth0"), list).unwrap();
+        assert_eq!(by_addr, vec![rail("eth0", "10.0.1.2", 24)], "one rail once");
+        let e = discover_from(Some("eth9"), list).unwrap_err();
+        assert!(e.message().contains("\"eth9\"") && e.message().contains("eth0 10.0.1.2"), "{e}");
+    }
+
+    #[test]
+    fn the_real_interface_list_has_no_loopback() {
+        let found = interfaces().unwrap();
+        assert!(found.iter().all(|r| !r.addr.is_loopback()), "{found:?}");
+    }
+
+    #[test]
+    fn pairs_take_the_same_subnet_first_then_the_route() {
+        let locals = [rail("a", "10.231.1.1", 24), rail("b", "10.231.2.1", 24)];
+        let remotes: Vec<IpAddr> =
+            ["10.231.2.2", "10.231.1.2", "10.9.9.9"].iter().map(|s| s.parse().unwrap()).collect();
+        let pairs = pair(&locals, &remotes);
+        assert_eq!(pairs[0].0.as_ref().map(|l| l.name.as_str()), Some("b"));
+        assert_eq!(pairs[1].0.as_ref().map(|l| l.name.as_str()), Some("a"));
+        assert_eq!(pairs[2].0, None, "no subnet in common: routed");
+        assert!(same_subnet("10.1.2.3".parse().unwrap(), "10.1.200.1".parse().unwrap(), 16));
+        assert!(!same_subnet("10.1.2.3".parse().unwrap(), "10.2.2.3".parse().unwrap(), 16));
+        assert!(same_subnet("1.2.3.4".parse().unwrap(), "9.9.9.9".parse().unwrap(), 0));
+        assert!(!same_subnet("10.1.2.3".parse().unwrap(), "fd00::1".parse().unwrap(), 0));
+    }
+
+    #[test]
+    fn advertised_rails_are_read_leniently_and_bounded() {
+        let v = serde_json::json!(["10.0.0.1", 7, "not an ip", "10.0.0.1", "fd00::1"]);
+        assert_eq!(parse_advertised(Some(&v)).len(), 2);
+        assert!(parse_advertised(Some(&serde_json::json!("10.0.0.1"))).is_empty());
+        let many: Vec<String> = (0..40).map(|i| format!("10.0.0.{i}")).collect();
+        assert_eq!(parse_advertised(Some(&serde_json::json!(many))).len(), MAX_RAILS);
+    }
+
+    #[test]
+    fn a_rail_clock_fires_only_while_another_rail_moves() {
+        let locals = [rail("a", "10.231.1.1", 24), rail("b", "10.231.2.1", 24)];
+        let remotes: Vec<IpAddr> = ["10.231.1.2", "10.231.2.2"].iter().map(|s| s.parse().unwrap()).collect();
+        let set = Arc::new(RailSet::new("peer", &locals, &remotes, 1));
+        let clock = RailClock { rail: set.rails[0].clone(), set: set.clone() };
+        let t0 = Instant::now();
+        assert!(!clock.silent_at(t0), "fresh rails have just moved");
+        let later = t0 + RAIL_CLOCK + Duration::from_millis(50);
+        assert!(!clock.silent_at(later), "the whole peer is quiet: the task's stall clock decides, not the rail's");
+        set.rails[1].progress.mark_at(later - Duration::from_millis(10));
+        assert!(clock.silent_at(later), "the other rail moved within the clock");
+        assert!(!clock.silent_at(later - RAIL_CLOCK), "within its own clock");
+        set.rails[1].set(RailState::Down, "test".into(), "peer");
+        assert!(!clock.silent_at(later), "a down rail does not count as moving");
+        set.rails[1].set(RailState::Up, "test".into(), "peer");
+        set.rails[0].progress.mark_at(later);
+        assert!(!clock.silent_at(later), "its own bytes reset its clock");
+    }
+
+    #[test]
+    fn a_slow_rail_yields_the_tail_and_lanes_spread() {
+        let locals = [rail("a", "10.231.1.1", 24), rail("b", "10.231.2.1", 24)];
+        let remotes: Vec<IpAddr> = ["10.231.1.2", "10.231.2.2"].iter().map(|s| s.parse().unwrap()).collect();
+        let set = RailSet::new("peer", &locals, &remotes, 1);
+        let (slow, fast) = (&set.rails[0], &set.rails[1]);
+        assert!(!set.should_yield(slow, 8 << 20, 8 << 20), "no rate measured yet");
+        slow.confirmed(125 << 20, Duration::from_secs(1));
+        fast.confirmed(500 << 20, Duration::from_secs(1));
+        assert!(
+            !set.should_yield(slow, 8 << 20, 64 << 20),
+            "64 MiB left: the fast rail needs longer than one slow window"
+        );
+        assert!(set.should_yield(slow, 8 << 20, 24 << 20), "24 MiB: the fast rail is done first");
+        assert!(!set.should_yield(fast, 8 << 20, 8 << 20));
+        assert_eq!(slow.bytes.load(Ordering::Relaxed), 125 << 20);
+        assert_eq!(set.choose(Some(1)).unwrap().index, 1);
+        slow.busy(true);
+        assert_eq!(set.choose(None).unwrap().index, 1, "the rail with fewer busy lanes");
+        fast.set(RailState::Down, "test".into(), "peer");
+        assert_eq!(set.choose(Some(1)).unwrap().index, 0, "a down rail is not chosen");
+        assert_eq!(set.up_indexes(), vec![0]);
+    }
+}
