@@ -137,14 +137,15 @@ impl BatchRun {
         }
         let per_peer = inner.settings.lanes_per_peer;
         let mut lanes = self.plan.lanes(per_peer);
-        // With rails, at least one lane on each rail up, spread over them.
+        // With rails, two lanes on each rail up (one sends while the other
+        // waits for its acknowledgements), within the per-peer limit.
         let rails = match inner.settings.tcp_rails {
             Some(_) => self.peer(inner).ok().and_then(|p| p.rails().map(|set| set.up_indexes())),
             None => None,
         };
         let rails = rails.unwrap_or_default();
         if !rails.is_empty() {
-            lanes = lanes.max(rails.len()).min(per_peer.max(1));
+            lanes = lanes.max(rails.len() * 2).min(per_peer.max(rails.len()));
         }
         let hint = |k: usize| (!rails.is_empty()).then(|| rails[k % rails.len()]);
         self.lanes_claiming.store(lanes, Ordering::Release);

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Multi-rail TCP over real links (issue 34): two network namespaces joined
+by several veth links, each capped both ways with tbf, one pdx engine in
+each with `PDX_TCP_RAILS` (auto unless `--rails` says otherwise) and
+`PDX_SAME_HOST=off`. The initiator alternates 64 MiB writes and reads for
+`--seconds` and the report gives Gbit/s, failed transfers, both sides' CPU
+seconds per GB, the bytes per rail from `pdx_peer_info`, and per-second
+throughput.
+
+    sudo PYTHONPATH=python python3 scripts/rails_test.py --rates 1gbit,1gbit
+    ... --rates 1gbit,4gbit                  unequal links
+    ... --rates 1gbit,1gbit --kill 2:3:6     link 2 down on both ends at 3 s, up at 6 s
+    ... --rates 1gbit,1gbit --dead-rail      the target also advertises a rail nobody reaches
+    ... --rates 1gbit,1gbit --rails ''       PDX_TCP_RAILS unset: one address
+
+The namespaces and links are made here, torn down on exit, and carry only
+10.231.(10+k).0/24 addresses inside them. Needs root; exit 77 (SKIP) if not.
+Prints one JSON report.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import mmap
+import os
+import subprocess
+import sys
+import time
+
+SIZE = 64 << 20
+HERE = os.path.abspath(__file__)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sh(*argv: str) -> None:
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def rate_bits(rate: str) -> int:
+    units = {"k": 1e3, "m": 1e6, "g": 1e9}
+    r = rate.lower().removesuffix("bit")
+    return int(float(r[:-1]) * units[r[-1]]) if r[-1] in units else int(r)
+
+
+class Bed:
+    """Namespaces `<tag>a` (initiator) and `<tag>b` (target) joined by one
+    veth pair per rate: link k has 10.231.(10+k).1 (a) and .2 (b)."""
+
+    def __init__(self, rates: list[str], dead_rail: bool):
+        self.tag = f"pr{os.getpid()}"
+        self.a, self.b = self.tag + "a", self.tag + "b"
+        self.made: list[str] = []
+        try:
+            self.make(rates, dead_rail)
+        except BaseException:
+            self.close()
+            raise
+
+    def make(self, rates: list[str], dead_rail: bool) -> None:
+        for ns in (self.a, self.b):
+            sh("ip", "netns", "add", ns)
+            self.made.append(ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        for k, rate in enumerate(rates, 1):
+            ea, eb = f"{self.tag}a{k}", f"{self.tag}b{k}"
+            sh("ip", "link", "add", ea, "netns", self.a, "type", "veth", "peer", "name", eb, "netns", self.b)
+            for ns, dev, host in ((self.a, ea, 1), (self.b, eb, 2)):
+                sh("ip", "-n", ns, "addr", "add", f"10.231.{10 + k}.{host}/24", "dev", dev)
+                sh("ip", "-n", ns, "link", "set", dev, "up")
+                burst = max(rate_bits(rate) // 8 // 500, 131072)
+                sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                   "burst", str(burst), "latency", "20ms")
+        if dead_rail:
+            # An address the target has and advertises that no link reaches.
+            # (A veth pair inside the target whose other end stays down.)
+            sh("ip", "-n", self.b, "link", "add", "dead0", "type", "veth", "peer", "name", "dead1")
+            sh("ip", "-n", self.b, "addr", "add", "10.231.30.2/24", "dev", "dead0")
+            sh("ip", "-n", self.b, "link", "set", "dead0", "up")
+        self.links = len(rates)
+
+    def link(self, k: int, up: bool) -> None:
+        state = "up" if up else "down"
+        sh("ip", "-n", self.a, "link", "set", f"{self.tag}a{k}", state)
+        sh("ip", "-n", self.b, "link", "set", f"{self.tag}b{k}", state)
+
+    def close(self) -> None:
+        for ns in self.made:
+            for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+                try:
+                    os.kill(int(pid), 9)
+                except OSError:
+                    pass
+            subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+
+
+def engine(host: str):
+    import pdx
+
+    buf = mmap.mmap(-1, SIZE)
+    buf.write(os.urandom(SIZE))
+    e = pdx.Engine(host, "tcp")
+    e.register(buf)
+    return pdx, e, buf, ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+def role_target(host: str) -> None:
+    _, e, _, addr = engine(host)
+    print(json.dumps({"session": e.session_id, "addr": addr}), flush=True)
+    sys.stdin.readline()
+
+
+def role_initiator(host: str, session: str, remote: int, seconds: float) -> None:
+    pdx, e, buf, local = engine(host)
+    ok = pdx.lib.pdx_transfer_sync_write(e.handle, session.encode(), local, remote, SIZE) == 0
+    print(json.dumps({"ready": ok, "t": time.monotonic()}), flush=True)
+    sys.stdin.readline()
+    done = []
+    t_end = time.monotonic() + seconds
+    k = 0
+    while time.monotonic() < t_end:
+        fn = pdx.lib.pdx_transfer_sync_write if k % 2 == 0 else pdx.lib.pdx_transfer_sync_read
+        t0 = time.monotonic()
+        rc = fn(e.handle, session.encode(), local, remote, SIZE)
+        done.append((t0, time.monotonic(), rc))
+        k += 1
+    info = e.peer_info(session)
+    print(json.dumps({"transfers": done, "peer_info": info}), flush=True)
+
+
+def ns_cmd(ns: str, argv: list[str], env: dict[str, str]) -> list[str]:
+    return ["ip", "netns", "exec", ns, "env", *[f"{k}={v}" for k, v in env.items()], *argv]
+
+
+def run(args: argparse.Namespace) -> dict:
+    rates = args.rates.split(",")
+    bed = Bed(rates, args.dead_rail)
+    env = {"PDX_SAME_HOST": "off", "PYTHONPATH": os.environ.get("PYTHONPATH", "python"),
+           "RUST_LOG": os.environ.get("RUST_LOG", "info")}
+    if args.rails:
+        env["PDX_TCP_RAILS"] = args.rails
+    me = [sys.executable, HERE]
+    t = i = None
+    try:
+        t = subprocess.Popen(ns_cmd(bed.b, [*me, "--role", "target", "--host", "10.231.11.2"], env),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        info = json.loads(t.stdout.readline())
+        i = subprocess.Popen(ns_cmd(bed.a, [*me, "--role", "initiator", "--host", "10.231.11.1", "--args",
+                                            f"{info['session']},{info['addr']},{args.seconds}"], env),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready = json.loads(i.stdout.readline())
+        c0 = cpu_seconds(t.pid) + cpu_seconds(i.pid)
+        t0 = time.monotonic()
+        i.stdin.write("go\n")
+        i.stdin.flush()
+        if args.kill:
+            k, down_at, up_at = (float(x) for x in args.kill.split(":"))
+            time.sleep(max(0.0, t0 + down_at - time.monotonic()))
+            bed.link(int(k), False)
+            time.sleep(max(0.0, t0 + up_at - time.monotonic()))
+            bed.link(int(k), True)
+        res = json.loads(i.stdout.readline())
+        c1 = cpu_seconds(t.pid) + cpu_seconds(i.pid)
+        i.wait(timeout=30)
+        log = i.stderr.read()
+    finally:
+        for p in (i, t):
+            if p is not None and p.poll() is None:
+                p.kill()
+        bed.close()
+    xfers = res["transfers"]
+    moved = sum(SIZE for (_, _, rc) in xfers if rc == 0)
+    span = xfers[-1][1] - xfers[0][0] if xfers else 0.0
+    per_second = []
+    for s in range(int(args.seconds) + 1):
+        lo, hi = t0 + s, t0 + s + 1
+        # Bytes of each transfer spread evenly over its time, cut to the second.
+        b = sum(SIZE * max(0.0, min(hi, e) - max(lo, s0)) / max(e - s0, 1e-9) for (s0, e, rc) in xfers if rc == 0)
+        per_second.append(round(b * 8 / 1e9, 2))
+    rails = res["peer_info"].get("rails")
+    return {
+        "rates": rates, "rails_option": args.rails, "kill": args.kill, "ready": ready["ready"],
+        "transfers": len(xfers), "failed": sum(1 for x in xfers if x[2] != 0),
+        "gbit_s": round(moved * 8 / span / 1e9, 3) if span else 0.0,
+        "cpu_s_per_gb": round((c1 - c0) / (moved / 1e9), 3) if moved else None,
+        "per_second_gbit": per_second, "rails": rails,
+        "rail_log": [line for line in log.splitlines() if "rail" in line][-12:],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--role", choices=["target", "initiator"])
+    ap.add_argument("--host")
+    ap.add_argument("--args")
+    ap.add_argument("--rates", default="1gbit,1gbit")
+    ap.add_argument("--rails", default="auto")
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--kill", default="", help="K:DOWN_S:UP_S: link K down on both ends at DOWN_S, up at UP_S")
+    ap.add_argument("--dead-rail", action="store_true")
+    args = ap.parse_args()
+    if args.role == "target":
+        role_target(args.host)
+        return 0
+    if args.role == "initiator":
+        session, remote, seconds = args.args.split(",")
+        role_initiator(args.host, session, int(remote), float(seconds))
+        return 0
+    if os.geteuid() != 0:
+        print("SKIP: rails_test needs root (network namespaces)", file=sys.stderr)
+        return 77
+    print(json.dumps(run(args), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
