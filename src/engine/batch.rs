@@ -12,7 +12,11 @@ use parking_lot::{Condvar, Mutex};
 use super::deadline::Stall;
 use super::link::Link;
 use super::peers::{recv_limit, stalled, Lane, Peer};
-use super::plan::Plan;
+use super::plan::{Plan, PIECE_BYTES, WINDOW_BYTES};
+
+/// Bytes of a window on a rail: one piece, so that the end of a batch is
+/// shared between rails of different speeds in pieces, not in windows.
+const RAIL_WINDOW_BYTES: usize = PIECE_BYTES;
 use super::prepare::Prepared;
 use super::window::{HostMemory, WindowOutcome};
 use super::Inner;
@@ -276,7 +280,7 @@ impl BatchRun {
     /// stops claiming, and at least one lane always keeps claiming.
     fn yields(&self, peer: &Peer, lane: Option<&Lane>) -> bool {
         let (Some(set), Some(rail)) = (peer.rails(), lane.and_then(|l| l.rail.as_ref())) else { return false };
-        let Some((window, unclaimed)) = self.plan.peek() else { return false };
+        let Some((window, unclaimed)) = self.plan.peek(RAIL_WINDOW_BYTES) else { return false };
         if !set.should_yield(rail, window, unclaimed) {
             return false;
         }
@@ -307,7 +311,9 @@ impl BatchRun {
             if self.yields(&peer, lane.as_ref()) {
                 break;
             }
-            let Some(w) = self.plan.claim() else { break };
+            // Lanes on rails take smaller windows (see `RAIL_WINDOW_BYTES`).
+            let on_rail = lane.as_ref().map_or(rail.is_some(), |l| l.rail.is_some());
+            let Some(w) = self.plan.claim_within(if on_rail { RAIL_WINDOW_BYTES } else { WINDOW_BYTES }) else { break };
             let idx: Vec<usize> = w.collect();
             let next = self.proceed(inner, &stall, None);
             let mut l = match next
@@ -430,9 +436,9 @@ impl BatchRun {
         lane.conn.mark_rail();
         // SAFETY: forwarded from the caller.
         let out = unsafe { self.run(inner, lane, idx) };
-        rail.busy(false);
         let bytes: usize = idx[..out.confirmed].iter().map(|&i| self.plan.pieces[i].len).sum();
         rail.confirmed(bytes as u64, t0.elapsed());
+        rail.busy(false);
         if let (Some(e), false, Some(set)) = (&out.broken, out.rejected, peer.rails()) {
             let lost = matches!(e.kind(), ErrorKind::Timeout | ErrorKind::ConnectionLost);
             if lost && set.rails.iter().any(|r| r.index != rail.index && r.is_up()) {

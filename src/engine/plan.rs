@@ -92,13 +92,20 @@ impl Plan {
     /// [`WINDOW_BYTES`] (a larger piece alone), never pieces of two devices.
     /// Safe to call from several lanes at once; every piece is claimed once.
     pub fn claim(&self) -> Option<Range<usize>> {
+        self.claim_within(WINDOW_BYTES)
+    }
+
+    /// [`Plan::claim`] of at most `max_bytes` (a larger piece alone): the
+    /// lanes of several rails take smaller windows, so that the end of a
+    /// batch is shared finely between rails of different speeds.
+    pub fn claim_within(&self, max_bytes: usize) -> Option<Range<usize>> {
         let n = self.pieces.len();
         loop {
             let start = self.cursor.load(Ordering::Acquire);
             if start >= n {
                 return None;
             }
-            let end = self.window_end(start);
+            let end = self.window_end(start, max_bytes);
             if self.cursor.compare_exchange(start, end, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                 return Some(start..end);
             }
@@ -108,7 +115,7 @@ impl Plan {
     /// The next window's bytes and the unclaimed bytes (`usize::MAX` past
     /// [`PEEK_PIECES`] pieces: "plenty", so a claim costs no walk of a
     /// long batch); `None`: nothing left.
-    pub fn peek(&self) -> Option<(usize, usize)> {
+    pub fn peek(&self, max_bytes: usize) -> Option<(usize, usize)> {
         let start = self.cursor.load(Ordering::Acquire);
         if start >= self.pieces.len() {
             return None;
@@ -116,16 +123,15 @@ impl Plan {
         let sum = |r: &[Request]| r.iter().map(|p| p.len).fold(0usize, usize::saturating_add);
         let rest = &self.pieces[start..];
         let unclaimed = if rest.len() > PEEK_PIECES { usize::MAX } else { sum(rest) };
-        Some((sum(&self.pieces[start..self.window_end(start)]), unclaimed))
+        Some((sum(&self.pieces[start..self.window_end(start, max_bytes)]), unclaimed))
     }
 
-    fn window_end(&self, start: usize) -> usize {
+    fn window_end(&self, start: usize, max_bytes: usize) -> usize {
         let n = self.pieces.len();
         let mut end = start;
         let mut bytes = 0usize;
         let mut device: Kind = None;
-        while end < n && end - start < WINDOW_REQUESTS && (end == start || bytes + self.pieces[end].len <= WINDOW_BYTES)
-        {
+        while end < n && end - start < WINDOW_REQUESTS && (end == start || bytes + self.pieces[end].len <= max_bytes) {
             match (device, self.kind(end)) {
                 (Some(d), Some(k)) if d != k => break,
                 (None, Some(k)) => device = Some(k),
@@ -210,13 +216,15 @@ mod tests {
     #[test]
     fn peek_sees_the_next_window_and_what_is_left() {
         let p = Plan::new(&[req(PIECE_BYTES * 3), req(5)], &[], 0);
-        assert_eq!(p.peek(), Some((2 * PIECE_BYTES, 3 * PIECE_BYTES + 5)));
+        assert_eq!(p.peek(WINDOW_BYTES), Some((2 * PIECE_BYTES, 3 * PIECE_BYTES + 5)));
+        assert_eq!(p.peek(PIECE_BYTES), Some((PIECE_BYTES, 3 * PIECE_BYTES + 5)));
+        assert_eq!(p.claim_within(PIECE_BYTES), Some(0..1));
         p.claim();
-        assert_eq!(p.peek(), Some((PIECE_BYTES + 5, PIECE_BYTES + 5)));
+        assert_eq!(p.peek(WINDOW_BYTES), Some((PIECE_BYTES + 5, PIECE_BYTES + 5)));
         p.claim();
-        assert_eq!(p.peek(), None);
+        assert_eq!(p.peek(WINDOW_BYTES), None);
         let long = Plan::new(&vec![req(1); PEEK_PIECES + 1], &[], 0);
-        assert_eq!(long.peek(), Some((WINDOW_REQUESTS, usize::MAX)), "a long batch is not walked");
+        assert_eq!(long.peek(WINDOW_BYTES), Some((WINDOW_REQUESTS, usize::MAX)), "a long batch is not walked");
     }
 
     #[test]

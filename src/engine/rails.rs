@@ -301,14 +301,18 @@ impl Rail {
         Ok(socket.into())
     }
 
-    /// A window of `bytes` confirmed over it in `took`.
+    /// A window of `bytes` confirmed over it in `took`, by a lane that
+    /// shared the rail with the other busy lanes (the rail's rate is the
+    /// lane's times the lanes busy on it; call before [`Rail::busy`]
+    /// `(false)`).
     pub fn confirmed(&self, bytes: u64, took: Duration) {
         if bytes == 0 {
             return;
         }
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
         self.progress.mark();
-        let now = (bytes as f64 / took.as_secs_f64().max(1e-6)) as u64;
+        let sharing = self.busy.load(Ordering::Acquire).max(1) as f64;
+        let now = (bytes as f64 * sharing / took.as_secs_f64().max(1e-6)) as u64;
         let before = self.rate.load(Ordering::Relaxed);
         let smoothed = if before == 0 { now } else { (before * 3 + now) / 4 };
         self.rate.store(smoothed.max(1), Ordering::Relaxed);
@@ -456,12 +460,13 @@ impl RailSet {
     }
 
     /// Whether a lane on `rail` should stop claiming windows of a batch
-    /// with `unclaimed` bytes left, each next window `window` bytes: yes
+    /// with `unclaimed` bytes left, the next window `window` bytes: yes
     /// when the other rails, at their measured rates, would move all of it
-    /// before this rail moves the window (then the batch ends sooner
-    /// without it).
+    /// before this lane (sharing its rail with the lanes busy on it) moves
+    /// the window; then the batch ends sooner without it.
     pub fn should_yield(&self, rail: &Rail, window: usize, unclaimed: usize) -> bool {
-        let own = rail.rate.load(Ordering::Relaxed);
+        let sharing = (rail.busy.load(Ordering::Acquire) + 1) as u64;
+        let own = rail.rate.load(Ordering::Relaxed) / sharing;
         let others: u64 = self
             .rails
             .iter()
@@ -609,13 +614,21 @@ mod tests {
         let (slow, fast) = (&set.rails[0], &set.rails[1]);
         assert!(!set.should_yield(slow, 8 << 20, 8 << 20), "no rate measured yet");
         slow.confirmed(125 << 20, Duration::from_secs(1));
-        fast.confirmed(500 << 20, Duration::from_secs(1));
+        fast.busy(true);
+        fast.busy(true);
+        fast.confirmed(250 << 20, Duration::from_secs(1)); // one of two lanes: the rail moves 500 MiB/s
+        fast.busy(false);
+        fast.busy(false);
+        assert_eq!(fast.rate.load(Ordering::Relaxed), 500 << 20);
         assert!(
-            !set.should_yield(slow, 8 << 20, 64 << 20),
-            "64 MiB left: the fast rail needs longer than one slow window"
+            !set.should_yield(slow, 4 << 20, 40 << 20),
+            "40 MiB left: the fast rail needs longer than a slow piece"
         );
-        assert!(set.should_yield(slow, 8 << 20, 24 << 20), "24 MiB: the fast rail is done first");
-        assert!(!set.should_yield(fast, 8 << 20, 8 << 20));
+        assert!(set.should_yield(slow, 4 << 20, 12 << 20), "12 MiB: the fast rail is done first");
+        slow.busy(true);
+        assert!(set.should_yield(slow, 4 << 20, 24 << 20), "a second lane on the slow rail gets half of it");
+        slow.busy(false);
+        assert!(!set.should_yield(fast, 4 << 20, 4 << 20));
         assert_eq!(slow.bytes.load(Ordering::Relaxed), 125 << 20);
         assert_eq!(set.choose(Some(1)).unwrap().index, 1);
         slow.busy(true);
