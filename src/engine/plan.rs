@@ -219,8 +219,9 @@ mod tests {
         assert_eq!(p.peek(WINDOW_BYTES), Some((2 * PIECE_BYTES, 3 * PIECE_BYTES + 5)));
         assert_eq!(p.peek(PIECE_BYTES), Some((PIECE_BYTES, 3 * PIECE_BYTES + 5)));
         assert_eq!(p.claim_within(PIECE_BYTES), Some(0..1));
-        p.claim();
-        assert_eq!(p.peek(WINDOW_BYTES), Some((PIECE_BYTES + 5, PIECE_BYTES + 5)));
+        assert_eq!(p.peek(WINDOW_BYTES), Some((2 * PIECE_BYTES, 2 * PIECE_BYTES + 5)));
+        assert_eq!(p.claim(), Some(1..3));
+        assert_eq!(p.peek(WINDOW_BYTES), Some((5, 5)));
         p.claim();
         assert_eq!(p.peek(WINDOW_BYTES), None);
         let long = Plan::new(&vec![req(1); PEEK_PIECES + 1], &[], 0);
