@@ -43,6 +43,7 @@ pub(super) fn metrics(from: &Sources<'_>) -> MetricsSnapshot {
     m.refused_auth = s.connections_refused_auth.load(Relaxed);
     m.lanes_open = from.peers.lanes_open();
     m.tasks_queued = s.tasks_queued.load(Relaxed);
+    m.rails = from.peers.rail_samples();
     if from.per_peer {
         m.peers = Some(s.peers.snapshots());
     }

@@ -588,6 +588,19 @@ impl Peers {
         self.map.lock().values().map(|p| p.lanes.lock().open as u64).sum()
     }
 
+    /// Every paired rail of every cached peer, as the metrics name them:
+    /// (`local->remote`, up, bytes confirmed).
+    pub fn rail_samples(&self) -> Vec<(String, bool, u64)> {
+        let peers: Vec<Arc<Peer>> = self.map.lock().values().cloned().collect();
+        let mut out = Vec::new();
+        for set in peers.iter().filter_map(|p| p.rails.get().cloned().flatten()) {
+            for r in &set.rails {
+                out.push((super::rails::rail_label(r), r.is_up(), r.bytes.load(Ordering::Relaxed)));
+            }
+        }
+        out
+    }
+
     /// Lanes open to `session`, if it is cached.
     pub fn lanes_open_to(&self, session: &str) -> Option<u64> {
         self.map.lock().get(session).map(|p| p.lanes.lock().open as u64)

@@ -34,7 +34,13 @@ pub struct MetricsSnapshot {
     pub tasks_queued: u64,
     /// Per-peer figures, when asked for (`PDX_METRICS_PER_PEER`).
     pub peers: Option<Vec<PeerSnapshot>>,
+    /// Rails of multi-rail TCP (`PDX_TCP_RAILS`), as `(local->remote,
+    /// up, bytes confirmed)`; empty without rails (no series then).
+    pub rails: Vec<(String, bool, u64)>,
 }
+
+/// Most rails the scrape names (the busiest).
+pub const MAX_RAIL_SERIES: usize = 64;
 
 impl MetricsSnapshot {
     /// A snapshot with counters only (a backend that keeps no histograms).
@@ -51,6 +57,7 @@ impl MetricsSnapshot {
             lanes_open: 0,
             tasks_queued: 0,
             peers: None,
+            rails: Vec::new(),
         }
     }
 }
@@ -235,6 +242,24 @@ pub fn render(m: &MetricsSnapshot) -> String {
         t.histogram("pdx_task_size_bytes", &[("direction", d), ("path", path)], h, 1.0);
     }
 
+    if !m.rails.is_empty() {
+        let mut rails: Vec<&(String, bool, u64)> = m.rails.iter().collect();
+        rails.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+        rails.truncate(MAX_RAIL_SERIES);
+        t.family(
+            "pdx_rail_transferred_bytes_total",
+            "counter",
+            "Payload bytes confirmed over each rail (local->remote address; the busiest rails only).",
+        );
+        for (rail, _, bytes) in &rails {
+            t.sample("pdx_rail_transferred_bytes_total", &[("rail", rail)], *bytes);
+        }
+        t.family("pdx_rail_up", "gauge", "Whether each rail is up (1) or down or dropped (0).");
+        for (rail, up, _) in &rails {
+            t.sample("pdx_rail_up", &[("rail", rail)], u64::from(*up));
+        }
+    }
+
     if let Some(peers) = &m.peers {
         let top = busiest(peers);
         t.family(
@@ -346,6 +371,20 @@ mod tests {
             let base = name.trim_end_matches("_bucket").trim_end_matches("_sum").trim_end_matches("_count");
             assert!(families.iter().any(|f| f.starts_with(&format!("{name} ")) || f.starts_with(&format!("{base} "))));
         }
+    }
+
+    #[test]
+    fn rail_series_only_with_rails_and_bounded() {
+        let mut m = MetricsSnapshot::from_stats("tcp", Stats::default().snapshot(Gauges::default()));
+        assert!(!render(&m).contains("rail"), "no rails: the scrape is what it was");
+        m.rails = (0..100u64).map(|i| (format!("10.0.1.1->10.0.2.{i}"), i != 99, i * 10)).collect();
+        let text = render(&m);
+        let v = |p: &str| sample_value(&text, p);
+        assert_eq!(v("pdx_rail_transferred_bytes_total{rail=\"10.0.1.1->10.0.2.99\"}").as_deref(), Some("990"));
+        assert_eq!(v("pdx_rail_up{rail=\"10.0.1.1->10.0.2.99\"}").as_deref(), Some("0"));
+        assert_eq!(v("pdx_rail_up{rail=\"10.0.1.1->10.0.2.98\"}").as_deref(), Some("1"));
+        assert_eq!(v("pdx_rail_up{rail=\"10.0.1.1->10.0.2.0\"}"), None, "only the busiest 64");
+        assert_eq!(text.lines().filter(|l| l.starts_with("pdx_rail_up{")).count(), MAX_RAIL_SERIES);
     }
 
     #[test]
