@@ -442,6 +442,10 @@ impl BatchRun {
         if let (Some(e), false, Some(set)) = (&out.broken, out.rejected, peer.rails()) {
             let lost = matches!(e.kind(), ErrorKind::Timeout | ErrorKind::ConnectionLost);
             if lost && set.rails.iter().any(|r| r.index != rail.index && r.is_up()) {
+                // Its pieces are sent again on another rail: what this
+                // connection still queues must never arrive after them
+                // (over newer bytes), so it closes with a reset.
+                let _ = socket2::SockRef::from(lane.conn.stream()).set_linger(Some(Duration::ZERO));
                 set.mark_down(&rail, format!("{e}"), &inner.registry);
             }
         }

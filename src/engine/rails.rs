@@ -522,15 +522,19 @@ impl RailClock {
         self.rail.progress.mark();
     }
 
-    /// True when this rail has moved nothing for [`RAIL_CLOCK`] while
-    /// another rail to the same peer has: the lane should give up.
+    /// True when this rail has moved nothing for [`RAIL_CLOCK`] and
+    /// another rail to the same peer has moved since it last did (the peer
+    /// lives; its other rails may have finished their share and idle,
+    /// waiting on this one): the lane should give up. When every rail went
+    /// quiet together, the task's stall clock decides.
     pub fn silent(&self) -> bool {
         self.silent_at(Instant::now())
     }
 
     fn silent_at(&self, now: Instant) -> bool {
-        let quiet = |r: &Rail| now.saturating_duration_since(r.progress.last()) >= RAIL_CLOCK;
-        quiet(&self.rail) && self.set.rails.iter().any(|r| r.index != self.rail.index && r.is_up() && !quiet(r))
+        let own = self.rail.progress.last();
+        now.saturating_duration_since(own) >= RAIL_CLOCK
+            && self.set.rails.iter().any(|r| r.index != self.rail.index && r.is_up() && r.progress.last() > own)
     }
 }
 
@@ -587,23 +591,25 @@ mod tests {
     }
 
     #[test]
-    fn a_rail_clock_fires_only_while_another_rail_moves() {
+    fn a_rail_clock_fires_only_once_another_rail_moved_after_it() {
         let locals = [rail("a", "10.231.1.1", 24), rail("b", "10.231.2.1", 24)];
         let remotes: Vec<IpAddr> = ["10.231.1.2", "10.231.2.2"].iter().map(|s| s.parse().unwrap()).collect();
         let set = Arc::new(RailSet::new("peer", &locals, &remotes, 1));
         let clock = RailClock { rail: set.rails[0].clone(), set: set.clone() };
         let t0 = Instant::now();
-        assert!(!clock.silent_at(t0), "fresh rails have just moved");
+        set.rails[0].progress.mark_at(t0);
+        set.rails[1].progress.mark_at(t0);
         let later = t0 + RAIL_CLOCK + Duration::from_millis(50);
-        assert!(!clock.silent_at(later), "the whole peer is quiet: the task's stall clock decides, not the rail's");
-        set.rails[1].progress.mark_at(later - Duration::from_millis(10));
-        assert!(clock.silent_at(later), "the other rail moved within the clock");
-        assert!(!clock.silent_at(later - RAIL_CLOCK), "within its own clock");
+        assert!(!clock.silent_at(later), "every rail went quiet together: the task's stall clock decides");
+        // The other rail moved after this one last did, then finished its share and idled.
+        set.rails[1].progress.mark_at(t0 + Duration::from_millis(300));
+        assert!(!clock.silent_at(t0 + RAIL_CLOCK - Duration::from_millis(1)), "within its own clock");
+        assert!(clock.silent_at(later), "quiet for the clock while the peer lives on another rail");
         set.rails[1].set(RailState::Down, "test".into(), "peer");
         assert!(!clock.silent_at(later), "a down rail does not count as moving");
         set.rails[1].set(RailState::Up, "test".into(), "peer");
-        set.rails[0].progress.mark_at(later);
-        assert!(!clock.silent_at(later), "its own bytes reset its clock");
+        clock.mark();
+        assert!(!clock.silent(), "its own bytes reset its clock");
     }
 
     #[test]
