@@ -55,6 +55,8 @@ mod hardening_tests;
 #[cfg(test)]
 mod lifecycle_tests;
 #[cfg(test)]
+mod rails_tests;
+#[cfg(test)]
 mod samehost_tests;
 #[cfg(test)]
 mod tests;
@@ -178,7 +180,15 @@ impl Engine {
         let host = engine_host(hostname)?;
         let access = access::Access::from_settings(&settings)?;
         let ip = bind_ip(&host, &settings)?;
-        let rails = rails::discover(settings.tcp_rails.as_deref())?;
+        let mut rails = rails::discover(settings.tcp_rails.as_deref())?;
+        // The data port listens on one family (the host's): rails of the
+        // other could not be reached there.
+        let (kept, other): (Vec<_>, Vec<_>) = rails.into_iter().partition(|r| r.addr.is_ipv4() == ip.is_ipv4());
+        if !other.is_empty() {
+            let names: Vec<String> = other.iter().map(|r| format!("{} ({})", r.addr, r.name)).collect();
+            log::info!("PDX_TCP_RAILS: not the host address's family, so not rails: {}", names.join(", "));
+        }
+        rails = kept;
         let rpc = listen::bind_in_range(ip, settings.min_port, settings.max_port)?;
         // With rails, data arrives on every rail's address: the data port
         // listens on all of them (the allowlist still applies).
