@@ -34,14 +34,14 @@ use crate::error::{Error, Result};
 
 /// A rail with work in flight that confirms nothing for this long, while
 /// another rail to the same peer does, is down.
-pub const RAIL_CLOCK: Duration = Duration::from_secs(2);
+pub(crate) const RAIL_CLOCK: Duration = Duration::from_secs(2);
 /// How often a down rail is probed.
-pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// Bound on one rail's connect (a rail that cannot connect in this long is
 /// dropped; the task's own clocks are far longer).
 const RAIL_CONNECT: Duration = Duration::from_secs(2);
 /// Most rails an engine uses or accepts from a peer's descriptor.
-pub const MAX_RAILS: usize = 16;
+pub(crate) const MAX_RAILS: usize = 16;
 
 /// One local interface address that carries lanes.
 #[derive(Debug, Clone, PartialEq, Eq)]

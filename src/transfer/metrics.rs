@@ -40,7 +40,7 @@ pub struct MetricsSnapshot {
 }
 
 /// Most rails the scrape names (the busiest).
-pub const MAX_RAIL_SERIES: usize = 64;
+pub(crate) const MAX_RAIL_SERIES: usize = 64;
 
 impl MetricsSnapshot {
     /// A snapshot with counters only (a backend that keeps no histograms).
