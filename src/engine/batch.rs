@@ -14,11 +14,9 @@ use super::link::Link;
 use super::peers::{recv_limit, stalled, Lane, Peer};
 use super::plan::{Plan, PIECE_BYTES, WINDOW_BYTES};
 
-/// Bytes of a window on a rail: a few pieces, so that the end of a batch
-/// is shared between rails of different speeds finely, not in windows.
-const RAIL_WINDOW_BYTES: usize = 2 << 20;
-/// Host pieces of a batch with rails.
-const RAIL_PIECE_BYTES: usize = 1 << 20;
+/// Bytes of a window on a rail: one piece, so that the end of a batch is
+/// shared between rails of different speeds in pieces, not in windows.
+const RAIL_WINDOW_BYTES: usize = PIECE_BYTES;
 use super::prepare::Prepared;
 use super::window::{HostMemory, WindowOutcome};
 use super::Inner;
@@ -90,15 +88,7 @@ impl BatchRun {
         // Device memory travels in pieces of one staging buffer (host-only
         // batches never ask the pool).
         let device_piece = if prepared.kinds.is_empty() { 0 } else { inner.staging.chunk() };
-        // With rails, host memory travels in smaller pieces, so that the end
-        // of a batch is shared finely between rails (while the batch stays
-        // within the pieces its entries allow).
-        let rail_pieces = prepared.reqs.iter().map(|r| r.len.div_ceil(RAIL_PIECE_BYTES)).sum::<usize>();
-        let host_piece = match inner.settings.tcp_rails {
-            Some(_) if rail_pieces <= inner.settings.max_batch_entries.saturating_mul(4) => RAIL_PIECE_BYTES,
-            _ => PIECE_BYTES,
-        };
-        let plan = Plan::with_pieces(&prepared.reqs, &prepared.kinds, device_piece, host_piece);
+        let plan = Plan::new(&prepared.reqs, &prepared.kinds, device_piece);
         let tasks = plan
             .task_pieces
             .iter()

@@ -42,14 +42,7 @@ impl Plan {
     /// Cut `reqs` into pieces of at most [`PIECE_BYTES`], device ones (per
     /// `kinds`, empty when all are host memory) into pieces of at most
     /// `device_piece`. Empty requests get no piece.
-    #[cfg(test)]
     pub fn new(reqs: &[Request], kinds: &[Kind], device_piece: usize) -> Plan {
-        Self::with_pieces(reqs, kinds, device_piece, PIECE_BYTES)
-    }
-
-    /// [`Plan::new`] with host pieces of at most `host_piece` bytes (at
-    /// most [`PIECE_BYTES`]).
-    pub fn with_pieces(reqs: &[Request], kinds: &[Kind], device_piece: usize, host_piece: usize) -> Plan {
         let mut plan = Plan {
             pieces: Vec::with_capacity(reqs.len()),
             piece_task: Vec::with_capacity(reqs.len()),
@@ -59,8 +52,7 @@ impl Plan {
         };
         for (i, r) in reqs.iter().enumerate() {
             let kind = kinds.get(i).copied().flatten();
-            let host = host_piece.clamp(1, PIECE_BYTES);
-            let limit = if kind.is_some() { PIECE_BYTES.min(device_piece.max(1)) } else { host };
+            let limit = if kind.is_some() { PIECE_BYTES.min(device_piece.max(1)) } else { PIECE_BYTES };
             let mut off = 0;
             let mut count = 0;
             while off < r.len {
@@ -234,14 +226,6 @@ mod tests {
         assert_eq!(p.peek(WINDOW_BYTES), None);
         let long = Plan::new(&vec![req(1); PEEK_PIECES + 1], &[], 0);
         assert_eq!(long.peek(WINDOW_BYTES), Some((WINDOW_REQUESTS, usize::MAX)), "a long batch is not walked");
-    }
-
-    #[test]
-    fn smaller_host_pieces_when_asked_and_never_larger() {
-        let p = Plan::with_pieces(&[req(3 << 20), req(5)], &[], 0, 1 << 20);
-        assert_eq!(p.pieces.iter().map(|r| r.len).collect::<Vec<_>>(), vec![1 << 20, 1 << 20, 1 << 20, 5]);
-        let q = Plan::with_pieces(&[req(PIECE_BYTES * 2)], &[], 0, usize::MAX);
-        assert_eq!(q.pieces.len(), 2, "at most PIECE_BYTES");
     }
 
     #[test]
