@@ -136,10 +136,10 @@ impl Conn {
         self.rail = Some(rail);
     }
 
-    /// Work starts on this lane's rail: its clock counts from now.
+    /// A window starts on this lane's rail: the lane's clock counts from now.
     pub fn mark_rail(&self) {
         if let Some(r) = &self.rail {
-            r.mark();
+            r.start_window();
         }
     }
 

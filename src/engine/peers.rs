@@ -270,7 +270,7 @@ impl Peer {
             .map_err(|e| Error::io(format!("configuring a data connection: {e}")))?;
         conn.set_spin(s.spin);
         if let (Some(rail), Some(set)) = (rail, self.rails()) {
-            conn.set_rail(RailClock { rail: rail.clone(), set: set.clone() });
+            conn.set_rail(RailClock::new(rail.clone(), set.clone()));
             set.connected(rail);
         }
         let tracked = self

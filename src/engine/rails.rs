@@ -514,27 +514,49 @@ pub fn rail_label(r: &Rail) -> String {
 pub struct RailClock {
     pub rail: Arc<Rail>,
     pub set: Arc<RailSet>,
+    /// When this lane's current window started: its clock runs from the
+    /// later of that and the rail's last byte (a window started on a rail
+    /// that died earlier gets its own full clock, without restarting the
+    /// clock of the rail's other lanes).
+    window_start: std::cell::Cell<Instant>,
 }
 
 impl RailClock {
+    pub fn new(rail: Arc<Rail>, set: Arc<RailSet>) -> RailClock {
+        RailClock { rail, set, window_start: std::cell::Cell::new(Instant::now()) }
+    }
+
     /// Bytes moved on this rail just now.
     pub fn mark(&self) {
         self.rail.progress.mark();
     }
 
-    /// True when this rail has moved nothing for [`RAIL_CLOCK`] and
-    /// another rail to the same peer has moved since it last did (the peer
-    /// lives; its other rails may have finished their share and idle,
-    /// waiting on this one): the lane should give up. When every rail went
-    /// quiet together, the task's stall clock decides.
+    /// This lane starts a window now.
+    pub fn start_window(&self) {
+        self.window_start.set(Instant::now());
+    }
+
+    /// True when this lane's window has seen its rail move nothing for
+    /// [`RAIL_CLOCK`] while another rail up to the same peer moved no
+    /// longer than that before this rail's last byte, or since (it was
+    /// working when this one stopped; it may have finished its share and
+    /// idle, waiting on this one): the lane should give up. A rail whose
+    /// siblings have been idle for longer, or are down, waits for the
+    /// task's stall clock. Should the whole peer have died, one rail is
+    /// marked down for nothing (and probed back); the retry on the others
+    /// then meets the task's stall clock, as without rails.
     pub fn silent(&self) -> bool {
         self.silent_at(Instant::now())
     }
 
     fn silent_at(&self, now: Instant) -> bool {
         let own = self.rail.progress.last();
-        now.saturating_duration_since(own) >= RAIL_CLOCK
-            && self.set.rails.iter().any(|r| r.index != self.rail.index && r.is_up() && r.progress.last() > own)
+        now.saturating_duration_since(own.max(self.window_start.get())) >= RAIL_CLOCK
+            && self
+                .set
+                .rails
+                .iter()
+                .any(|r| r.index != self.rail.index && r.is_up() && r.progress.last() + RAIL_CLOCK > own)
     }
 }
 
@@ -591,25 +613,32 @@ mod tests {
     }
 
     #[test]
-    fn a_rail_clock_fires_only_once_another_rail_moved_after_it() {
+    fn a_rail_clock_fires_only_while_another_rail_was_working() {
         let locals = [rail("a", "10.231.1.1", 24), rail("b", "10.231.2.1", 24)];
         let remotes: Vec<IpAddr> = ["10.231.1.2", "10.231.2.2"].iter().map(|s| s.parse().unwrap()).collect();
         let set = Arc::new(RailSet::new("peer", &locals, &remotes, 1));
-        let clock = RailClock { rail: set.rails[0].clone(), set: set.clone() };
-        let t0 = Instant::now();
+        let clock = RailClock::new(set.rails[0].clone(), set.clone());
+        let t0 = Instant::now() + Duration::from_secs(5);
+        clock.window_start.set(t0);
         set.rails[0].progress.mark_at(t0);
-        set.rails[1].progress.mark_at(t0);
         let later = t0 + RAIL_CLOCK + Duration::from_millis(50);
-        assert!(!clock.silent_at(later), "every rail went quiet together: the task's stall clock decides");
-        // The other rail moved after this one last did, then finished its share and idled.
-        set.rails[1].progress.mark_at(t0 + Duration::from_millis(300));
+        assert!(!clock.silent_at(later), "the other rail has been idle since long before: no word on the peer");
+        // The other rail moved shortly before this one's last byte, then
+        // finished its share and idled.
+        set.rails[1].progress.mark_at(t0 + Duration::from_millis(100) - RAIL_CLOCK);
         assert!(!clock.silent_at(t0 + RAIL_CLOCK - Duration::from_millis(1)), "within its own clock");
-        assert!(clock.silent_at(later), "quiet for the clock while the peer lives on another rail");
+        assert!(clock.silent_at(later), "quiet for the clock while another rail was working");
         set.rails[1].set(RailState::Down, "test".into(), "peer");
-        assert!(!clock.silent_at(later), "a down rail does not count as moving");
+        assert!(!clock.silent_at(later), "a down rail does not count");
         set.rails[1].set(RailState::Up, "test".into(), "peer");
-        clock.mark();
-        assert!(!clock.silent(), "its own bytes reset its clock");
+        // Another lane starting a window on the dead rail later has its own
+        // clock from then; this lane's clock does not restart.
+        let later_lane = RailClock::new(set.rails[0].clone(), set.clone());
+        later_lane.window_start.set(t0 + Duration::from_millis(500));
+        assert!(clock.silent_at(later) && !later_lane.silent_at(later));
+        assert!(later_lane.silent_at(later + Duration::from_millis(500)));
+        set.rails[0].progress.mark_at(later);
+        assert!(!clock.silent_at(later), "its own bytes reset its clock");
     }
 
     #[test]
