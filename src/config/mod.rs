@@ -4,7 +4,7 @@
 //! - [`choices`]: backend / mode / load-balance choice lists.
 //! - [`args`]: the typed ServerArgs subset, set/get by field name or CLI flag.
 //! - [`argv`]: reading the PD flags out of a command line (argparse rules).
-//! - [`sglang_flags`]: SGLang's option lists at the two commits.
+//! - [`sglang_flags`]: SGLang's option lists at the rule sets' commits.
 //! - [`engine_options`]: per-engine options (`gpu_id`, `device_source`, settings).
 //! - [`env`]: environment access with SGLang's `environ.py` rules.
 //! - [`rules`]: `handle_pd_disaggregation` in two versions, plus normalization.
