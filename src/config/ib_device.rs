@@ -86,7 +86,7 @@ fn python_constants_as_null(text: &str) -> std::borrow::Cow<'_, str> {
 /// Longest per-GPU mapping file read: a mapping of every GPU of a node to
 /// its devices is a few hundred bytes; the bound keeps a wrong path from
 /// being read without end.
-pub const MAX_MAPPING_FILE_BYTES: usize = 1 << 20;
+pub(crate) const MAX_MAPPING_FILE_BYTES: usize = 1 << 20;
 
 const BAD_MAPPING_FORMAT: &str =
     "Invalid format: keys must be integers (or string representations of integers) and values must be strings";
@@ -101,7 +101,7 @@ const BAD_MAPPING_FORMAT: &str =
 ///   `Failed to read JSON file {path}: {err}`). Unlike SGLang, a path that
 ///   is not a regular file says what it is (`File {path} is a FIFO (named
 ///   pipe), not a regular file.`), and a file over
-///   [`MAX_MAPPING_FILE_BYTES`] is refused (`Failed to read JSON file
+///   `MAX_MAPPING_FILE_BYTES` (1 MiB) is refused (`Failed to read JSON file
 ///   {path}: it holds N bytes, over the limit of 1048576`).
 /// - `{...}` → inline JSON (`ValueError` `Invalid JSON mapping: {text}`).
 /// - The JSON must be an object with all-digit keys and string values

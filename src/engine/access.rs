@@ -105,12 +105,12 @@ impl Allowlist {
 pub const MIN_SECRET_BYTES: usize = 32;
 /// Longest secret file accepted: a secret needs far less, and the bound
 /// keeps a wrong path (a device, a log) from being read without end.
-pub const MAX_SECRET_FILE_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_SECRET_FILE_BYTES: usize = 16 * 1024;
 
 /// Read the shared secret from `path`: refused (naming the file and why)
 /// when it cannot be read, is not a regular file (a symlink is followed),
 /// is readable by group or others, holds more than
-/// [`MAX_SECRET_FILE_BYTES`] bytes or fewer than [`MIN_SECRET_BYTES`] (a
+/// `MAX_SECRET_FILE_BYTES` (16 KiB) or fewer than [`MIN_SECRET_BYTES`] (a
 /// trailing newline does not count).
 pub fn read_secret(path: &str) -> Result<Vec<u8>> {
     use std::os::unix::fs::PermissionsExt;
