@@ -461,21 +461,35 @@ struct PathTaken {
     reason: String,
 }
 
-/// Print which path the data to `session` took and why; a run that asked
-/// for `auto` and ended on TCP says so in a WARNING line.
-fn path_taken(engine: &dyn TransferBackend, session: &str, requested: &str) -> PathTaken {
-    let path = match engine.peer_info(session) {
+/// Which path the data to `session` took and why.
+fn peer_path(engine: &dyn TransferBackend, session: &str) -> PathTaken {
+    match engine.peer_info(session) {
         Ok(info) => PathTaken {
             taken: info["path"].as_str().unwrap_or("unknown").to_owned(),
             reason: info["reason"].as_str().unwrap_or_default().to_owned(),
         },
         Err(e) => PathTaken { taken: "unknown".into(), reason: e.to_string() },
-    };
-    println!("data path to {session}: {} (asked for {requested}): {}", path.taken, path.reason);
-    if requested == "auto" && path.taken == "tcp" {
-        println!("WARNING: --path auto ended on TCP, not the same-host link: {}", path.reason);
     }
-    path
+}
+
+impl PathTaken {
+    /// The path for a title: the one taken, or the engine's protocol when
+    /// the backend does not say.
+    fn title(&self, protocol: &str) -> String {
+        match self.taken.as_str() {
+            "unknown" => protocol.to_owned(),
+            taken => taken.to_owned(),
+        }
+    }
+
+    /// Print it; a run that asked for `auto` and ended on TCP says so in a
+    /// WARNING line.
+    fn print(&self, session: &str, requested: &str) {
+        println!("data path to {session}: {} (asked for {requested}): {}", self.taken, self.reason);
+        if requested == "auto" && self.taken == "tcp" {
+            println!("WARNING: --path auto ended on TCP, not the same-host link: {}", self.reason);
+        }
+    }
 }
 
 fn initiator(
@@ -494,7 +508,7 @@ fn initiator(
             &format!(
                 "pdx {:?} over {} ({} -> {}), local {} remote {}",
                 opts.op,
-                engine.protocol(),
+                peer_path(engine.as_ref(), session).title(engine.protocol()),
                 engine.session_id(),
                 session,
                 opts.location,
@@ -510,9 +524,10 @@ fn initiator(
     }
     let stats = engine.stats();
     report::print_stats(&stats, run::stats_cost());
-    let path = path_taken(engine.as_ref(), session, opts.path.name());
+    let taken = peer_path(engine.as_ref(), session);
+    taken.print(session, opts.path.name());
     let json = serde_json::json!({
-        "path": path.taken, "path_requested": opts.path.name(), "path_reason": path.reason, "pages": opts.huge.name(),
+        "path": taken.taken, "path_requested": opts.path.name(), "path_reason": taken.reason, "pages": opts.huge.name(),
         "op": format!("{:?}", opts.op).to_lowercase(), "protocol": opts.protocol, "threads": opts.threads,
         "blocks": rows.iter().map(report::Row::to_json).collect::<Vec<_>>(),
         "kv": kv_rows,
@@ -529,9 +544,9 @@ fn initiator(
         if !rows.is_empty() {
             let svg = report::svg_plot(
                 &format!(
-                    "pdx {} throughput over {} loopback",
+                    "pdx {} throughput over {}",
                     format!("{:?}", opts.op).to_lowercase(),
-                    engine.protocol()
+                    taken.title(engine.protocol())
                 ),
                 &rows,
             );

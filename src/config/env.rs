@@ -298,7 +298,7 @@ vars! {
     PDX_ALLOWED_PEERS: Ty::Text, "any address",
         "Comma list of IPv4/IPv6 addresses and CIDR blocks; an inbound connection from elsewhere is closed unread.";
     PDX_PEER_SECRET_FILE: Ty::Text, "unset (no authentication)",
-        "File with a shared secret (>= 32 bytes, not readable by group or others): pdx peers authenticate every handshake and data connection; Mooncake peers are refused.";
+        "Regular file with a shared secret (32 bytes to 16 KiB, not readable by group or others): pdx peers authenticate every handshake and data connection; Mooncake peers are refused.";
     PDX_IDLE_TIMEOUT_MS: Ty::Millis { min: 500, max: 600_000 }, "300000",
         "Inbound data connections with no request for this long are closed (an initiator reconnects unseen).";
     PDX_SAME_HOST: Ty::Choice(&["auto", "off"]), "auto",
