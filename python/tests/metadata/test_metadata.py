@@ -8,7 +8,7 @@ import logging
 import time
 
 import pytest
-from conftest import Etcd, HttpMetadata, Node, free_port, need_mooncake, wait_until
+from servers import Etcd, HttpMetadata, Node, free_port, need_mooncake, wait_until
 
 import pdx
 from pdx.mooncake import TransferEngine
