@@ -292,10 +292,8 @@ class TransferEngine:
         if protocol == "xgmi":
             log.error("Protocol 'xgmi' is not exposed in the Python API. Use 'hip' instead.")
             return -1
-        metadata = _metadata_string(metadata_server, metadata_type)
-        options: dict[str, object] = {}
-        if metadata != P2PHANDSHAKE:
-            options["metadata_server"] = metadata
+        # Always passed: the argument wins over PDX_METADATA_SERVER in the environment.
+        options: dict[str, object] = {"metadata_server": _metadata_string(metadata_server, metadata_type)}
         try:
             engine = pdx.Engine(hostname, protocol or None, device or None, **options)
         except PdxError as exc:

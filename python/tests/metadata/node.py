@@ -5,7 +5,8 @@
 
 IMPL is ``mooncake`` or ``pdx``; ROLE is:
 
-- ``target``: initialize as NAME, allocate a 1 MiB managed buffer, print
+- ``target``: initialize as NAME, allocate a managed buffer (1 MiB, or
+  ``NODE_TARGET_BYTES``), print
   ``READY <buffer address> <rpc port>``, then wait until stdin closes (or is
   killed);
 - ``initiator``: initialize as NAME, find TARGET's buffer by name
@@ -46,7 +47,7 @@ def random_text(n: int) -> bytes:
 
 
 def run_target(engine) -> None:
-    buf = engine.allocate_managed_buffer(1 << 20)
+    buf = engine.allocate_managed_buffer(int(os.environ.get("NODE_TARGET_BYTES", 1 << 20)))
     if buf == 0:
         fail("allocate_managed_buffer returned 0")
     print(f"READY {buf} {engine.get_rpc_port()}", flush=True)

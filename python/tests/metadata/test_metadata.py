@@ -249,3 +249,47 @@ def test_initialize_ext_builds_type_url(etcd: Etcd) -> None:
     segment = name()
     assert engine.initialize_ext(segment, etcd.endpoint, "tcp", "", "etcd") == 0
     assert etcd.get(f"mooncake/rpc_meta/{segment}") is not None
+
+
+def test_mooncakes_benchmark_writes_to_a_pdx_target_through_http(http_metadata: HttpMetadata) -> None:
+    import os
+    import re
+    import shutil
+    import subprocess
+
+    bench = shutil.which("transfer_engine_bench")
+    if bench is None:
+        pytest.skip("transfer_engine_bench (from the Mooncake wheel) is not installed")
+    segment = name()
+    with Node("pdx", "target", segment, http_metadata.url, env={"NODE_TARGET_BYTES": str(64 << 20)}) as t:
+        t.ready()
+        args = [bench, "--mode=initiator", f"--metadata_server={http_metadata.url}", f"--local_server_name={name()}"]
+        args += [f"--segment_id={segment}", "--protocol=tcp", "--operation=write", "--duration=2", "--threads=2"]
+        args += ["--batch_size=16", "--block_size=65536", f"--buffer_size={32 << 20}"]
+        run = subprocess.run(args, capture_output=True, text=True, timeout=120, env={**os.environ, "MC_FORCE_TCP": "1"})
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-3000:]
+    found = re.search(r"batch count (\d+), throughput ([\d.]+)", log)
+    assert found and int(found.group(1)) > 0 and float(found.group(2)) > 0, log[-3000:]
+
+
+def test_the_c_abi_option_and_its_variable_choose_the_directory(
+    http_metadata: HttpMetadata, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pdx.Engine is pdx_engine_init_with: the option, then the variable; neither keeps P2P.
+    by_option = pdx.Engine("127.0.0.1:1001", "tcp", metadata_server=http_metadata.url)
+    assert by_option.session_id == "127.0.0.1:1001"
+    assert http_metadata.get("mooncake/rpc_meta/127.0.0.1:1001") is not None
+    monkeypatch.setenv("PDX_METADATA_SERVER", http_metadata.url)
+    by_variable = pdx.Engine("127.0.0.1:1002", "tcp")
+    assert http_metadata.get("mooncake/rpc_meta/127.0.0.1:1002") is not None
+    # The drop-in's argument wins over the variable.
+    p2p = TransferEngine()
+    assert p2p.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert p2p._engine is not None and p2p._engine.session_id == f"127.0.0.1:{p2p.get_rpc_port()}"
+    monkeypatch.delenv("PDX_METADATA_SERVER")
+    plain = pdx.Engine("127.0.0.1", "tcp")
+    assert plain.session_id == f"127.0.0.1:{plain.rpc_port}"
+    for engine in (by_option, by_variable, plain):
+        engine.close()
+    assert http_metadata.get("mooncake/rpc_meta/127.0.0.1:1001") is None

@@ -480,4 +480,115 @@ mod tests {
         let huge = format!(r#"{{"ip_or_host_name":"{}","rpc_port":1}}"#, "h".repeat(5000));
         assert!(RpcMeta::parse(huge.as_bytes(), "k").is_err());
     }
+
+    /// A store in memory that refuses to overwrite `rpc_meta` keys (as
+    /// Mooncake's HTTP server does) and can lose its lease.
+    #[derive(Default)]
+    struct MemoryStore {
+        map: Mutex<BTreeMap<String, Vec<u8>>>,
+        lease_lost: std::sync::atomic::AtomicBool,
+    }
+
+    impl Store for MemoryStore {
+        fn describe(&self) -> String {
+            "memory".into()
+        }
+        fn get(&self, key: &str, max: usize) -> Result<Option<Vec<u8>>> {
+            let v = self.map.lock().get(key).cloned();
+            match v {
+                Some(v) if v.len() > max => Err(Error::protocol(format!("{key} too large"))),
+                v => Ok(v),
+            }
+        }
+        fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+            let mut map = self.map.lock();
+            if key.contains("rpc_meta") && map.contains_key(key) {
+                return Err(Error::protocol("HTTP 400: Duplicate rpc_meta key not allowed"));
+            }
+            map.insert(key.to_owned(), value.to_vec());
+            Ok(())
+        }
+        fn delete(&self, key: &str) -> Result<()> {
+            self.map.lock().remove(key);
+            Ok(())
+        }
+        fn renew(&self) -> Result<bool> {
+            if self.lease_lost.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                self.map.lock().clear(); // the lease's keys went with it
+                return Ok(false);
+            }
+            Ok(true)
+        }
+        fn renew_every(&self) -> Option<Duration> {
+            Some(Duration::from_secs(1))
+        }
+        fn release(&self) {}
+    }
+
+    fn directory() -> StoreDirectory<MemoryStore> {
+        let limits = Limits { timeout: Duration::from_secs(1), max_value: 1 << 20, lease_ttl: Duration::from_secs(3) };
+        StoreDirectory::new(MemoryStore::default(), Keys::new(None).unwrap(), limits)
+    }
+
+    fn rpc(port: u16) -> RpcMeta {
+        RpcMeta { ip_or_host_name: "127.0.0.1".into(), rpc_port: port }
+    }
+
+    fn ask_nobody(_: &SessionAddr) -> Result<Vec<u8>> {
+        unreachable!("a store is read, no peer asked")
+    }
+
+    #[test]
+    fn a_live_holder_keeps_its_name_and_its_keys() {
+        let d = directory();
+        d.claim("n", "first", &rpc(1), &|_| false).unwrap();
+        let e = d.claim("n", "second", &rpc(2), &|a| a.port == 1).unwrap_err();
+        assert!(e.message().contains("held by a live engine at 127.0.0.1:1"), "{e}");
+        assert!(e.message().contains("mooncake/rpc_meta/n"), "{e}");
+        assert_eq!(d.descriptor("n", 0, &ask_nobody).unwrap().body, b"first");
+        // A refused engine's withdrawal leaves the holder's keys.
+        let refused = directory();
+        *refused.store.map.lock() = d.store.map.lock().clone();
+        assert!(refused.claim("n", "second", &rpc(2), &|_| true).is_err());
+        refused.withdraw("n");
+        assert_eq!(refused.store.map.lock().len(), 2);
+    }
+
+    #[test]
+    fn a_dead_holder_is_taken_over_without_a_duplicate_refusal() {
+        let d = directory();
+        d.claim("n", "old", &rpc(1), &|_| false).unwrap();
+        d.claim("n", "new", &rpc(2), &|_| false).unwrap();
+        assert_eq!(d.rpc_address("n", 0).unwrap().port, 2);
+        assert_eq!(d.descriptor("n", 0, &ask_nobody).unwrap().body, b"new");
+        // Claiming one's own keys again is idempotent.
+        d.claim("n", "new", &rpc(2), &|_| true).unwrap();
+        d.republish("n", "newer").unwrap();
+        assert_eq!(d.descriptor("n", 0, &ask_nobody).unwrap().body, b"newer");
+        d.withdraw("n");
+        assert!(d.store.map.lock().is_empty());
+    }
+
+    #[test]
+    fn a_lost_lease_puts_the_keys_again() {
+        let d = directory();
+        d.claim("n", "desc", &rpc(1), &|_| false).unwrap();
+        d.store.lease_lost.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(d.upkeep(), Some(Duration::from_secs(1)));
+        assert_eq!(d.descriptor("n", 0, &ask_nobody).unwrap().body, b"desc");
+        assert_eq!(d.rpc_address("n", 0).unwrap().port, 1);
+    }
+
+    #[test]
+    fn a_missing_segment_is_not_found_and_named() {
+        let d = directory();
+        let e = d.descriptor("ghost", 0, &ask_nobody).err().unwrap();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert!(e.message().contains("mooncake/ram/ghost") && e.message().contains("memory"), "{e}");
+        let e = d.rpc_address("ghost", 0).unwrap_err();
+        assert!(e.message().contains("mooncake/rpc_meta/ghost"), "{e}");
+        // A malformed rpc_meta is refused naming its key.
+        d.store.map.lock().insert("mooncake/rpc_meta/bad".into(), b"{}".to_vec());
+        assert!(d.rpc_address("bad", 0).unwrap_err().message().contains("mooncake/rpc_meta/bad"));
+    }
 }
