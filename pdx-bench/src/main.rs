@@ -259,6 +259,7 @@ fn main() {
         Some(Mode::Target(t)) => t.metadata.clone(),
     };
     if let Some(m) = metadata {
+        let _ = THROUGH_STORE.set(!matches!(m.trim(), "" | "P2PHANDSHAKE"));
         // Read by the engine when it starts; the loopback target inherits it.
         std::env::set_var("PDX_METADATA_SERVER", m);
     }
@@ -280,11 +281,14 @@ fn main() {
     }
 }
 
+/// Whether `--metadata` names a metadata server (not P2P handshake).
+static THROUGH_STORE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
 fn start_engine(host: &str, protocol: &str) -> Result<Box<dyn TransferBackend>, String> {
     // Through a metadata server a segment is named as given: a name without
     // a port gets one from the process id, so that the loopback target and
     // initiator on one host do not claim the same name.
-    let through_store = std::env::var("PDX_METADATA_SERVER").is_ok_and(|m| !matches!(m.trim(), "" | "P2PHANDSHAKE"));
+    let through_store = THROUGH_STORE.get().copied().unwrap_or(false);
     let name = match through_store && !host.contains(':') {
         true => format!("{host}:{}", 1024 + std::process::id() % 60000),
         false => host.to_owned(),
