@@ -294,14 +294,11 @@ impl Engine {
         let Some(first) = directory.upkeep() else {
             return Ok(());
         };
-        let registry = inner.registry.clone();
+        let inner2 = inner.clone();
         let keep_alive = move || {
-            let mut next = std::time::Instant::now() + first;
-            while !registry.stopping() {
-                if std::time::Instant::now() >= next {
-                    next = std::time::Instant::now() + directory.upkeep().unwrap_or(first);
-                }
-                std::thread::sleep(Duration::from_millis(50));
+            let mut every = first;
+            while !inner2.peers.wait_unless_stopping(every) {
+                every = directory.upkeep().unwrap_or(first);
             }
         };
         inner

@@ -473,6 +473,16 @@ impl Peers {
         drop(closed); // closed outside the cache's lock
     }
 
+    /// Wait `timeout`, or less if the engine stops (woken by
+    /// [`Peers::wake_all`]); true when it is stopping.
+    pub fn wait_unless_stopping(&self, timeout: Duration) -> bool {
+        let mut guard = self.sweeper.0.lock();
+        if !self.dialer.registry.stopping() {
+            self.sweeper.1.wait_for(&mut guard, timeout);
+        }
+        self.dialer.registry.stopping()
+    }
+
     /// The sweeper's loop: every [`SWEEP_INTERVAL`] until the engine stops.
     pub fn sweep_until_stopped(&self) {
         let registry = &self.dialer.registry;

@@ -340,7 +340,9 @@ impl<S: Store> Directory for StoreDirectory<S> {
 
     fn claim(&self, segment: &str, descriptor: &str, rpc: &RpcMeta, alive: IsAlive<'_>) -> Result<()> {
         let rpc_key = self.keys.rpc_meta(segment);
-        let held = match self.store.get(&rpc_key, MAX_RPC_META_LEN)? {
+        let present = self.store.get(&rpc_key, MAX_RPC_META_LEN)?;
+        let was_there = present.is_some();
+        let held = match present {
             None => None,
             Some(v) => match RpcMeta::parse(&v, &rpc_key) {
                 Ok(holder) => Some(holder),
@@ -368,7 +370,9 @@ impl<S: Store> Directory for StoreDirectory<S> {
             );
         }
         // Removed first: Mooncake's HTTP server refuses to overwrite an rpc_meta key.
-        self.store.delete(&rpc_key)?;
+        if was_there {
+            self.store.delete(&rpc_key)?;
+        }
         self.put_own(rpc_key, rpc.to_json().as_bytes())?;
         self.put_own(self.keys.descriptor(segment), descriptor.as_bytes())
     }
