@@ -7,12 +7,13 @@ IMPL is ``mooncake`` or ``pdx``; ROLE is:
 
 - ``target``: initialize as NAME, allocate a managed buffer (1 MiB, or
   ``NODE_TARGET_BYTES``), print
-  ``READY <buffer address> <rpc port>``, then wait until stdin closes (or is
-  killed);
+  ``READY <buffer address> <rpc port>``, wait until stdin closes (or is
+  killed), then print ``NOTIFIES`` and the notifications it received as JSON;
 - ``initiator``: initialize as NAME, find TARGET's buffer by name
   (``get_first_buffer_address``), then move random strings there and back
   the ways Mooncake's own Python tests do (sync write/read, sync batches,
-  async batch, ``transfer_submit_write``), probe TARGET and an unpublished
+  async batch, ``transfer_submit_write``, a write with a notification),
+  probe TARGET and an unpublished
   name, and print ``OK`` with a JSON line of what it checked.
 
 Exit status 0 only when every check held; the reason is printed otherwise.
@@ -52,9 +53,11 @@ def run_target(engine) -> None:
         fail("allocate_managed_buffer returned 0")
     print(f"READY {buf} {engine.get_rpc_port()}", flush=True)
     sys.stdin.read()
+    notes = [[n.name, n.msg] for n in engine.get_notifies()]
+    print("NOTIFIES " + json.dumps(notes), flush=True)
 
 
-def run_initiator(engine, target: str) -> None:
+def run_initiator(engine, target: str, impl_name: str) -> None:
     checks: dict[str, object] = {}
     remote = 0
     deadline = time.monotonic() + 10
@@ -119,6 +122,15 @@ def run_initiator(engine, target: str) -> None:
     if engine.transfer_sync_read(target, back, remote, 4096) != 0 or engine.read_bytes_from_buffer(back, 4096) != data:
         fail("transfer_submit_write bytes differ")
     checks["submit_write"] = True
+    # A notification with a write reaches the target (through its rpc_meta).
+    if impl_name == "mooncake":
+        from mooncake.engine import TransferNotify, TransferOpcode
+    else:
+        from pdx.mooncake import TransferNotify, TransferOpcode
+    note = TransferNotify("node", "hello " + target)
+    if engine.transfer_sync(target, local, remote, 16, TransferOpcode.Write, note) != 0:
+        fail("transfer_sync with a notification failed")
+    checks["notify"] = True
     # An unpublished name fails without hanging.
     t0 = time.monotonic()
     unknown = "127.0.0.1:1"
@@ -142,7 +154,7 @@ def main() -> None:
     if role == "target":
         run_target(engine)
     else:
-        run_initiator(engine, sys.argv[5])
+        run_initiator(engine, sys.argv[5], impl)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ def test_engines_find_each_other_and_move_bytes(metadata: str, initiator: str, t
         with Node(initiator, "initiator", name(), metadata, target_name) as i:
             rc, out, err = i.finish()
             assert rc == 0 and "OK" in out, f"{out}\n{err[-3000:]}"
+        _, said, _ = t.finish()
+    assert f'NOTIFIES [["node", "hello {target_name}"]]' in said, said
 
 
 def started(segment: str, metadata: str, **env: str) -> TransferEngine:

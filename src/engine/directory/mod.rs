@@ -387,6 +387,11 @@ impl<S: Store> Directory for StoreDirectory<S> {
         for key in own.keys() {
             if let Err(e) = self.store.delete(key) {
                 log::warn!("could not remove {key} from {}: {e}", self.store.describe());
+                if matches!(e.kind(), ErrorKind::PeerUnreachable | ErrorKind::Timeout) {
+                    // A store that does not answer would hold the stop for
+                    // a timeout per key; a lease removes the keys anyway.
+                    return;
+                }
             }
         }
         self.store.release();
