@@ -1,5 +1,6 @@
 //! The native TCP transfer engine, wire-compatible with Mooncake's TCP
-//! transport in P2PHANDSHAKE mode (pure Rust, no C types).
+//! transport (pure Rust, no C types); peers are found through the
+//! [`directory`] (P2P handshake, Mooncake's HTTP metadata server, etcd).
 //!
 //! An [`Engine`] serves two listeners (handshake and data, see [`server`]),
 //! keeps the memory peers may touch ([`regions`]), and initiates transfers
