@@ -135,8 +135,8 @@ def run_initiator(engine, target: str, impl_name: str) -> None:
     t0 = time.monotonic()
     unknown = "127.0.0.1:1"
     probe = engine.send_probe(unknown)
-    if probe == 0:
-        fail("probe of an unpublished name answered 0")
+    if probe != -200:
+        fail(f"probe of an unpublished name answered {probe}, not the wheel's -200 (ERR_METADATA)")
     if engine.batch_transfer_async_write(unknown, [local], [remote], [16]) != 0:
         fail("async submit to an unpublished name did not return 0")
     checks["unknown"] = {"probe": probe, "seconds": round(time.monotonic() - t0, 2)}

@@ -174,17 +174,21 @@ def test_a_segment_published_after_the_first_lookup_is_found(http_metadata: Http
         assert engine.send_probe(segment) == 0
 
 
-def test_known_peers_keep_working_when_the_store_goes_away(http_metadata: HttpMetadata) -> None:
+@pytest.mark.parametrize("kind", ["http", "etcd"])
+def test_known_peers_keep_working_when_the_store_goes_away(kind: str, request: pytest.FixtureRequest) -> None:
+    server = request.getfixturevalue("http_metadata" if kind == "http" else "etcd")
+    metadata = server.url if kind == "http" else server.endpoint
     segment = name()
-    engine = started(name(), http_metadata.url)
+    engine = started(name(), metadata)
     local = engine.allocate_managed_buffer(4096)
-    with Node("pdx", "target", segment, http_metadata.url) as t:
+    with Node("pdx", "target", segment, metadata) as t:
         remote, _ = t.ready()
         assert engine.transfer_sync_write(segment, local, remote, 4096) == 0
-        http_metadata.stop()
+        server.stop()
         assert engine.transfer_sync_write(segment, local, remote, 4096) == 0
         t0 = time.monotonic()
         assert engine.get_first_buffer_address(name()) == 0
+        assert f"127.0.0.1:{server.port}" in pdx.last_error() and "did not answer" in pdx.last_error()
         assert engine.batch_transfer_async_write(name(), [local], [remote], [16]) == 0
         assert time.monotonic() - t0 < 10
 
