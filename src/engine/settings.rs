@@ -148,7 +148,7 @@ impl Settings {
             peer_secret_file: read(env, &PDX_PEER_SECRET_FILE),
             metadata_server: read(env, &PDX_METADATA_SERVER),
             metadata_cluster_id: read(env, &MC_METADATA_CLUSTER_ID),
-            metadata_lease_ttl: Duration::from_secs(read(env, &PDX_METADATA_LEASE_TTL_S).unwrap_or(10)),
+            metadata_lease_ttl: Duration::from_secs(read(env, &PDX_METADATA_LEASE_TTL_S).unwrap_or(8)),
             metadata_timeout: read(env, &PDX_METADATA_TIMEOUT_MS).unwrap_or(Duration::from_secs(3)),
         }
     }
