@@ -4,7 +4,13 @@ and the behaviours Mooncake lacks (leases, restarts, name ownership, faults)."""
 
 from __future__ import annotations
 
+import gc
+import json
 import logging
+import os
+import re
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -60,8 +66,6 @@ def test_keys_and_values_are_mooncakes_and_go_at_free(http_metadata: HttpMetadat
     segment = name()
     engine = started(segment, http_metadata.url)
     buf = engine.allocate_managed_buffer(4096)
-    import json
-
     desc = json.loads(http_metadata.get(f"mooncake/ram/{segment}") or b"{}")
     assert desc["name"] == segment and desc["protocol"] == "tcp" and desc["tcp_proto_version"] == 2
     assert desc["buffers"] == [{"addr": buf, "length": 4096, "name": segment}]
@@ -72,8 +76,6 @@ def test_keys_and_values_are_mooncakes_and_go_at_free(http_metadata: HttpMetadat
     assert engine.free_managed_buffer(buf, 4096) == 0
     assert json.loads(http_metadata.get(f"mooncake/ram/{segment}") or b"{}")["buffers"] == []
     del engine
-    import gc
-
     gc.collect()
     wait_until(lambda: http_metadata.get(f"mooncake/ram/{segment}") is None, 10, "the descriptor's removal")
     assert http_metadata.get(f"mooncake/rpc_meta/{segment}") is None
@@ -106,7 +108,8 @@ def test_a_killed_engines_etcd_keys_vanish_within_the_lease(etcd: Etcd) -> None:
         assert etcd.get(f"mooncake/ram/{segment}") is not None
         t.proc.kill()
         gone = seconds_until_gone(etcd, f"mooncake/ram/{segment}", 10)
-    assert gone is not None and gone <= 4.5, gone
+    # The time to live after the last renewal, plus etcd's expiry check (slower under load).
+    assert gone is not None and gone <= 5.5, gone
     assert etcd.get(f"mooncake/rpc_meta/{segment}") is None
 
 
@@ -258,11 +261,6 @@ def test_initialize_ext_builds_type_url(etcd: Etcd) -> None:
 
 
 def test_mooncakes_benchmark_writes_to_a_pdx_target_through_http(http_metadata: HttpMetadata) -> None:
-    import os
-    import re
-    import shutil
-    import subprocess
-
     bench = shutil.which("transfer_engine_bench")
     if bench is None:
         pytest.skip("transfer_engine_bench (from the Mooncake wheel) is not installed")
