@@ -1168,6 +1168,22 @@ pdx_status pdx_batch_free(pdx_engine *engine, uint64_t batch);
 pdx_status pdx_send_probe(pdx_engine *engine, const char *session);
 
 /**
+ * The address of the first buffer `segment` advertises, as Mooncake's
+ * `getFirstBufferAddress`: this engine's own when `segment` is its session
+ * name, else read afresh from the metadata directory (in P2P mode the
+ * peer's descriptor). `*out_addr` is 0 when the segment advertises no
+ * buffer. An unknown or unreachable segment is an error
+ * (`PDX_ERR_PEER_UNREACHABLE`, ...); so is a Mooncake-backed engine
+ * (`PDX_ERR_INVALID_ARGUMENT`). `*out_addr` is untouched on error.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `segment` is NULL or a NUL-terminated
+ * string; `out_addr` is NULL or valid for writing one `uint64_t`. Handles are checked by pdx,
+ * never trusted.
+ */
+pdx_status pdx_first_buffer_address(pdx_engine *engine, const char *segment, uint64_t *out_addr);
+
+/**
  * Send the notification (`name`, `msg`) to `session`, as Mooncake's notify.
  * `PDX_ERR_NOTIFY_REJECTED` if the peer refused it.
  *

@@ -69,6 +69,10 @@ struct TargetOpts {
     /// Transport protocol (tcp runs the native engine; others Mooncake's).
     #[arg(long, default_value = "tcp")]
     protocol: String,
+    /// Where peers find each other (PDX_METADATA_SERVER): P2PHANDSHAKE,
+    /// http://host:port/metadata, etcd://host:port or host:port (etcd).
+    #[arg(long)]
+    metadata: Option<String>,
     /// Where the served buffer lives: cpu:N, or cuda:N (device memory from
     /// the driver in PDX_CUDA_LIB).
     #[arg(long, default_value = "cpu:0")]
@@ -144,6 +148,11 @@ struct InitiatorOpts {
     /// Mooncake's, see PDX_MOONCAKE_LIB).
     #[arg(long, default_value = "tcp")]
     protocol: String,
+    /// Where peers find each other (PDX_METADATA_SERVER): P2PHANDSHAKE,
+    /// http://host:port/metadata, etcd://host:port or host:port (etcd);
+    /// the loopback target uses the same.
+    #[arg(long)]
+    metadata: Option<String>,
     /// Hostname of the initiator engine (and of the target in loopback mode).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -244,6 +253,16 @@ fn main() {
         Some(Mode::Loopback(o)) | Some(Mode::Initiator { opts: o, .. }) => o.path,
         Some(Mode::Target(_)) => PathArg::Auto,
     };
+    let metadata = match &cli.mode {
+        None => cli.opts.metadata.clone(),
+        Some(Mode::Loopback(o)) | Some(Mode::Initiator { opts: o, .. }) => o.metadata.clone(),
+        Some(Mode::Target(t)) => t.metadata.clone(),
+    };
+    if let Some(m) = metadata {
+        let _ = THROUGH_STORE.set(!matches!(m.trim(), "" | "P2PHANDSHAKE"));
+        // Read by the engine when it starts; the loopback target inherits it.
+        std::env::set_var("PDX_METADATA_SERVER", m);
+    }
     if path == PathArg::Tcp {
         // As above; the loopback target inherits it.
         std::env::set_var("PDX_SAME_HOST", "off");
@@ -262,8 +281,19 @@ fn main() {
     }
 }
 
+/// Whether `--metadata` names a metadata server (not P2P handshake).
+static THROUGH_STORE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
 fn start_engine(host: &str, protocol: &str) -> Result<Box<dyn TransferBackend>, String> {
-    pdx::backend::start(host, Some(protocol), None).map_err(|e| e.to_string())
+    // Through a metadata server a segment is named as given: a name without
+    // a port gets one from the process id, so that the loopback target and
+    // initiator on one host do not claim the same name.
+    let through_store = THROUGH_STORE.get().copied().unwrap_or(false);
+    let name = match through_store && !host.contains(':') {
+        true => format!("{host}:{}", 1024 + std::process::id() % 60000),
+        false => host.to_owned(),
+    };
+    pdx::backend::start(&name, Some(protocol), None).map_err(|e| e.to_string())
 }
 
 /// Control messages ride on pdx notifications with this name.

@@ -611,6 +611,7 @@ _ENGINE_SIGNATURES: list[_Signature] = [
     ("pdx_batch_wait", pdx_status, [c_void_p, c_uint64, ctypes.c_uint32, POINTER(c_int32)]),
     ("pdx_batch_free", pdx_status, [c_void_p, c_uint64]),
     ("pdx_send_probe", pdx_status, [c_void_p, c_char_p]),
+    ("pdx_first_buffer_address", pdx_status, [c_void_p, c_char_p, POINTER(ctypes.c_uint64)]),
     ("pdx_send_notify", pdx_status, [c_void_p, c_char_p, c_char_p, c_char_p]),
     ("pdx_notifications_drain", pdx_status, [c_void_p, POINTER(c_void_p)]),
     ("pdx_notifications_count", c_size_t, [c_void_p]),

@@ -30,12 +30,15 @@ Conventions kept from the wheel:
   or negative values for an unsigned one (``TypeError``), a list parameter any
   sequence, a ``str`` parameter ``str`` or ``bytes``.
 
-Where pdx differs (listed in the README): ``get_engine``, ``get_engine_ptr``,
-``get_local_topology`` and ``get_first_buffer_address`` raise
-``NotImplementedError`` (there is no C++ ``mooncake::TransferEngine`` object,
-and pdx's C ABI has no call that reads a peer's buffer list); metadata servers
-other than ``P2PHANDSHAKE`` (etcd, redis, http) are refused with ``-1`` and a
-logged reason; the ``location`` of a registration and ``transport_hint`` are
+Metadata servers: ``P2PHANDSHAKE``, Mooncake's HTTP metadata server
+(``http://host:port/metadata``) and etcd (``etcd://h:p[,h:p]`` or a bare
+``h:p``), with Mooncake's keys and values (see docs/metadata.md); ``redis``
+and unknown schemes are refused with ``-1`` and a logged reason (never an
+abort).
+
+Where pdx differs (listed in the README): ``get_engine``, ``get_engine_ptr``
+and ``get_local_topology`` raise ``NotImplementedError`` (there is no C++
+``mooncake::TransferEngine`` object); the ``location`` of a registration and ``transport_hint`` are
 accepted and ignored (the wheel ignores the hint too); a stale or made-up
 batch id gives ``-1`` instead of undefined behaviour.
 """
@@ -76,6 +79,7 @@ P2PHANDSHAKE = "P2PHANDSHAKE"
 
 # Mooncake's return codes (its error.h) for the failures the wheel reports.
 ERR_INVALID_ARGUMENT = -1
+ERR_METADATA = -200
 ERR_ADDRESS_NOT_REGISTERED = -3
 ERR_ADDRESS_OVERLAPPED = -7
 ERR_DNS_FAIL = -101
@@ -203,6 +207,18 @@ def _notify(value: object, fn: str) -> Optional[tuple[str, str]]:
     _incompatible(fn, value)
 
 
+def _metadata_string(server: str, metadata_type: Optional[str]) -> str:
+    """The metadata string the wheel builds: ``type://server`` for ``initialize_ext``
+    (unless the server already names a scheme or is ``P2PHANDSHAKE``)."""
+    text = server.strip()
+    if not text or text == P2PHANDSHAKE:
+        return P2PHANDSHAKE
+    kind = (metadata_type or "").strip()
+    if kind and kind != P2PHANDSHAKE and "://" not in text:
+        return f"{kind}://{text}"
+    return text
+
+
 def _transfer_timeout_s() -> float:
     """MC_TRANSFER_TIMEOUT (seconds, at least 5, default 30), read as the wheel reads it."""
     raw = os.environ.get("MC_TRANSFER_TIMEOUT")
@@ -247,7 +263,9 @@ class TransferEngine:
     def initialize(self, local_hostname: str, metadata_server: str, protocol: str, device_name: str) -> int:
         """Start the engine on ``local_hostname``; 0 on success, -1 on failure (reason logged).
 
-        ``metadata_server`` must be ``"P2PHANDSHAKE"``; ``protocol`` is resolved
+        ``metadata_server`` is ``"P2PHANDSHAKE"``, an ``http://`` URL of
+        Mooncake's metadata server, or etcd (``etcd://h:p`` or a bare
+        ``h:p``); ``protocol`` is resolved
         by pdx (``MC_FORCE_TCP`` forces ``tcp``); ``device_name`` is a
         comma-separated device list ("" for none)."""
         fn = "initialize"
@@ -257,7 +275,8 @@ class TransferEngine:
     def initialize_ext(
         self, local_hostname: str, metadata_server: str, protocol: str, device_name: str, metadata_type: str
     ) -> int:
-        """``initialize`` with an explicit metadata type; only ``P2PHANDSHAKE`` is served."""
+        """``initialize`` with an explicit metadata type (``http``, ``etcd``...): the
+        server string becomes ``type://server`` as the wheel builds it."""
         fn = "initialize_ext"
         return self._start(
             _str(local_hostname, fn),
@@ -273,16 +292,10 @@ class TransferEngine:
         if protocol == "xgmi":
             log.error("Protocol 'xgmi' is not exposed in the Python API. Use 'hip' instead.")
             return -1
-        if metadata_server != P2PHANDSHAKE:
-            log.error(
-                "pdx serves only the P2PHANDSHAKE metadata mode; metadata server %r%s is not supported "
-                "(use P2PHANDSHAKE, or Mooncake's own wheel for etcd/redis/http metadata)",
-                metadata_server,
-                f" (type {metadata_type!r})" if metadata_type else "",
-            )
-            return -1
+        # Always passed: the argument wins over PDX_METADATA_SERVER in the environment.
+        options: dict[str, object] = {"metadata_server": _metadata_string(metadata_server, metadata_type)}
         try:
-            engine = pdx.Engine(hostname, protocol or None, device or None)
+            engine = pdx.Engine(hostname, protocol or None, device or None, **options)
         except PdxError as exc:
             log.error("pdx could not start a %s engine on %r: %s", protocol or "default", hostname, exc)
             return -1
@@ -768,6 +781,8 @@ class TransferEngine:
         if status == pdx.PDX_OK:
             return 0
         self._fail(f"send_probe to {name}", status)
+        if status == pdx.PDX_ERR_NOT_FOUND:
+            return ERR_METADATA  # not published in the metadata server, as the wheel answers
         if status == pdx.PDX_ERR_PEER_UNREACHABLE:
             return ERR_DNS_FAIL if _unresolvable(name) else ERR_SOCKET
         if status in (pdx.PDX_ERR_CONNECTION_LOST, pdx.PDX_ERR_IO, pdx.PDX_ERR_TIMEOUT):
@@ -823,12 +838,18 @@ class TransferEngine:
             "pdx.mooncake.TransferEngine.get_local_topology: pdx does not expose Mooncake's NIC topology"
         )
 
-    def get_first_buffer_address(self, segment_name: str) -> NoReturn:
-        """Not available: pdx's C ABI has no call that reads a peer's registered buffers."""
-        raise NotImplementedError(
-            "pdx.mooncake.TransferEngine.get_first_buffer_address: pdx's C ABI does not return a peer's "
-            "buffer list; exchange addresses through your own control plane (as SGLang does)"
-        )
+    def get_first_buffer_address(self, segment_name: str) -> int:
+        """The first buffer ``segment_name`` registered (this engine's own, or a peer's read
+        afresh from the metadata directory); 0 when the segment is unknown or has none."""
+        name = _str(segment_name, "get_first_buffer_address")
+        if self._engine is None:
+            raise RuntimeError("TransferEngine is not initialized: call initialize() first")
+        out = ctypes.c_uint64(0)
+        status = int(pdx.lib.pdx_first_buffer_address(self._h(), name.encode(), ctypes.byref(out)))
+        if status != pdx.PDX_OK:
+            self._fail(f"get_first_buffer_address({name})", status)
+            return 0
+        return int(out.value)
 
     def warmup_efa_segment(self, segment_name: str) -> int:
         """0: nothing to warm up (as the wheel without EFA); EFA engines raise NotImplementedError."""

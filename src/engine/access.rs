@@ -97,7 +97,7 @@ impl Allowlist {
 
     /// Whether a connection from `ip` may be served.
     pub fn admits(&self, ip: IpAddr) -> bool {
-        self.blocks.as_ref().map_or(true, |blocks| blocks.iter().any(|b| b.contains(ip)))
+        self.blocks.as_ref().is_none_or(|blocks| blocks.iter().any(|b| b.contains(ip)))
     }
 }
 

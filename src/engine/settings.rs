@@ -73,6 +73,14 @@ pub struct Settings {
     pub allowed_peers: Option<String>,
     /// The shared secret's file (`PDX_PEER_SECRET_FILE`); read at start.
     pub peer_secret_file: Option<String>,
+    /// Where peers are found (`PDX_METADATA_SERVER`; none: P2P handshake).
+    pub metadata_server: Option<String>,
+    /// `MC_METADATA_CLUSTER_ID`: the namespace of the metadata keys.
+    pub metadata_cluster_id: Option<String>,
+    /// etcd mode: the lease's time to live.
+    pub metadata_lease_ttl: Duration,
+    /// Bound on each request to the metadata server.
+    pub metadata_timeout: Duration,
 }
 
 impl Settings {
@@ -138,6 +146,10 @@ impl Settings {
             metrics_interval: read(env, &PDX_METRICS_INTERVAL_S).unwrap_or(Duration::ZERO),
             allowed_peers: read(env, &PDX_ALLOWED_PEERS),
             peer_secret_file: read(env, &PDX_PEER_SECRET_FILE),
+            metadata_server: read(env, &PDX_METADATA_SERVER),
+            metadata_cluster_id: read(env, &MC_METADATA_CLUSTER_ID),
+            metadata_lease_ttl: Duration::from_secs(read(env, &PDX_METADATA_LEASE_TTL_S).unwrap_or(8)),
+            metadata_timeout: read(env, &PDX_METADATA_TIMEOUT_MS).unwrap_or(Duration::from_secs(3)),
         }
     }
 }

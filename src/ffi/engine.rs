@@ -744,6 +744,34 @@ pub unsafe extern "C" fn pdx_send_probe(engine: *mut pdx_engine, session: *const
     })
 }
 
+/// The address of the first buffer `segment` advertises, as Mooncake's
+/// `getFirstBufferAddress`: this engine's own when `segment` is its session
+/// name, else read afresh from the metadata directory (in P2P mode the
+/// peer's descriptor). `*out_addr` is 0 when the segment advertises no
+/// buffer. An unknown or unreachable segment is an error
+/// (`PDX_ERR_PEER_UNREACHABLE`, ...); so is a Mooncake-backed engine
+/// (`PDX_ERR_INVALID_ARGUMENT`). `*out_addr` is untouched on error.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `segment` is NULL or a NUL-terminated
+/// string; `out_addr` is NULL or valid for writing one `uint64_t`. Handles are checked by pdx,
+/// never trusted.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_first_buffer_address(
+    engine: *mut pdx_engine,
+    segment: *const c_char,
+    out_addr: *mut u64,
+) -> pdx_status {
+    guard("pdx_first_buffer_address", || {
+        let out = out_ptr(out_addr, "out_addr")?;
+        let h = ENGINES.get(engine)?;
+        let addr = h.engine.first_buffer_address(c_str(segment, "segment")?)?;
+        // SAFETY: checked non-NULL and aligned; the caller guarantees it is writable.
+        unsafe { *out = addr };
+        Ok(())
+    })
+}
+
 /// Send the notification (`name`, `msg`) to `session`, as Mooncake's notify.
 /// `PDX_ERR_NOTIFY_REJECTED` if the peer refused it.
 ///

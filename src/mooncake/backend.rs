@@ -112,6 +112,16 @@ impl MooncakeBackend {
     /// `MC_TRANSFER_TIMEOUT` from `env` (an engine's options over the
     /// process environment).
     pub fn start_in(choice: &TransportChoice, env: &dyn env::Env) -> Result<MooncakeBackend> {
+        // Mooncake's library is started in P2P mode; a metadata server is
+        // served by pdx's own engine only (protocol tcp).
+        let metadata: Option<String> = env::read(env, &env::vars::PDX_METADATA_SERVER);
+        if let Some(m) = metadata.filter(|m| !matches!(m.trim(), "" | "P2PHANDSHAKE")) {
+            return Err(crate::Error::invalid_argument(format!(
+                "metadata server {m:?}: protocol '{}' runs on Mooncake's library in P2PHANDSHAKE mode only; \
+                 metadata servers are served by pdx's tcp engine",
+                choice.protocol
+            )));
+        }
         let api = super::load_in(env).map_err(|why| {
             unavailable(&choice.protocol, &format!("{}; {why}{}", choice.reason, tcp_hint(&choice.protocol)))
         })?;
