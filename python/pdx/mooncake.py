@@ -880,11 +880,51 @@ def __getattr__(name: str) -> NoReturn:
     )
 
 
+# The opt-in shim's always-on .pth (``--install-shim``). Kept here with the command that
+# writes it: ``pdx_mooncake_shim`` imports this module to serve it, never the reverse.
+_ALWAYS_PTH = "pdx-mooncake-shim-always.pth"
+
+
+def _default_site_dir() -> str:
+    """This environment's site-packages (where the wheel's files are)."""
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
+
+
+def _install_shim(site_dir: str) -> str:
+    """Write the always-on ``.pth`` into ``site_dir``; its path."""
+    path = os.path.join(site_dir, _ALWAYS_PTH)
+    with open(path, "w", encoding="utf-8") as f:
+        # One line (a .pth runs lines that start with `import`); harmless once pdx is uninstalled.
+        f.write(
+            'import importlib.util; importlib.util.find_spec("pdx_mooncake_shim") and '
+            '__import__("pdx_mooncake_shim").activate("installed by python -m pdx.mooncake --install-shim")\n'
+        )
+    return path
+
+
+def _uninstall_shim(site_dir: str) -> Optional[str]:
+    """Remove the always-on ``.pth`` from ``site_dir``; its path, or None if there was none."""
+    path = os.path.join(site_dir, _ALWAYS_PTH)
+    if not os.path.exists(path):
+        return None
+    os.remove(path)
+    return path
+
+
+def _shim_active() -> bool:
+    """Whether the shim serves ``mooncake.engine`` in this process. It can only when a
+    ``.pth`` loaded it at start-up, so an unloaded shim is an inactive one."""
+    import sys
+
+    shim = sys.modules.get("pdx_mooncake_shim")
+    return shim is not None and bool(shim.active())
+
+
 def _main(argv: Optional[list[str]] = None) -> int:
     """``python -m pdx.mooncake --install-shim | --uninstall-shim | --status [--site DIR]``."""
     import argparse
-
-    import pdx_mooncake_shim as shim
 
     parser = argparse.ArgumentParser(
         prog="python -m pdx.mooncake",
@@ -897,14 +937,15 @@ def _main(argv: Optional[list[str]] = None) -> int:
     action.add_argument("--status", action="store_true", help="say whether the shim is installed / active")
     parser.add_argument("--site", help="site-packages directory to write to (default: this environment's)")
     args = parser.parse_args(argv)
-    site_dir = args.site or shim.default_site_dir()
+    site_dir = args.site or _default_site_dir()
     if args.install_shim:
-        print(f"pdx: wrote {shim.install(site_dir)}: `import mooncake.engine` is now served by pdx")
+        print(f"pdx: wrote {_install_shim(site_dir)}: `import mooncake.engine` is now served by pdx")
     elif args.uninstall_shim:
-        removed = shim.uninstall(site_dir)
+        removed = _uninstall_shim(site_dir)
         print(f"pdx: removed {removed}" if removed else f"pdx: no shim installed in {site_dir}")
     else:
-        print(f"installed: {shim.installed(site_dir)} ({site_dir}); active in this process: {shim.active()}")
+        installed = os.path.exists(os.path.join(site_dir, _ALWAYS_PTH))
+        print(f"installed: {installed} ({site_dir}); active in this process: {_shim_active()}")
     return 0
 
 
