@@ -214,7 +214,8 @@ def load_rust() -> dict[tuple[str, ...], RustModule]:
 
 def expand_use_tree(tree: str) -> list[tuple[tuple[str, ...], str | None]]:
     """`a::{b, c::d as e, f::*}` -> [(a,b),None), ((a,c,d),'e'), ((a,f,'*'),None)]."""
-    tree = re.sub(r"\s+", "", tree)
+    # keep one space where words were apart (`x as y`), none around punctuation
+    tree = re.sub(r"\s*([{}:,])\s*", r"\1", re.sub(r"\s+", " ", tree.strip()))
     out: list[tuple[tuple[str, ...], str | None]] = []
 
     def walk(prefix: tuple[str, ...], s: str) -> None:
@@ -242,8 +243,8 @@ def expand_use_tree(tree: str) -> list[tuple[tuple[str, ...], str | None]]:
                 walk(prefix + segs, p[brace + 1:p.rfind("}")])
             else:
                 alias = None
-                if "as" in p and re.search(r"[\w*]as\w", p):
-                    p, alias = re.split(r"(?<=[\w*])as(?=\w)", p, maxsplit=1)
+                if " as " in p:
+                    p, alias = p.split(" as ", 1)
                 segs = tuple(x for x in p.split("::") if x)
                 if segs == ("self",):
                     out.append((prefix, alias))
