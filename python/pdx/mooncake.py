@@ -53,8 +53,31 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
-import pdx
-from pdx import PdxError
+from .binding import (
+    PDX_ERR_ADDRESS_NOT_REGISTERED,
+    PDX_ERR_ADDRESS_OVERLAP,
+    PDX_ERR_BUSY,
+    PDX_ERR_CONNECTION_LOST,
+    PDX_ERR_IO,
+    PDX_ERR_NOT_FOUND,
+    PDX_ERR_PEER_UNREACHABLE,
+    PDX_ERR_TIMEOUT,
+    PDX_OK,
+    STATUS_NAMES,
+    PdxError,
+    last_error,
+    lib,
+    status_str,
+)
+from .engine import (
+    PDX_OPCODE_READ,
+    PDX_OPCODE_WRITE,
+    PDX_TASK_COMPLETED,
+    PDX_TASK_FAILED,
+    PDX_TASK_PENDING,
+    BatchSummary,
+    Engine,
+)
 
 __all__ = [
     "SUPPORT_CUDA",
@@ -233,7 +256,7 @@ class TransferEngine:
 
     def __init__(self) -> None:
         """An engine that is not initialized yet (the wheel's constructor takes no arguments)."""
-        self._engine: Optional[pdx.Engine] = None
+        self._engine: Optional[Engine] = None
         self._lock = threading.Lock()
         self._batches: dict[int, _Batch] = {}
         self._managed: dict[int, tuple[mmap.mmap, Any]] = {}
@@ -282,7 +305,7 @@ class TransferEngine:
             )
             return -1
         try:
-            engine = pdx.Engine(hostname, protocol or None, device or None)
+            engine = Engine(hostname, protocol or None, device or None)
         except PdxError as exc:
             log.error("pdx could not start a %s engine on %r: %s", protocol or "default", hostname, exc)
             return -1
@@ -302,7 +325,7 @@ class TransferEngine:
         return self._engine.handle
 
     def _fail(self, what: str, status: int) -> None:
-        log.error("%s failed: %s: %s", what, pdx.STATUS_NAMES.get(status, status), pdx.last_error())
+        log.error("%s failed: %s: %s", what, STATUS_NAMES.get(status, status), last_error())
 
     def get_rpc_port(self) -> int:
         """The handshake (RPC) port peers reach this engine on."""
@@ -323,37 +346,37 @@ class TransferEngine:
         if length == 0:
             log.error("register_memory: a region of 0 bytes cannot be registered")
             return ERR_INVALID_ARGUMENT
-        status = int(pdx.lib.pdx_register_memory_at(self._h(), addr, length, where.encode()))
+        status = int(lib.pdx_register_memory_at(self._h(), addr, length, where.encode()))
         return self._registration_code(fn, status)
 
     def _register_each_at(self, fn: str, addrs: list[int], lens: list[int], where: str) -> int:
         """Register one by one at an explicit location, undoing on failure."""
         done: list[int] = []
         for addr, length in zip(addrs, lens):
-            status = int(pdx.lib.pdx_register_memory_at(self._h(), addr, length, where.encode()))
-            if status != pdx.PDX_OK:
-                message = pdx.last_error()
+            status = int(lib.pdx_register_memory_at(self._h(), addr, length, where.encode()))
+            if status != PDX_OK:
+                message = last_error()
                 for a in done:
-                    pdx.lib.pdx_unregister_memory(self._h(), a)
-                log.error("%s: %s: %s", fn, pdx.status_str(status), message)
-                return ERR_ADDRESS_OVERLAPPED if status == pdx.PDX_ERR_ADDRESS_OVERLAP else -1
+                    lib.pdx_unregister_memory(self._h(), a)
+                log.error("%s: %s: %s", fn, status_str(status), message)
+                return ERR_ADDRESS_OVERLAPPED if status == PDX_ERR_ADDRESS_OVERLAP else -1
             done.append(addr)
         return 0
 
     def _registration_code(self, what: str, status: int) -> int:
-        if status == pdx.PDX_OK:
+        if status == PDX_OK:
             return 0
         self._fail(what, status)
-        if status == pdx.PDX_ERR_ADDRESS_OVERLAP:
+        if status == PDX_ERR_ADDRESS_OVERLAP:
             return ERR_ADDRESS_OVERLAPPED
-        if status in (pdx.PDX_ERR_ADDRESS_NOT_REGISTERED, pdx.PDX_ERR_NOT_FOUND):
+        if status in (PDX_ERR_ADDRESS_NOT_REGISTERED, PDX_ERR_NOT_FOUND):
             return ERR_ADDRESS_NOT_REGISTERED
         return ERR_INVALID_ARGUMENT
 
     def unregister_memory(self, buffer_addr: int) -> int:
         """Withdraw the registration starting at ``buffer_addr``; 0, or -3 if there is none."""
         addr = _uint(buffer_addr, "unregister_memory")
-        return self._registration_code("unregister_memory", int(pdx.lib.pdx_unregister_memory(self._h(), addr)))
+        return self._registration_code("unregister_memory", int(lib.pdx_unregister_memory(self._h(), addr)))
 
     def batch_register_memory(self, buffer_addresses: list[int], capacities: list[int], location: str = "*") -> int:
         """Register several regions, all or none, at ``location`` (as for
@@ -372,14 +395,14 @@ class TransferEngine:
         n = len(addrs)
         c_addrs = (ctypes.c_void_p * max(n, 1))(*addrs)
         c_lens = (ctypes.c_size_t * max(n, 1))(*lens)
-        status = int(pdx.lib.pdx_batch_register_memory(self._h(), c_addrs, c_lens, n))
+        status = int(lib.pdx_batch_register_memory(self._h(), c_addrs, c_lens, n))
         return self._registration_code(fn, status)
 
     def batch_unregister_memory(self, buffer_addresses: list[int]) -> int:
         """Withdraw several registrations; 0, or -3 if one of them is unknown."""
         addrs = _uints(buffer_addresses, "batch_unregister_memory")
         c_addrs = (ctypes.c_void_p * max(len(addrs), 1))(*addrs)
-        status = int(pdx.lib.pdx_batch_unregister_memory(self._h(), c_addrs, len(addrs)))
+        status = int(lib.pdx_batch_unregister_memory(self._h(), c_addrs, len(addrs)))
         return self._registration_code("batch_unregister_memory", status)
 
     def allocate_managed_buffer(self, length: int) -> int:
@@ -394,8 +417,8 @@ class TransferEngine:
             return 0
         anchor = ctypes.c_char.from_buffer(region)
         addr = ctypes.addressof(anchor)
-        status = int(pdx.lib.pdx_register_memory(self._h(), addr, size))
-        if status != pdx.PDX_OK:
+        status = int(lib.pdx_register_memory(self._h(), addr, size))
+        if status != PDX_OK:
             self._fail("allocate_managed_buffer", status)
             del anchor
             region.close()
@@ -413,7 +436,7 @@ class TransferEngine:
         if entry is None:
             log.error("free_managed_buffer: %#x was not allocated by allocate_managed_buffer", addr)
             return ERR_INVALID_ARGUMENT
-        pdx.lib.pdx_unregister_memory(self._h(), addr)
+        lib.pdx_unregister_memory(self._h(), addr)
         region, anchor = entry
         del anchor, entry
         region.close()
@@ -438,11 +461,11 @@ class TransferEngine:
             # No notification: pdx's synchronous calls, one C call that waits within pdx's deadlines.
             h, session, n = self._h(), target.encode(), len(buffers)
             if n == 1:
-                call = pdx.lib.pdx_transfer_sync_write if opcode == TransferOpcode.Write else pdx.lib.pdx_transfer_sync_read
+                call = lib.pdx_transfer_sync_write if opcode == TransferOpcode.Write else lib.pdx_transfer_sync_read
                 status = int(call(h, session, buffers[0], peers[0], lengths[0]))
             else:
-                batch = pdx.lib.pdx_batch_transfer_sync_write if opcode == TransferOpcode.Write else (
-                    pdx.lib.pdx_batch_transfer_sync_read
+                batch = lib.pdx_batch_transfer_sync_write if opcode == TransferOpcode.Write else (
+                    lib.pdx_batch_transfer_sync_read
                 )
                 status = int(
                     batch(
@@ -454,7 +477,7 @@ class TransferEngine:
                         n,
                     )
                 )
-            if status != pdx.PDX_OK:
+            if status != PDX_OK:
                 self._fail(f"{fn} to {target}", status)
                 return -1
             return 0
@@ -564,10 +587,10 @@ class TransferEngine:
         name, msg = notify if notify is not None else (None, None)
         out = ctypes.c_uint64()
         status = int(
-            pdx.lib.pdx_batch_submit(
+            lib.pdx_batch_submit(
                 self._h(),
                 target.encode(),
-                pdx.PDX_OPCODE_WRITE if opcode == TransferOpcode.Write else pdx.PDX_OPCODE_READ,
+                PDX_OPCODE_WRITE if opcode == TransferOpcode.Write else PDX_OPCODE_READ,
                 c_locals,
                 c_remotes,
                 c_lens,
@@ -577,7 +600,7 @@ class TransferEngine:
                 ctypes.byref(out),
             )
         )
-        if status != pdx.PDX_OK:
+        if status != PDX_OK:
             self._fail(f"{fn} to {target}", status)
             return 0
         with self._lock:
@@ -605,8 +628,8 @@ class TransferEngine:
         with self._lock:
             if target in self._opened:
                 return True
-        status = int(pdx.lib.pdx_send_probe(self._h(), target.encode()))
-        if status != pdx.PDX_OK:
+        status = int(lib.pdx_send_probe(self._h(), target.encode()))
+        if status != PDX_OK:
             self._fail(f"{fn}: cannot reach {target}", status)
             return False
         with self._lock:
@@ -673,14 +696,14 @@ class TransferEngine:
             state = ctypes.c_int32()
             while True:
                 left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-                status = int(pdx.lib.pdx_batch_wait(h, batch, min(left_ms, 1000), ctypes.byref(state)))
-                if status != pdx.PDX_ERR_TIMEOUT or time.monotonic() >= deadline:
+                status = int(lib.pdx_batch_wait(h, batch, min(left_ms, 1000), ctypes.byref(state)))
+                if status != PDX_ERR_TIMEOUT or time.monotonic() >= deadline:
                     break
-            if status != pdx.PDX_OK:
+            if status != PDX_OK:
                 self._fail(f"{fn}: batch {batch}", status)
                 result = -1
                 break
-            if state.value != pdx.PDX_TASK_COMPLETED:
+            if state.value != PDX_TASK_COMPLETED:
                 self._log_batch_failure(fn, batch)
                 result = -1
                 break
@@ -692,17 +715,17 @@ class TransferEngine:
 
     def _log_batch_failure(self, fn: str, batch: int) -> None:
         """Log why a finished batch failed (its first failed task's error)."""
-        summary = pdx.BatchSummary()
+        summary = BatchSummary()
         h = self._h()
-        pdx.lib.pdx_batch_status(h, batch, ctypes.byref(summary))
+        lib.pdx_batch_status(h, batch, ctypes.byref(summary))
         reason = ""
         for task in range(summary.total):
             state = ctypes.c_int32()
-            if pdx.lib.pdx_task_status(h, batch, task, ctypes.byref(state), None, None) != pdx.PDX_OK:
+            if lib.pdx_task_status(h, batch, task, ctypes.byref(state), None, None) != PDX_OK:
                 break
-            if state.value == pdx.PDX_TASK_FAILED:
+            if state.value == PDX_TASK_FAILED:
                 buf = ctypes.create_string_buffer(512)
-                pdx.lib.pdx_task_error_message(h, batch, task, buf, len(buf), None)
+                lib.pdx_task_error_message(h, batch, task, buf, len(buf), None)
                 reason = f"; task {task}: {buf.value.decode(errors='replace')}"
                 break
         log.error("%s: batch %d failed (%d of %d tasks)%s", fn, batch, summary.failed, summary.total, reason)
@@ -720,8 +743,8 @@ class TransferEngine:
         with self._lock:
             pending = list(self._abandoned)
         for batch in pending:
-            status = int(pdx.lib.pdx_batch_free(self._h(), batch))
-            if status != pdx.PDX_ERR_BUSY:  # freed (or already gone)
+            status = int(lib.pdx_batch_free(self._h(), batch))
+            if status != PDX_ERR_BUSY:  # freed (or already gone)
                 with self._lock:
                     self._abandoned.discard(batch)
 
@@ -744,18 +767,18 @@ class TransferEngine:
         batch = _uint(batch_id, "transfer_check_status")
         with self._lock:
             known = batch in self._batches
-        summary = pdx.BatchSummary()
-        status = int(pdx.lib.pdx_batch_status(self._h(), batch, ctypes.byref(summary))) if known else -1
-        if status != pdx.PDX_OK:
+        summary = BatchSummary()
+        status = int(lib.pdx_batch_status(self._h(), batch, ctypes.byref(summary))) if known else -1
+        if status != PDX_OK:
             if known:
                 self._fail(f"transfer_check_status: batch {batch}", status)
             else:
                 log.error("transfer_check_status: %d is not a batch of this engine", batch)
             return -1
-        if summary.state == pdx.PDX_TASK_PENDING:
+        if summary.state == PDX_TASK_PENDING:
             return 0
         self._release(batch)
-        return 1 if summary.state == pdx.PDX_TASK_COMPLETED else -1
+        return 1 if summary.state == PDX_TASK_COMPLETED else -1
 
     # ------------------------------------------------------ control messages
     def send_probe(self, peer_server_name: str) -> int:
@@ -764,13 +787,13 @@ class TransferEngine:
         name = _str(peer_server_name, "send_probe")
         if self._engine is None:
             return -1
-        status = int(pdx.lib.pdx_send_probe(self._h(), name.encode()))
-        if status == pdx.PDX_OK:
+        status = int(lib.pdx_send_probe(self._h(), name.encode()))
+        if status == PDX_OK:
             return 0
         self._fail(f"send_probe to {name}", status)
-        if status == pdx.PDX_ERR_PEER_UNREACHABLE:
+        if status == PDX_ERR_PEER_UNREACHABLE:
             return ERR_DNS_FAIL if _unresolvable(name) else ERR_SOCKET
-        if status in (pdx.PDX_ERR_CONNECTION_LOST, pdx.PDX_ERR_IO, pdx.PDX_ERR_TIMEOUT):
+        if status in (PDX_ERR_CONNECTION_LOST, PDX_ERR_IO, PDX_ERR_TIMEOUT):
             return ERR_SOCKET
         return -1
 
