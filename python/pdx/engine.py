@@ -1,4 +1,4 @@
-"""The transfer engine (:class:`Engine`, ``src/ffi/engine.rs``): registered
+"""The transfer engine (:class:`Engine`, ``src/ffi/engine/``): registered
 memory, transfers and batches, notifications, and what an engine shows of
 itself (stats, metrics, peers)."""
 
