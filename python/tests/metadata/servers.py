@@ -23,6 +23,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 NODE = HERE / "node.py"
+# The pdx package (python/), for node.py run as a script of its own.
+PACKAGE_DIR = str(HERE.parents[1])
 
 
 def free_port() -> int:
@@ -122,7 +124,8 @@ class Node:
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_DIR, os.environ.get("PYTHONPATH")])),
+                 **(env or {})},
         )
         self.name = name
 
