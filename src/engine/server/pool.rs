@@ -70,10 +70,10 @@ pub(super) fn max_threads() -> usize {
 }
 
 /// Counts an inbound data connection as open while it lives.
-struct OpenData(Arc<Stats>);
+pub(super) struct OpenData(Arc<Stats>);
 
 impl OpenData {
-    fn new(stats: &Arc<Stats>) -> OpenData {
+    pub(super) fn new(stats: &Arc<Stats>) -> OpenData {
         Stats::bump(&stats.inbound_connections);
         stats.inbound_open.fetch_add(1, Ordering::Relaxed);
         OpenData(stats.clone())
