@@ -193,6 +193,10 @@ pub(crate) enum ServerAuth {
     AwaitRequest { cn: String, sn: String, theirs: String },
 }
 
+/// Why a handshake is refused (for the log), with the error frame to send
+/// the client, if any.
+pub(crate) type Refusal = (Option<Vec<u8>>, &'static str);
+
 /// What a frame after the first leads to.
 pub(crate) enum AuthStep {
     /// Another frame is awaited.
@@ -208,10 +212,7 @@ const UNAUTHENTICATED: &str =
 impl ServerAuth {
     /// The connection's first frame body: the challenge frame to send, or
     /// why not with the error frame to send (if any).
-    pub(crate) fn start(
-        secret: &[u8],
-        first: &[u8],
-    ) -> std::result::Result<(ServerAuth, Vec<u8>), (Option<Vec<u8>>, &'static str)> {
+    pub(crate) fn start(secret: &[u8], first: &[u8]) -> std::result::Result<(ServerAuth, Vec<u8>), Refusal> {
         let Some(AuthBody { client_nonce: Some(cn), .. }) = decode_frame_body(first) else {
             let why = "this engine requires peer authentication (PDX_PEER_SECRET_FILE); the connecting engine has no \
                        peer secret";
