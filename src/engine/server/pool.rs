@@ -148,6 +148,9 @@ pub(super) struct DataPlane {
     idle_exit: Duration,
     /// The name of its threads.
     thread_name: &'static str,
+    /// Connections parked after serving (a lane's window gaps should not
+    /// cross the loop: see [`LINGER`]).
+    parked_after_serving: AtomicUsize,
     /// Pool threads not serving a connection (connections poll for their
     /// next request only while one is free).
     free: Arc<AtomicUsize>,
@@ -179,6 +182,7 @@ impl DataPlane {
             wanted: AtomicBool::new(false),
             idle_exit,
             thread_name,
+            parked_after_serving: AtomicUsize::new(0),
             free: Arc::new(AtomicUsize::new(0)),
             next_thread: AtomicUsize::new(0),
             max_threads: max_threads(),
@@ -501,6 +505,7 @@ impl DataPlane {
             }
             buf = s.conn.take_buffer();
             if s.conn.parked() {
+                self.parked_after_serving.fetch_add(1, Ordering::Relaxed);
                 self.park(s);
             } else {
                 self.close(s);
@@ -785,5 +790,47 @@ mod tests {
             eprintln!("{STALLED} stalled requests: {peak} threads, {after} {took:?} after they closed (idle {idle})");
         });
         drop(engine);
+    }
+
+    /// A lane reading 64 MiB as the initiator does (pieces of 4 MiB in
+    /// windows of two, each window asked for once the one before has been
+    /// received) keeps its thread between windows: the connection is not
+    /// parked to the readiness loop and taken by another thread every
+    /// window (issue 31: that cost large reads a third of their speed).
+    #[test]
+    fn a_lane_reading_windows_keeps_its_thread_between_them() {
+        const PIECE: usize = 4 << 20;
+        const WINDOWS: usize = 8;
+        let mut s = Settings::from_env();
+        s.max_data_connections = 4096;
+        s.max_connections_per_address = 4096;
+        let engine = Engine::start_with("127.0.0.1", s).unwrap();
+        let serving = Arc::new(Serving::of(&engine.inner));
+        let region: Vec<u8> = (0..2 * PIECE).map(|i| (i % 251) as u8).collect();
+        engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
+        let plane = DataPlane::start(&serving).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = admitted(&serving, &plane, &listener);
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut piece = vec![0u8; PIECE];
+        for _ in 0..WINDOWS {
+            let mut window = Vec::new();
+            for k in 0..2 {
+                let addr = region.as_ptr() as u64 + (k * PIECE) as u64;
+                let h = RequestHeader { size: PIECE as u64, addr, direction: Direction::Read, acknowledged: true };
+                window.extend_from_slice(&h.encode());
+            }
+            c.write_all(&window).unwrap();
+            for k in 0..2 {
+                let mut status = [0u8; STATUS_LEN];
+                c.read_exact(&mut status).unwrap();
+                assert_eq!(wire::decode_status(status), Some(wire::STATUS_OK));
+                c.read_exact(&mut piece).unwrap();
+                assert!(piece == region[k * PIECE..(k + 1) * PIECE], "piece {k}");
+            }
+        }
+        let parked = plane.parked_after_serving.load(Ordering::Relaxed);
+        eprintln!("{WINDOWS} windows of 2 x 4 MiB reads: parked {parked} times between them");
+        assert!(parked <= WINDOWS / 2, "parked {parked} times in {WINDOWS} windows");
     }
 }
