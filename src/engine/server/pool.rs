@@ -769,7 +769,7 @@ mod tests {
                 c.write_all(&request(1 << 20, &[1])).unwrap();
             }
             // The pool grows past its cap for them, a thread per STUCK.
-            let deadline = Instant::now() + Duration::from_secs(20);
+            let deadline = Instant::now() + Duration::from_secs(60);
             while threads_named(NAME) <= STALLED && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -777,8 +777,10 @@ mod tests {
             assert!(peak > max_threads(), "{peak} threads for {STALLED} stalled requests (cap {})", max_threads());
             drop(stalled);
             let closed = Instant::now();
-            // Gone within the idle exit (and a second) of their last work.
-            while threads_named(NAME) > idle + 2 && closed.elapsed() < IDLE + Duration::from_secs(1) {
+            // Gone within the idle exit (and a second) of their last work; the
+            // bound allows a loaded machine more (the threads lingered for
+            // minutes before).
+            while threads_named(NAME) > idle + 2 && closed.elapsed() < IDLE + Duration::from_secs(5) {
                 std::thread::sleep(Duration::from_millis(20));
             }
             let after = threads_named(NAME);
