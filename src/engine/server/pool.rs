@@ -737,24 +737,24 @@ mod tests {
             r
         };
         let stop = AtomicBool::new(false);
+        let served = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|sc| {
             // Light traffic throughout: a 4 KiB write every 100 ms.
             let mut light = admitted(&serving, &plane, &listener);
-            let (stop, request) = (&stop, &request);
+            let (stop, served, request) = (&stop, &served, &request);
             light.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             let traffic = sc.spawn(move || {
-                let mut served = 0usize;
                 while !stop.load(Ordering::Relaxed) {
                     let mut status = [0u8; STATUS_LEN];
                     let answered =
                         light.write_all(&request(4096, &[3; 4096])).and_then(|()| light.read_exact(&mut status));
                     if answered.is_err() || wire::decode_status(status) != Some(wire::STATUS_OK) {
-                        break;
+                        return false;
                     }
-                    served += 1;
+                    served.fetch_add(1, Ordering::Relaxed);
                     std::thread::sleep(Duration::from_millis(100));
                 }
-                served
+                true
             });
             // The traffic stops whatever the assertions below find.
             struct StopOnDrop<'a>(&'a AtomicBool);
@@ -777,18 +777,26 @@ mod tests {
             assert!(peak > max_threads(), "{peak} threads for {STALLED} stalled requests (cap {})", max_threads());
             drop(stalled);
             let closed = Instant::now();
+            let served_at_close = served.load(Ordering::Relaxed);
             // Gone within the idle exit (and a second) of their last work; the
             // bound allows a loaded machine more (the threads lingered for
             // minutes before).
             while threads_named(NAME) > idle + 2 && closed.elapsed() < IDLE + Duration::from_secs(5) {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            let after = threads_named(NAME);
             let took = closed.elapsed();
+            let shrunk = threads_named(NAME);
+            // The traffic goes on a while longer: the pool stays small under it.
+            while served.load(Ordering::Relaxed) < served_at_close + 5 && closed.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let after = threads_named(NAME);
+            let during = served.load(Ordering::Relaxed) - served_at_close;
             stop.store(true, Ordering::Relaxed);
-            let served = traffic.join().unwrap();
-            assert!(served > 5, "the light traffic went on: {served} requests served");
-            assert!(after <= idle + 2, "{after} threads {took:?} after the stalled requests closed (idle: {idle})");
+            assert!(traffic.join().unwrap(), "every light request was answered");
+            assert!(during >= 5, "the light traffic went on after the close: {during} requests served");
+            assert!(shrunk <= idle + 2, "{shrunk} threads {took:?} after the stalled requests closed (idle: {idle})");
+            assert!(after <= idle + 2, "{after} threads once the traffic went on (idle: {idle})");
             eprintln!("{STALLED} stalled requests: {peak} threads, {after} {took:?} after they closed (idle {idle})");
         });
         drop(engine);
