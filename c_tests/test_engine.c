@@ -151,6 +151,9 @@ static void check_bad_engine(pdx_engine *bad, const char *peer) {
   CHECK(state == 77);
   CHECK_FAIL(pdx_batch_free(bad, 0x100000001ull), want);
   CHECK_FAIL(pdx_send_probe(bad, peer), want);
+  uint64_t first = 77;
+  CHECK_FAIL(pdx_first_buffer_address(bad, peer, &first), want);
+  CHECK(first == 77);
   CHECK_FAIL(pdx_send_notify(bad, peer, "n", "m"), want);
   pdx_notifications *const list_sentinel = (pdx_notifications *)(uintptr_t)0x4440;
   pdx_notifications *list = list_sentinel;
@@ -713,6 +716,25 @@ static void test_probe(struct pair *p) {
   CHECK_FAIL(pdx_send_probe(p->a, bad_utf8), PDX_ERR_INVALID_UTF8);
 }
 
+/* The first buffer a segment advertises: a peer's (from its descriptor),
+ * the engine's own, 0 for one with none; an unknown peer is an error and
+ * leaves the out-param alone. */
+static void test_first_buffer(struct pair *p) {
+  uint64_t addr = 77;
+  CHECK_OK(pdx_first_buffer_address(p->a, p->b_session, &addr));
+  CHECK(addr == addr_of(p->target));
+  addr = 77;
+  CHECK_OK(pdx_first_buffer_address(p->b, p->b_session, &addr)); /* its own */
+  CHECK(addr == addr_of(p->target));
+  CHECK_OK(pdx_first_buffer_address(p->b, pdx_engine_session_id(p->a), &addr)); /* registers nothing */
+  CHECK(addr == 0);
+  addr = 77;
+  CHECK(pdx_first_buffer_address(p->a, "127.0.0.1:1", &addr) != PDX_OK);
+  CHECK(addr == 77);
+  CHECK_FAIL(pdx_first_buffer_address(p->a, p->b_session, NULL), PDX_ERR_NULL_ARGUMENT);
+  CHECK_FAIL(pdx_first_buffer_address(p->a, NULL, &addr), PDX_ERR_NULL_ARGUMENT);
+}
+
 /* ------------------------------------------------------ pending batches */
 
 /* A peer that accepts connections (in the kernel backlog) but never answers
@@ -925,6 +947,7 @@ int main(void) {
   test_async(&p);
   test_notify(&p);
   test_probe(&p);
+  test_first_buffer(&p);
   test_threads(&p);
   test_pending(&p);
   test_misaligned(&p);

@@ -1168,6 +1168,22 @@ pdx_status pdx_batch_free(pdx_engine *engine, uint64_t batch);
 pdx_status pdx_send_probe(pdx_engine *engine, const char *session);
 
 /**
+ * The address of the first buffer `segment` advertises, as Mooncake's
+ * `getFirstBufferAddress`: this engine's own when `segment` is its session
+ * name, else read afresh from the metadata directory (in P2P mode the
+ * peer's descriptor). `*out_addr` is 0 when the segment advertises no
+ * buffer. An unknown or unreachable segment is an error
+ * (`PDX_ERR_PEER_UNREACHABLE`, ...); so is a Mooncake-backed engine
+ * (`PDX_ERR_INVALID_ARGUMENT`). `*out_addr` is untouched on error.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `segment` is NULL or a NUL-terminated
+ * string; `out_addr` is NULL or valid for writing one `uint64_t`. Handles are checked by pdx,
+ * never trusted.
+ */
+pdx_status pdx_first_buffer_address(pdx_engine *engine, const char *segment, uint64_t *out_addr);
+
+/**
  * Send the notification (`name`, `msg`) to `session`, as Mooncake's notify.
  * `PDX_ERR_NOTIFY_REJECTED` if the peer refused it.
  *
@@ -1541,8 +1557,10 @@ pdx_status pdx_kv_transfer_sync(pdx_engine *engine,
  * Wait up to `timeout_ms` for the notification of the KV submit `batch`
  * (one that carried `notify_name`/`notify_msg`). `PDX_OK` once it is
  * settled, with `*out_error` (may be NULL) `PDX_OK` when it was delivered
- * and its failure's status otherwise (a layer failed, or the peer refused
- * it; the last error then has its text). `PDX_ERR_TIMEOUT` while it still
+ * and its failure's status otherwise: a failed layer's own status (the
+ * earliest submit's that failed, e.g. `PDX_ERR_REMOTE_REJECTED`), or the
+ * peer refusing the notification; the last error then has its text,
+ * naming the failed batch. `PDX_ERR_TIMEOUT` while it still
  * waits for its layers; `PDX_ERR_NOT_FOUND` for a batch that carried no
  * notification (or one so old that its outcome was dropped: the last
  * 4096 are kept).

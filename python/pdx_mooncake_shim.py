@@ -8,7 +8,9 @@ actually imported, because it runs at every interpreter start-up through a
   nothing happens unless ``PDX_MOONCAKE_SHIM`` is ``1`` / ``true`` / ``yes`` /
   ``on``;
 - ``python -m pdx.mooncake --install-shim`` writes ``pdx-mooncake-shim-always.pth``,
-  which calls :func:`activate` unconditionally (``--uninstall-shim`` removes it).
+  which calls :func:`activate` unconditionally (``--uninstall-shim`` removes it;
+  both are ``pdx.mooncake``'s, so that this module is the only one of the two
+  that imports the other).
 
 When active, a line on stderr says so at start-up, and a finder placed first
 on ``sys.meta_path`` answers ``mooncake.engine`` with a module holding
@@ -25,12 +27,10 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-import sysconfig
 from types import ModuleType
 from typing import Optional, Sequence
 
 ENV = "PDX_MOONCAKE_SHIM"
-ALWAYS_PTH = "pdx-mooncake-shim-always.pth"
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -94,34 +94,3 @@ def from_env() -> None:
     """Activate when ``PDX_MOONCAKE_SHIM`` opts in; otherwise change nothing."""
     if os.environ.get(ENV, "").strip().lower() in _TRUE:
         activate(f"{ENV}={os.environ[ENV]}")
-
-
-def default_site_dir() -> str:
-    """This environment's site-packages (where the wheel's files are)."""
-    return sysconfig.get_paths()["purelib"]
-
-
-def install(site_dir: str) -> str:
-    """Write the always-on ``.pth`` into ``site_dir``; its path."""
-    path = os.path.join(site_dir, ALWAYS_PTH)
-    with open(path, "w", encoding="utf-8") as f:
-        # One line (a .pth runs lines that start with `import`); harmless once pdx is uninstalled.
-        f.write(
-            'import importlib.util; importlib.util.find_spec("pdx_mooncake_shim") and '
-            '__import__("pdx_mooncake_shim").activate("installed by python -m pdx.mooncake --install-shim")\n'
-        )
-    return path
-
-
-def uninstall(site_dir: str) -> Optional[str]:
-    """Remove the always-on ``.pth`` from ``site_dir``; its path, or None if there was none."""
-    path = os.path.join(site_dir, ALWAYS_PTH)
-    if not os.path.exists(path):
-        return None
-    os.remove(path)
-    return path
-
-
-def installed(site_dir: str) -> bool:
-    """Whether ``install`` wrote its ``.pth`` into ``site_dir``."""
-    return os.path.exists(os.path.join(site_dir, ALWAYS_PTH))

@@ -10,6 +10,13 @@
 #   A_BENCH, B_BENCH: pdx-bench binaries (say, the build before a change and
 #   after it); CUDA_LIB: the driver to stage with (the stand-in is
 #   build/libcuda_double.so after the C tests are built); ROUNDS: default 5.
+# DURATION, TOTAL, BUFFER (environment): seconds and bytes per figure, and
+# the loopback target's buffer (default 1, 512M, 1G; issue 31's method is
+# DURATION=2 TOTAL=1G BUFFER=512M). A build of an older commit:
+#   mkdir -p /tmp/ab-src && git archive fad2bfc | tar -x -C /tmp/ab-src &&
+#   (cd /tmp/ab-src && CARGO_TARGET_DIR=/tmp/ab-target cargo build --release -p pdx-bench) &&
+#   cp /tmp/ab-target/release/pdx-bench /tmp/pdx-bench-fad2bfc
+# Run A against itself as a control, in the same hour, to see the noise.
 # Both builds run over TCP loopback: PDX_SAME_HOST=off keeps a build that has
 # the same-host link off it (one from before the link ignores the variable,
 # and has no --path flag). With --same-host, the figures are instead host
@@ -22,8 +29,9 @@ if [ "${1:-}" = --same-host ]; then
   shift
 fi
 if [ "$path" = tcp ]; then export PDX_SAME_HOST=off; else export PDX_SAME_HOST=auto; fi
-[ $# -ge 3 ] || { sed -n '2,18p' "$0" >&2; exit 2; }
+[ $# -ge 3 ] || { sed -n '2,24p' "$0" >&2; exit 2; }
 a=$1 b=$2 cuda=$3 rounds=${4:-5}
+duration=${DURATION:-1} total=${TOTAL:-512M} buffer=${BUFFER:-1G}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cases=(
@@ -44,7 +52,7 @@ fi
 run() {
   local bench=$1 args=$2 out=$tmp/r.json
   # shellcheck disable=SC2086
-  PDX_CUDA_LIB=$cuda "$bench" --workload blocks --quiet --duration 1 --total 512M --json "$out" $args >/dev/null
+  PDX_CUDA_LIB=$cuda "$bench" --workload blocks --quiet --duration "$duration" --total "$total" --buffer "$buffer" --json "$out" $args >/dev/null
   # A build that reports its path (one with the link) must have taken $path.
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); p=r.get("path","tcp")
 if p!=sys.argv[3]: sys.exit(f"{sys.argv[2]} ran over {p}, not {sys.argv[3]}")

@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
 """Regenerate src/config/sglang_flags.rs: the long option strings of
-`sglang serve` at the two SGLang commits pdx's rule sets follow.
+`sglang serve` at the SGLang commits pdx's rule sets follow.
 
 The input is SGLang's own `python/sglang/srt/server_args.py` at each commit,
 supplied by the user (nothing of SGLang is in this repository): either a git
-checkout of SGLang that holds both commits,
+checkout of SGLang that holds the commits,
 
     scripts/gen-sglang-flags.py --sglang ~/src/sglang
 
 or one file per commit,
 
-    scripts/gen-sglang-flags.py --server-args 6076066e3=/tmp/old.py --server-args d4801be=/tmp/new.py
+    scripts/gen-sglang-flags.py --server-args 6076066e3=/tmp/old.py --server-args d4801be=/tmp/new.py \
+        --server-args 77e0052=/tmp/sep.py
+
+A commit given no source (not in the checkout, or no --server-args for it)
+keeps its table from the file being written, as it was; one with neither is
+an error.
 
 The file is read, never run (Python's `ast`): SGLang need not be installed.
 argparse registers one action per `add_argument` call, in call order; where
@@ -19,7 +24,10 @@ July 2026 layout), that call registers one action per `ServerArgs` field
 annotated `A[T, "help"]` or `A[T, Arg(...)]`, in declaration order, named
 `Arg.cli_name` or `--` + the field name with `-` for `_`, then
 `Arg.aliases`; `Arg(no_cli=True)` fields and fields without such an
-annotation register nothing. argparse's own `-h`/`--help` comes first.
+annotation register nothing. An action of `argparse.BooleanOptionalAction`
+(an `add_argument` keyword or an `Arg` field) also registers, right after
+each `--` string, its `--no-` form, as argparse does. argparse's own
+`-h`/`--help` comes first.
 
 `--check` compares with the committed file instead of writing it (exit 1 on
 any difference); `--out PATH` writes elsewhere. See docs/sglang-rules.md.
@@ -27,6 +35,7 @@ any difference); `--out PATH` writes elsewhere. See docs/sglang-rules.md.
 import argparse
 import ast
 import difflib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,11 +45,14 @@ TARGET = ROOT / "src" / "config" / "sglang_flags.rs"
 SERVER_ARGS = "python/sglang/srt/server_args.py"
 
 # The commits the rule sets follow (docs/sglang-rules.md), in file order,
-# each with the short form its constant is named after.
+# each with the short form its constant is named after and its rule set.
 OLD = "6076066e380a6abae257167ff4c764e624137111"  # PR #26346, rule set `default`
 NEW = "d4801be447738522d2c62b49857c83787293be6f"  # main, July 2026, rule set `2026-07`
-COMMITS = (OLD, NEW)
-SHORT = {OLD: "6076066e3", NEW: "d4801be"}
+# zihanlin-ai/sglang, a fork following main (September 2026), rule set `2026-09`
+SEP = "77e0052b5f26a739b5a896427be7cc03deae5cd2"
+COMMITS = (OLD, NEW, SEP)
+SHORT = {OLD: "6076066e3", NEW: "d4801be", SEP: "77e0052"}
+RULES = {OLD: "default", NEW: "2026-07", SEP: "2026-09"}
 
 HELP = ("-h", "--help")
 
@@ -57,6 +69,38 @@ def is_from_dataclass(call):
     return isinstance(call.func, ast.Name) and call.func.id == "add_cli_args_from_dataclass"
 
 
+def is_registration(call):
+    return is_add_argument(call) or is_from_dataclass(call)
+
+
+def registers(node):
+    """Whether `node` holds a registration anywhere inside it."""
+    return any(isinstance(n, ast.Call) and is_registration(n) for n in ast.walk(node))
+
+
+def is_boolean_optional(action):
+    """`argparse.BooleanOptionalAction` (or the bare name imported from argparse)."""
+    if isinstance(action, ast.Attribute):
+        module = action.value
+        return action.attr == "BooleanOptionalAction" and isinstance(module, ast.Name) and module.id == "argparse"
+    return isinstance(action, ast.Name) and action.id == "BooleanOptionalAction"
+
+
+def with_negations(strings, action, where):
+    """The option strings argparse registers for `strings` under `action`:
+    BooleanOptionalAction adds `--no-X` right after each `--X`."""
+    if action is None or not is_boolean_optional(action):
+        return strings
+    out = []
+    for s in strings:
+        out.append(s)
+        if s.startswith("--"):
+            if s.startswith("--no-"):
+                raise Unsupported(f"{where}: BooleanOptionalAction on {s}, which already starts with --no-")
+            out.append("--no-" + s[2:])
+    return out
+
+
 def literal_strings(nodes, what):
     """The values of `nodes`, each a string literal."""
     out = []
@@ -71,7 +115,8 @@ def option_strings(call):
     """An `add_argument` call's option strings (its positional arguments)."""
     if any(isinstance(a, ast.Starred) for a in call.args):
         raise Unsupported(f"line {call.lineno}: add_argument(*...) cannot be read statically")
-    return literal_strings(call.args, f"line {call.lineno}")
+    where = f"line {call.lineno}"
+    return with_negations(literal_strings(call.args, where), keyword(call, "action"), where)
 
 
 def keyword(call, name):
@@ -116,7 +161,7 @@ def dataclass_actions(cls):
         if meta is None:
             continue
         field = stmt.target.id
-        cli_name, aliases = f"--{field.replace('_', '-')}", []
+        cli_name, aliases, action = f"--{field.replace('_', '-')}", [], None
         if isinstance(meta, ast.Call):
             no_cli = keyword(meta, "no_cli")
             if no_cli is not None:
@@ -132,7 +177,8 @@ def dataclass_actions(cls):
                 if not isinstance(listed, (ast.List, ast.Tuple)):
                     raise Unsupported(f"line {stmt.lineno}: aliases is not a literal list")
                 aliases = literal_strings(listed.elts, f"line {stmt.lineno}: aliases")
-        actions.append([cli_name, *aliases])
+            action = keyword(meta, "action")
+        actions.append(with_negations([cli_name, *aliases], action, f"line {stmt.lineno}"))
     return actions
 
 
@@ -158,7 +204,10 @@ class Registrations(ast.NodeVisitor):
         self.generic_visit(call)
 
     def visit_If(self, node):
-        raise Unsupported(f"line {node.lineno}: a registration under a condition")
+        # A condition that registers nothing (a choice list built at run
+        # time) changes no option string; one that does cannot be read.
+        if registers(node):
+            raise Unsupported(f"line {node.lineno}: a registration under a condition")
 
     visit_For = visit_While = visit_Try = visit_If
 
@@ -187,49 +236,82 @@ def rust_string(s):
     return f'"{s}"'
 
 
-def render(parsed):
-    """The whole of sglang_flags.rs from `{commit: (actions, explicit, from_dataclass)}`."""
-    old, new = parsed[OLD], parsed[NEW]
-    if old[2] or not new[2]:
-        raise Unsupported(
-            f"the header describes {SHORT[OLD]} with add_argument calls only and {SHORT[NEW]} with dataclass fields"
-        )
+HEADER = [
+    "//! The long option strings of SGLang's `sglang serve` argument parser",
+    "//! (`prepare_server_args`: `argparse.ArgumentParser(prog=\"sglang serve\")`,",
+    "//! `allow_abbrev` left on), at the commits pdx's rule sets follow.",
+    "//!",
+    "//! Generated (not hand-written) from `python/sglang/srt/server_args.py` at",
+    "//! each commit: the registrations of `ServerArgs.add_cli_args` in source",
+    "//! order, after argparse's own `-h`/`--help`. An `add_argument` call is one",
+    "//! action; `add_cli_args_from_dataclass(parser, ServerArgs)` is one action",
+    "//! per `Annotated[..., Arg(...)]` field in declaration order (`--` + field",
+    "//! name with `-`, or `cli_name`, then `aliases`; `no_cli` skipped). An",
+    "//! action of `argparse.BooleanOptionalAction` also has each `--` string's",
+    "//! `--no-` form right after it. These are names only (facts), in the order",
+    "//! argparse registers them, which is the order it lists them in an",
+    '//! "ambiguous option" error.',
+    "//!",
+    "//! Written by `scripts/gen-sglang-flags.py` from SGLang's sources",
+    "//! (docs/sglang-rules.md); regenerate it, never edit it.",
+]
+
+# One table of an earlier run: its doc comment through its closing `];`.
+KEPT_TABLE = re.compile(r"^/// `sglang serve`'s options at SGLang commit ([0-9a-f]{40})\b.*?^\];\n", re.M | re.S)
+
+
+def kept_tables(text):
+    """`{commit: block}` of the tables in an earlier sglang_flags.rs."""
+    return {m.group(1): m.group(0) for m in KEPT_TABLE.finditer(text)}
+
+
+def table(commit, parsed):
+    """One commit's table, with the doc comment saying how it was read."""
+    actions, explicit, from_dataclass = parsed
+    if from_dataclass:
+        fields = len(actions) - 1 - explicit
+        how = f"{fields} `Annotated` fields, then {explicit} explicit `add_argument` calls"
+    else:
+        how = f"{explicit} `add_argument` calls"
     out = [
-        "//! The long option strings of SGLang's `sglang serve` argument parser",
-        "//! (`prepare_server_args`: `argparse.ArgumentParser(prog=\"sglang serve\")`,",
-        "//! `allow_abbrev` left on), at the two commits pdx's rule sets follow.",
-        "//!",
-        "//! Generated (not hand-written) from `python/sglang/srt/server_args.py`:",
-        f"//! `ServerArgs.add_cli_args` at {SHORT[OLD]} ({old[1]} `add_argument` calls), and at",
-        f"//! {SHORT[NEW]} the `Annotated[..., Arg(...)]` fields in declaration order",
-        "//! (`--` + field name with `-`, or `cli_name`, then `aliases`; `no_cli`",
-        f"//! skipped) followed by its {new[1]} explicit `add_argument` calls. argparse's own",
-        "//! `-h`/`--help` comes first. These are names only (facts), in the order",
-        "//! argparse registers them, which is the order it lists them in an",
-        '//! "ambiguous option" error.',
-        "//!",
-        "//! Written by `scripts/gen-sglang-flags.py` from a checkout of SGLang",
-        "//! (docs/sglang-rules.md); regenerate it, never edit it.",
+        f"/// `sglang serve`'s options at SGLang commit {commit}, rule set",
+        f"/// `{RULES[commit]}`: one entry per argparse action, its option strings in",
+        "/// declaration order (`-h`/`--help` first).",
+        f"/// Read from {how}.",
+        f"pub const FLAGS_{SHORT[commit].upper()}: &[&[&str]] = &[",
     ]
-    for commit in COMMITS:
-        out += [
-            "",
-            f"/// `sglang serve`'s options at SGLang commit {commit}: one entry per argparse",
-            "/// action, its option strings in declaration order (`-h`/`--help` first).",
-            f"pub const FLAGS_{SHORT[commit].upper()}: &[&[&str]] = &[",
-        ]
-        out += [f"    &[{', '.join(rust_string(s) for s in action)}]," for action in parsed[commit][0]]
-        out.append("];")
+    out += [f"    &[{', '.join(rust_string(s) for s in action)}]," for action in actions]
+    out.append("];")
     return "\n".join(out) + "\n"
 
 
+def render(parsed, kept):
+    """The whole of sglang_flags.rs from `{commit: (actions, explicit,
+    from_dataclass)}`, taking the table of a commit absent there from `kept`."""
+    blocks = []
+    for commit in COMMITS:
+        if commit in parsed:
+            blocks.append(table(commit, parsed[commit]))
+        elif commit in kept:
+            blocks.append(kept[commit])
+        else:
+            raise Unsupported(f"no server_args.py for {SHORT[commit]} and no table of it to keep")
+    return "\n".join(HEADER) + "\n" + "".join("\n" + b for b in blocks)
+
+
 def read_from_checkout(checkout, commit):
+    """server_args.py at `commit` in `checkout`; None where the checkout lacks the commit."""
+    present = subprocess.run(
+        ["git", "-C", str(checkout), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
+    ).returncode == 0
+    if not present:
+        return None
     try:
         return subprocess.run(
             ["git", "-C", str(checkout), "show", f"{commit}:{SERVER_ARGS}"],
             check=True,
             capture_output=True,
-            text=True,
+            encoding="utf-8",
         ).stdout
     except subprocess.CalledProcessError as e:
         sys.exit(f"cannot read {SERVER_ARGS} at {commit} from {checkout}: {e.stderr.strip()}")
@@ -238,12 +320,13 @@ def read_from_checkout(checkout, commit):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--sglang", type=Path, help="a git checkout of SGLang that holds both commits")
+    src.add_argument("--sglang", type=Path, help="a git checkout of SGLang that holds the commits")
+    shorts = ", ".join(SHORT[c] for c in COMMITS)
     src.add_argument(
         "--server-args",
         action="append",
         metavar="COMMIT=FILE",
-        help=f"server_args.py at COMMIT (a prefix of {SHORT[OLD]} or {SHORT[NEW]}); give both",
+        help=f"server_args.py at COMMIT (a prefix of {shorts}); repeat for each",
     )
     p.add_argument("--out", type=Path, default=TARGET, help=f"where to write (default {TARGET.relative_to(ROOT)})")
     p.add_argument("--check", action="store_true", help="compare with --out instead of writing it; exit 1 if different")
@@ -251,24 +334,28 @@ def main():
 
     sources = {}
     if args.sglang:
-        sources = {c: read_from_checkout(args.sglang, c) for c in COMMITS}
+        for c in COMMITS:
+            source = read_from_checkout(args.sglang, c)
+            if source is not None:
+                sources[c] = source
     else:
         for item in args.server_args:
             prefix, sep, path = item.partition("=")
             commit = next((c for c in COMMITS if sep and len(prefix) >= 7 and c.startswith(prefix.lower())), None)
             if commit is None:
-                p.error(f"--server-args {item}: expected COMMIT=FILE with COMMIT a prefix of {OLD} or {NEW}")
-            sources[commit] = Path(path).read_text()
-        missing = [SHORT[c] for c in COMMITS if c not in sources]
-        if missing:
-            p.error(f"no server_args.py for {', '.join(missing)}")
+                p.error(f"--server-args {item}: expected COMMIT=FILE, COMMIT a prefix of one of {', '.join(COMMITS)}")
+            sources[commit] = Path(path).read_text(encoding="utf-8")
+    current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
+    kept = kept_tables(current)
+    for c in COMMITS:
+        if c not in sources and c in kept:
+            print(f"no server_args.py for {SHORT[c]}: its table in {args.out} is kept as it is", file=sys.stderr)
     try:
-        text = render({c: server_args_actions(s) for c, s in sources.items()})
+        text = render({c: server_args_actions(s) for c, s in sources.items()}, kept)
     except Unsupported as e:
         sys.exit(f"gen-sglang-flags: unsupported server_args.py: {e}")
 
     if args.check:
-        current = args.out.read_text() if args.out.exists() else ""
         if current != text:
             sys.stdout.writelines(
                 difflib.unified_diff(current.splitlines(True), text.splitlines(True), str(args.out), "generated")
@@ -276,7 +363,7 @@ def main():
             sys.exit(1)
         print(f"{args.out} is up to date")
         return
-    args.out.write_text(text)
+    args.out.write_text(text, encoding="utf-8")
     print(f"wrote {args.out}")
 
 

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Runs every test: the lint gates (rustfmt, clippy with warnings as errors),
+# Runs every test: the lint gates (no circles of file imports, rustfmt,
+# clippy with warnings as errors),
 # cargo (unit, integration, header freshness), the C tests under ctest with
 # AddressSanitizer, install plus C/C++ consumer programs, the Python
 # ctypes tests, a 60 s soak (scripts/soak.sh) and a 30 s soak across 4
 # hosts in network namespaces (scripts/soak-netns.sh; SKIP when not root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+echo "== circles of imports (scripts/check-circles.py)"
+python3 scripts/check-circles.py
 
 echo "== cargo fmt --check, cargo clippy -D warnings"
 cargo fmt --all --check

@@ -107,7 +107,7 @@ pub fn serving(protocol: &str, env: &dyn Env) -> Result<&'static Backend> {
     };
     BACKENDS
         .iter()
-        .find(|b| b.protocols.contains(&protocol) && engine.map_or(true, |e| b.engine == e))
+        .find(|b| b.protocols.contains(&protocol) && engine.is_none_or(|e| b.engine == e))
         .ok_or_else(|| Error::new(ErrorKind::UnknownProtocol, format!("no backend carries protocol '{protocol}'")))
 }
 

@@ -347,7 +347,8 @@ pub fn run(opts: &InitiatorOpts) -> Result<(), String> {
 
 /// Which path an engine's data took, its same-host bytes, as JSON (and printed).
 fn paths_json(engine: &dyn TransferBackend, session: &str, requested: &str) -> Value {
-    let path = crate::path_taken(engine, session, requested);
+    let path = crate::peer_path(engine, session);
+    path.print(session, requested);
     let info = engine.peer_info(session).unwrap_or(Value::Null);
     json!({
         "requested": requested, "path": path.taken, "reason": path.reason,

@@ -69,6 +69,10 @@ struct TargetOpts {
     /// Transport protocol (tcp runs the native engine; others Mooncake's).
     #[arg(long, default_value = "tcp")]
     protocol: String,
+    /// Where peers find each other (PDX_METADATA_SERVER): P2PHANDSHAKE,
+    /// http://host:port/metadata, etcd://host:port or host:port (etcd).
+    #[arg(long)]
+    metadata: Option<String>,
     /// Where the served buffer lives: cpu:N, or cuda:N (device memory from
     /// the driver in PDX_CUDA_LIB).
     #[arg(long, default_value = "cpu:0")]
@@ -144,6 +148,11 @@ struct InitiatorOpts {
     /// Mooncake's, see PDX_MOONCAKE_LIB).
     #[arg(long, default_value = "tcp")]
     protocol: String,
+    /// Where peers find each other (PDX_METADATA_SERVER): P2PHANDSHAKE,
+    /// http://host:port/metadata, etcd://host:port or host:port (etcd);
+    /// the loopback target uses the same.
+    #[arg(long)]
+    metadata: Option<String>,
     /// Hostname of the initiator engine (and of the target in loopback mode).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -244,6 +253,16 @@ fn main() {
         Some(Mode::Loopback(o)) | Some(Mode::Initiator { opts: o, .. }) => o.path,
         Some(Mode::Target(_)) => PathArg::Auto,
     };
+    let metadata = match &cli.mode {
+        None => cli.opts.metadata.clone(),
+        Some(Mode::Loopback(o)) | Some(Mode::Initiator { opts: o, .. }) => o.metadata.clone(),
+        Some(Mode::Target(t)) => t.metadata.clone(),
+    };
+    if let Some(m) = metadata {
+        let _ = THROUGH_STORE.set(!matches!(m.trim(), "" | "P2PHANDSHAKE"));
+        // Read by the engine when it starts; the loopback target inherits it.
+        std::env::set_var("PDX_METADATA_SERVER", m);
+    }
     if path == PathArg::Tcp {
         // As above; the loopback target inherits it.
         std::env::set_var("PDX_SAME_HOST", "off");
@@ -262,8 +281,19 @@ fn main() {
     }
 }
 
+/// Whether `--metadata` names a metadata server (not P2P handshake).
+static THROUGH_STORE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
 fn start_engine(host: &str, protocol: &str) -> Result<Box<dyn TransferBackend>, String> {
-    pdx::backend::start(host, Some(protocol), None).map_err(|e| e.to_string())
+    // Through a metadata server a segment is named as given: a name without
+    // a port gets one from the process id, so that the loopback target and
+    // initiator on one host do not claim the same name.
+    let through_store = THROUGH_STORE.get().copied().unwrap_or(false);
+    let name = match through_store && !host.contains(':') {
+        true => format!("{host}:{}", 1024 + std::process::id() % 60000),
+        false => host.to_owned(),
+    };
+    pdx::backend::start(&name, Some(protocol), None).map_err(|e| e.to_string())
 }
 
 /// Control messages ride on pdx notifications with this name.
@@ -461,21 +491,35 @@ struct PathTaken {
     reason: String,
 }
 
-/// Print which path the data to `session` took and why; a run that asked
-/// for `auto` and ended on TCP says so in a WARNING line.
-fn path_taken(engine: &dyn TransferBackend, session: &str, requested: &str) -> PathTaken {
-    let path = match engine.peer_info(session) {
+/// Which path the data to `session` took and why.
+fn peer_path(engine: &dyn TransferBackend, session: &str) -> PathTaken {
+    match engine.peer_info(session) {
         Ok(info) => PathTaken {
             taken: info["path"].as_str().unwrap_or("unknown").to_owned(),
             reason: info["reason"].as_str().unwrap_or_default().to_owned(),
         },
         Err(e) => PathTaken { taken: "unknown".into(), reason: e.to_string() },
-    };
-    println!("data path to {session}: {} (asked for {requested}): {}", path.taken, path.reason);
-    if requested == "auto" && path.taken == "tcp" {
-        println!("WARNING: --path auto ended on TCP, not the same-host link: {}", path.reason);
     }
-    path
+}
+
+impl PathTaken {
+    /// The path for a title: the one taken, or the engine's protocol when
+    /// the backend does not say.
+    fn title(&self, protocol: &str) -> String {
+        match self.taken.as_str() {
+            "unknown" => protocol.to_owned(),
+            taken => taken.to_owned(),
+        }
+    }
+
+    /// Print it; a run that asked for `auto` and ended on TCP says so in a
+    /// WARNING line.
+    fn print(&self, session: &str, requested: &str) {
+        println!("data path to {session}: {} (asked for {requested}): {}", self.taken, self.reason);
+        if requested == "auto" && self.taken == "tcp" {
+            println!("WARNING: --path auto ended on TCP, not the same-host link: {}", self.reason);
+        }
+    }
 }
 
 fn initiator(
@@ -494,7 +538,7 @@ fn initiator(
             &format!(
                 "pdx {:?} over {} ({} -> {}), local {} remote {}",
                 opts.op,
-                engine.protocol(),
+                peer_path(engine.as_ref(), session).title(engine.protocol()),
                 engine.session_id(),
                 session,
                 opts.location,
@@ -510,9 +554,10 @@ fn initiator(
     }
     let stats = engine.stats();
     report::print_stats(&stats, run::stats_cost());
-    let path = path_taken(engine.as_ref(), session, opts.path.name());
+    let taken = peer_path(engine.as_ref(), session);
+    taken.print(session, opts.path.name());
     let json = serde_json::json!({
-        "path": path.taken, "path_requested": opts.path.name(), "path_reason": path.reason, "pages": opts.huge.name(),
+        "path": taken.taken, "path_requested": opts.path.name(), "path_reason": taken.reason, "pages": opts.huge.name(),
         "op": format!("{:?}", opts.op).to_lowercase(), "protocol": opts.protocol, "threads": opts.threads,
         "blocks": rows.iter().map(report::Row::to_json).collect::<Vec<_>>(),
         "kv": kv_rows,
@@ -529,9 +574,9 @@ fn initiator(
         if !rows.is_empty() {
             let svg = report::svg_plot(
                 &format!(
-                    "pdx {} throughput over {} loopback",
+                    "pdx {} throughput over {}",
                     format!("{:?}", opts.op).to_lowercase(),
-                    engine.protocol()
+                    taken.title(engine.protocol())
                 ),
                 &rows,
             );

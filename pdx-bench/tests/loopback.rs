@@ -121,10 +121,13 @@ fn the_path_asked_for_is_the_path_taken_and_reported() {
     assert_eq!((v["path"].as_str(), v["path_requested"].as_str()), (Some("tcp"), Some("tcp")), "{v}");
     assert!(v["path_reason"].as_str().unwrap().contains("PDX_SAME_HOST=off"), "{v}");
     assert!(out.contains("data path to") && !out.contains("WARNING"), "{out}");
+    // The table's header names the path that ran, as the last line does.
+    assert!(out.contains("pdx Write over tcp (") && out.contains(": tcp (asked for tcp)"), "{out}");
     let out = run(&[&["--path", "auto"][..], &blocks].concat());
     let v = read(&json);
     assert_eq!((v["path"].as_str(), v["path_requested"].as_str()), (Some("same-host"), Some("auto")), "{v}");
     assert!(out.contains("byte for byte") && !out.contains("WARNING"), "{out}");
+    assert!(out.contains("pdx Write over same-host (") && out.contains(": same-host (asked for auto)"), "{out}");
     // Turned off by the environment: auto ends on TCP, visibly.
     let out = Command::new(env!("CARGO_BIN_EXE_pdx-bench"))
         .env("PDX_SAME_HOST", "off")

@@ -24,19 +24,8 @@ from collections.abc import Sequence
 from ctypes import POINTER, c_char_p, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import Any, Union
 
-from . import (
-    PDX_OPCODE_READ,
-    PDX_OPCODE_WRITE,
-    Engine,
-    _declare,
-    _enc,
-    _SIGNATURES,
-    _Handle,
-    _Signature,
-    check,
-    lib,
-    pdx_status,
-)
+from .binding import _declare, _enc, _Handle, _Signature, _SIGNATURES, check, lib, pdx_status
+from .engine import PDX_OPCODE_READ, PDX_OPCODE_WRITE, Engine
 
 __all__ = ["Heads", "KvBuffer", "KvHeads", "Plan", "group_concurrent_contiguous_count"]
 

@@ -27,7 +27,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     ) from e
 
 if TYPE_CHECKING:
-    from . import Engine
+    from .engine import Engine
 
 
 class EngineCollector:

@@ -30,12 +30,15 @@ Conventions kept from the wheel:
   or negative values for an unsigned one (``TypeError``), a list parameter any
   sequence, a ``str`` parameter ``str`` or ``bytes``.
 
-Where pdx differs (listed in the README): ``get_engine``, ``get_engine_ptr``,
-``get_local_topology`` and ``get_first_buffer_address`` raise
-``NotImplementedError`` (there is no C++ ``mooncake::TransferEngine`` object,
-and pdx's C ABI has no call that reads a peer's buffer list); metadata servers
-other than ``P2PHANDSHAKE`` (etcd, redis, http) are refused with ``-1`` and a
-logged reason; the ``location`` of a registration and ``transport_hint`` are
+Metadata servers: ``P2PHANDSHAKE``, Mooncake's HTTP metadata server
+(``http://host:port/metadata``) and etcd (``etcd://h:p[,h:p]`` or a bare
+``h:p``), with Mooncake's keys and values (see docs/metadata.md); ``redis``
+and unknown schemes are refused with ``-1`` and a logged reason (never an
+abort).
+
+Where pdx differs (listed in the README): ``get_engine``, ``get_engine_ptr``
+and ``get_local_topology`` raise ``NotImplementedError`` (there is no C++
+``mooncake::TransferEngine`` object); the ``location`` of a registration and ``transport_hint`` are
 accepted and ignored (the wheel ignores the hint too); a stale or made-up
 batch id gives ``-1`` instead of undefined behaviour.
 """
@@ -53,8 +56,31 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
-import pdx
-from pdx import PdxError
+from .binding import (
+    PDX_ERR_ADDRESS_NOT_REGISTERED,
+    PDX_ERR_ADDRESS_OVERLAP,
+    PDX_ERR_BUSY,
+    PDX_ERR_CONNECTION_LOST,
+    PDX_ERR_IO,
+    PDX_ERR_NOT_FOUND,
+    PDX_ERR_PEER_UNREACHABLE,
+    PDX_ERR_TIMEOUT,
+    PDX_OK,
+    STATUS_NAMES,
+    PdxError,
+    last_error,
+    lib,
+    status_str,
+)
+from .engine import (
+    PDX_OPCODE_READ,
+    PDX_OPCODE_WRITE,
+    PDX_TASK_COMPLETED,
+    PDX_TASK_FAILED,
+    PDX_TASK_PENDING,
+    BatchSummary,
+    Engine,
+)
 
 __all__ = [
     "SUPPORT_CUDA",
@@ -76,6 +102,7 @@ P2PHANDSHAKE = "P2PHANDSHAKE"
 
 # Mooncake's return codes (its error.h) for the failures the wheel reports.
 ERR_INVALID_ARGUMENT = -1
+ERR_METADATA = -200
 ERR_ADDRESS_NOT_REGISTERED = -3
 ERR_ADDRESS_OVERLAPPED = -7
 ERR_DNS_FAIL = -101
@@ -203,6 +230,18 @@ def _notify(value: object, fn: str) -> Optional[tuple[str, str]]:
     _incompatible(fn, value)
 
 
+def _metadata_string(server: str, metadata_type: Optional[str]) -> str:
+    """The metadata string the wheel builds: ``type://server`` for ``initialize_ext``
+    (unless the server already names a scheme or is ``P2PHANDSHAKE``)."""
+    text = server.strip()
+    if not text or text == P2PHANDSHAKE:
+        return P2PHANDSHAKE
+    kind = (metadata_type or "").strip()
+    if kind and kind != P2PHANDSHAKE and "://" not in text:
+        return f"{kind}://{text}"
+    return text
+
+
 def _transfer_timeout_s() -> float:
     """MC_TRANSFER_TIMEOUT (seconds, at least 5, default 30), read as the wheel reads it."""
     raw = os.environ.get("MC_TRANSFER_TIMEOUT")
@@ -233,7 +272,7 @@ class TransferEngine:
 
     def __init__(self) -> None:
         """An engine that is not initialized yet (the wheel's constructor takes no arguments)."""
-        self._engine: Optional[pdx.Engine] = None
+        self._engine: Optional[Engine] = None
         self._lock = threading.Lock()
         self._batches: dict[int, _Batch] = {}
         self._managed: dict[int, tuple[mmap.mmap, Any]] = {}
@@ -247,7 +286,9 @@ class TransferEngine:
     def initialize(self, local_hostname: str, metadata_server: str, protocol: str, device_name: str) -> int:
         """Start the engine on ``local_hostname``; 0 on success, -1 on failure (reason logged).
 
-        ``metadata_server`` must be ``"P2PHANDSHAKE"``; ``protocol`` is resolved
+        ``metadata_server`` is ``"P2PHANDSHAKE"``, an ``http://`` URL of
+        Mooncake's metadata server, or etcd (``etcd://h:p`` or a bare
+        ``h:p``); ``protocol`` is resolved
         by pdx (``MC_FORCE_TCP`` forces ``tcp``); ``device_name`` is a
         comma-separated device list ("" for none)."""
         fn = "initialize"
@@ -257,7 +298,8 @@ class TransferEngine:
     def initialize_ext(
         self, local_hostname: str, metadata_server: str, protocol: str, device_name: str, metadata_type: str
     ) -> int:
-        """``initialize`` with an explicit metadata type; only ``P2PHANDSHAKE`` is served."""
+        """``initialize`` with an explicit metadata type (``http``, ``etcd``...): the
+        server string becomes ``type://server`` as the wheel builds it."""
         fn = "initialize_ext"
         return self._start(
             _str(local_hostname, fn),
@@ -273,16 +315,10 @@ class TransferEngine:
         if protocol == "xgmi":
             log.error("Protocol 'xgmi' is not exposed in the Python API. Use 'hip' instead.")
             return -1
-        if metadata_server != P2PHANDSHAKE:
-            log.error(
-                "pdx serves only the P2PHANDSHAKE metadata mode; metadata server %r%s is not supported "
-                "(use P2PHANDSHAKE, or Mooncake's own wheel for etcd/redis/http metadata)",
-                metadata_server,
-                f" (type {metadata_type!r})" if metadata_type else "",
-            )
-            return -1
+        # Always passed: the argument wins over PDX_METADATA_SERVER in the environment.
+        options: dict[str, object] = {"metadata_server": _metadata_string(metadata_server, metadata_type)}
         try:
-            engine = pdx.Engine(hostname, protocol or None, device or None)
+            engine = Engine(hostname, protocol or None, device or None, **options)
         except PdxError as exc:
             log.error("pdx could not start a %s engine on %r: %s", protocol or "default", hostname, exc)
             return -1
@@ -302,7 +338,7 @@ class TransferEngine:
         return self._engine.handle
 
     def _fail(self, what: str, status: int) -> None:
-        log.error("%s failed: %s: %s", what, pdx.STATUS_NAMES.get(status, status), pdx.last_error())
+        log.error("%s failed: %s: %s", what, STATUS_NAMES.get(status, status), last_error())
 
     def get_rpc_port(self) -> int:
         """The handshake (RPC) port peers reach this engine on."""
@@ -323,37 +359,37 @@ class TransferEngine:
         if length == 0:
             log.error("register_memory: a region of 0 bytes cannot be registered")
             return ERR_INVALID_ARGUMENT
-        status = int(pdx.lib.pdx_register_memory_at(self._h(), addr, length, where.encode()))
+        status = int(lib.pdx_register_memory_at(self._h(), addr, length, where.encode()))
         return self._registration_code(fn, status)
 
     def _register_each_at(self, fn: str, addrs: list[int], lens: list[int], where: str) -> int:
         """Register one by one at an explicit location, undoing on failure."""
         done: list[int] = []
         for addr, length in zip(addrs, lens):
-            status = int(pdx.lib.pdx_register_memory_at(self._h(), addr, length, where.encode()))
-            if status != pdx.PDX_OK:
-                message = pdx.last_error()
+            status = int(lib.pdx_register_memory_at(self._h(), addr, length, where.encode()))
+            if status != PDX_OK:
+                message = last_error()
                 for a in done:
-                    pdx.lib.pdx_unregister_memory(self._h(), a)
-                log.error("%s: %s: %s", fn, pdx.status_str(status), message)
-                return ERR_ADDRESS_OVERLAPPED if status == pdx.PDX_ERR_ADDRESS_OVERLAP else -1
+                    lib.pdx_unregister_memory(self._h(), a)
+                log.error("%s: %s: %s", fn, status_str(status), message)
+                return ERR_ADDRESS_OVERLAPPED if status == PDX_ERR_ADDRESS_OVERLAP else -1
             done.append(addr)
         return 0
 
     def _registration_code(self, what: str, status: int) -> int:
-        if status == pdx.PDX_OK:
+        if status == PDX_OK:
             return 0
         self._fail(what, status)
-        if status == pdx.PDX_ERR_ADDRESS_OVERLAP:
+        if status == PDX_ERR_ADDRESS_OVERLAP:
             return ERR_ADDRESS_OVERLAPPED
-        if status in (pdx.PDX_ERR_ADDRESS_NOT_REGISTERED, pdx.PDX_ERR_NOT_FOUND):
+        if status in (PDX_ERR_ADDRESS_NOT_REGISTERED, PDX_ERR_NOT_FOUND):
             return ERR_ADDRESS_NOT_REGISTERED
         return ERR_INVALID_ARGUMENT
 
     def unregister_memory(self, buffer_addr: int) -> int:
         """Withdraw the registration starting at ``buffer_addr``; 0, or -3 if there is none."""
         addr = _uint(buffer_addr, "unregister_memory")
-        return self._registration_code("unregister_memory", int(pdx.lib.pdx_unregister_memory(self._h(), addr)))
+        return self._registration_code("unregister_memory", int(lib.pdx_unregister_memory(self._h(), addr)))
 
     def batch_register_memory(self, buffer_addresses: list[int], capacities: list[int], location: str = "*") -> int:
         """Register several regions, all or none, at ``location`` (as for
@@ -372,14 +408,14 @@ class TransferEngine:
         n = len(addrs)
         c_addrs = (ctypes.c_void_p * max(n, 1))(*addrs)
         c_lens = (ctypes.c_size_t * max(n, 1))(*lens)
-        status = int(pdx.lib.pdx_batch_register_memory(self._h(), c_addrs, c_lens, n))
+        status = int(lib.pdx_batch_register_memory(self._h(), c_addrs, c_lens, n))
         return self._registration_code(fn, status)
 
     def batch_unregister_memory(self, buffer_addresses: list[int]) -> int:
         """Withdraw several registrations; 0, or -3 if one of them is unknown."""
         addrs = _uints(buffer_addresses, "batch_unregister_memory")
         c_addrs = (ctypes.c_void_p * max(len(addrs), 1))(*addrs)
-        status = int(pdx.lib.pdx_batch_unregister_memory(self._h(), c_addrs, len(addrs)))
+        status = int(lib.pdx_batch_unregister_memory(self._h(), c_addrs, len(addrs)))
         return self._registration_code("batch_unregister_memory", status)
 
     def allocate_managed_buffer(self, length: int) -> int:
@@ -394,8 +430,8 @@ class TransferEngine:
             return 0
         anchor = ctypes.c_char.from_buffer(region)
         addr = ctypes.addressof(anchor)
-        status = int(pdx.lib.pdx_register_memory(self._h(), addr, size))
-        if status != pdx.PDX_OK:
+        status = int(lib.pdx_register_memory(self._h(), addr, size))
+        if status != PDX_OK:
             self._fail("allocate_managed_buffer", status)
             del anchor
             region.close()
@@ -413,7 +449,7 @@ class TransferEngine:
         if entry is None:
             log.error("free_managed_buffer: %#x was not allocated by allocate_managed_buffer", addr)
             return ERR_INVALID_ARGUMENT
-        pdx.lib.pdx_unregister_memory(self._h(), addr)
+        lib.pdx_unregister_memory(self._h(), addr)
         region, anchor = entry
         del anchor, entry
         region.close()
@@ -438,11 +474,11 @@ class TransferEngine:
             # No notification: pdx's synchronous calls, one C call that waits within pdx's deadlines.
             h, session, n = self._h(), target.encode(), len(buffers)
             if n == 1:
-                call = pdx.lib.pdx_transfer_sync_write if opcode == TransferOpcode.Write else pdx.lib.pdx_transfer_sync_read
+                call = lib.pdx_transfer_sync_write if opcode == TransferOpcode.Write else lib.pdx_transfer_sync_read
                 status = int(call(h, session, buffers[0], peers[0], lengths[0]))
             else:
-                batch = pdx.lib.pdx_batch_transfer_sync_write if opcode == TransferOpcode.Write else (
-                    pdx.lib.pdx_batch_transfer_sync_read
+                batch = lib.pdx_batch_transfer_sync_write if opcode == TransferOpcode.Write else (
+                    lib.pdx_batch_transfer_sync_read
                 )
                 status = int(
                     batch(
@@ -454,7 +490,7 @@ class TransferEngine:
                         n,
                     )
                 )
-            if status != pdx.PDX_OK:
+            if status != PDX_OK:
                 self._fail(f"{fn} to {target}", status)
                 return -1
             return 0
@@ -564,10 +600,10 @@ class TransferEngine:
         name, msg = notify if notify is not None else (None, None)
         out = ctypes.c_uint64()
         status = int(
-            pdx.lib.pdx_batch_submit(
+            lib.pdx_batch_submit(
                 self._h(),
                 target.encode(),
-                pdx.PDX_OPCODE_WRITE if opcode == TransferOpcode.Write else pdx.PDX_OPCODE_READ,
+                PDX_OPCODE_WRITE if opcode == TransferOpcode.Write else PDX_OPCODE_READ,
                 c_locals,
                 c_remotes,
                 c_lens,
@@ -577,7 +613,7 @@ class TransferEngine:
                 ctypes.byref(out),
             )
         )
-        if status != pdx.PDX_OK:
+        if status != PDX_OK:
             self._fail(f"{fn} to {target}", status)
             return 0
         with self._lock:
@@ -605,8 +641,8 @@ class TransferEngine:
         with self._lock:
             if target in self._opened:
                 return True
-        status = int(pdx.lib.pdx_send_probe(self._h(), target.encode()))
-        if status != pdx.PDX_OK:
+        status = int(lib.pdx_send_probe(self._h(), target.encode()))
+        if status != PDX_OK:
             self._fail(f"{fn}: cannot reach {target}", status)
             return False
         with self._lock:
@@ -673,14 +709,14 @@ class TransferEngine:
             state = ctypes.c_int32()
             while True:
                 left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-                status = int(pdx.lib.pdx_batch_wait(h, batch, min(left_ms, 1000), ctypes.byref(state)))
-                if status != pdx.PDX_ERR_TIMEOUT or time.monotonic() >= deadline:
+                status = int(lib.pdx_batch_wait(h, batch, min(left_ms, 1000), ctypes.byref(state)))
+                if status != PDX_ERR_TIMEOUT or time.monotonic() >= deadline:
                     break
-            if status != pdx.PDX_OK:
+            if status != PDX_OK:
                 self._fail(f"{fn}: batch {batch}", status)
                 result = -1
                 break
-            if state.value != pdx.PDX_TASK_COMPLETED:
+            if state.value != PDX_TASK_COMPLETED:
                 self._log_batch_failure(fn, batch)
                 result = -1
                 break
@@ -692,17 +728,17 @@ class TransferEngine:
 
     def _log_batch_failure(self, fn: str, batch: int) -> None:
         """Log why a finished batch failed (its first failed task's error)."""
-        summary = pdx.BatchSummary()
+        summary = BatchSummary()
         h = self._h()
-        pdx.lib.pdx_batch_status(h, batch, ctypes.byref(summary))
+        lib.pdx_batch_status(h, batch, ctypes.byref(summary))
         reason = ""
         for task in range(summary.total):
             state = ctypes.c_int32()
-            if pdx.lib.pdx_task_status(h, batch, task, ctypes.byref(state), None, None) != pdx.PDX_OK:
+            if lib.pdx_task_status(h, batch, task, ctypes.byref(state), None, None) != PDX_OK:
                 break
-            if state.value == pdx.PDX_TASK_FAILED:
+            if state.value == PDX_TASK_FAILED:
                 buf = ctypes.create_string_buffer(512)
-                pdx.lib.pdx_task_error_message(h, batch, task, buf, len(buf), None)
+                lib.pdx_task_error_message(h, batch, task, buf, len(buf), None)
                 reason = f"; task {task}: {buf.value.decode(errors='replace')}"
                 break
         log.error("%s: batch %d failed (%d of %d tasks)%s", fn, batch, summary.failed, summary.total, reason)
@@ -720,8 +756,8 @@ class TransferEngine:
         with self._lock:
             pending = list(self._abandoned)
         for batch in pending:
-            status = int(pdx.lib.pdx_batch_free(self._h(), batch))
-            if status != pdx.PDX_ERR_BUSY:  # freed (or already gone)
+            status = int(lib.pdx_batch_free(self._h(), batch))
+            if status != PDX_ERR_BUSY:  # freed (or already gone)
                 with self._lock:
                     self._abandoned.discard(batch)
 
@@ -744,18 +780,18 @@ class TransferEngine:
         batch = _uint(batch_id, "transfer_check_status")
         with self._lock:
             known = batch in self._batches
-        summary = pdx.BatchSummary()
-        status = int(pdx.lib.pdx_batch_status(self._h(), batch, ctypes.byref(summary))) if known else -1
-        if status != pdx.PDX_OK:
+        summary = BatchSummary()
+        status = int(lib.pdx_batch_status(self._h(), batch, ctypes.byref(summary))) if known else -1
+        if status != PDX_OK:
             if known:
                 self._fail(f"transfer_check_status: batch {batch}", status)
             else:
                 log.error("transfer_check_status: %d is not a batch of this engine", batch)
             return -1
-        if summary.state == pdx.PDX_TASK_PENDING:
+        if summary.state == PDX_TASK_PENDING:
             return 0
         self._release(batch)
-        return 1 if summary.state == pdx.PDX_TASK_COMPLETED else -1
+        return 1 if summary.state == PDX_TASK_COMPLETED else -1
 
     # ------------------------------------------------------ control messages
     def send_probe(self, peer_server_name: str) -> int:
@@ -764,13 +800,15 @@ class TransferEngine:
         name = _str(peer_server_name, "send_probe")
         if self._engine is None:
             return -1
-        status = int(pdx.lib.pdx_send_probe(self._h(), name.encode()))
-        if status == pdx.PDX_OK:
+        status = int(lib.pdx_send_probe(self._h(), name.encode()))
+        if status == PDX_OK:
             return 0
         self._fail(f"send_probe to {name}", status)
-        if status == pdx.PDX_ERR_PEER_UNREACHABLE:
+        if status == PDX_ERR_NOT_FOUND:
+            return ERR_METADATA  # not published in the metadata server, as the wheel answers
+        if status == PDX_ERR_PEER_UNREACHABLE:
             return ERR_DNS_FAIL if _unresolvable(name) else ERR_SOCKET
-        if status in (pdx.PDX_ERR_CONNECTION_LOST, pdx.PDX_ERR_IO, pdx.PDX_ERR_TIMEOUT):
+        if status in (PDX_ERR_CONNECTION_LOST, PDX_ERR_IO, PDX_ERR_TIMEOUT):
             return ERR_SOCKET
         return -1
 
@@ -823,12 +861,18 @@ class TransferEngine:
             "pdx.mooncake.TransferEngine.get_local_topology: pdx does not expose Mooncake's NIC topology"
         )
 
-    def get_first_buffer_address(self, segment_name: str) -> NoReturn:
-        """Not available: pdx's C ABI has no call that reads a peer's registered buffers."""
-        raise NotImplementedError(
-            "pdx.mooncake.TransferEngine.get_first_buffer_address: pdx's C ABI does not return a peer's "
-            "buffer list; exchange addresses through your own control plane (as SGLang does)"
-        )
+    def get_first_buffer_address(self, segment_name: str) -> int:
+        """The first buffer ``segment_name`` registered (this engine's own, or a peer's read
+        afresh from the metadata directory); 0 when the segment is unknown or has none."""
+        name = _str(segment_name, "get_first_buffer_address")
+        if self._engine is None:
+            raise RuntimeError("TransferEngine is not initialized: call initialize() first")
+        out = ctypes.c_uint64(0)
+        status = int(lib.pdx_first_buffer_address(self._h(), name.encode(), ctypes.byref(out)))
+        if status != PDX_OK:
+            self._fail(f"get_first_buffer_address({name})", status)
+            return 0
+        return int(out.value)
 
     def warmup_efa_segment(self, segment_name: str) -> int:
         """0: nothing to warm up (as the wheel without EFA); EFA engines raise NotImplementedError."""
@@ -880,11 +924,51 @@ def __getattr__(name: str) -> NoReturn:
     )
 
 
+# The opt-in shim's always-on .pth (``--install-shim``). Kept here with the command that
+# writes it: ``pdx_mooncake_shim`` imports this module to serve it, never the reverse.
+_ALWAYS_PTH = "pdx-mooncake-shim-always.pth"
+
+
+def _default_site_dir() -> str:
+    """This environment's site-packages (where the wheel's files are)."""
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
+
+
+def _install_shim(site_dir: str) -> str:
+    """Write the always-on ``.pth`` into ``site_dir``; its path."""
+    path = os.path.join(site_dir, _ALWAYS_PTH)
+    with open(path, "w", encoding="utf-8") as f:
+        # One line (a .pth runs lines that start with `import`); harmless once pdx is uninstalled.
+        f.write(
+            'import importlib.util; importlib.util.find_spec("pdx_mooncake_shim") and '
+            '__import__("pdx_mooncake_shim").activate("installed by python -m pdx.mooncake --install-shim")\n'
+        )
+    return path
+
+
+def _uninstall_shim(site_dir: str) -> Optional[str]:
+    """Remove the always-on ``.pth`` from ``site_dir``; its path, or None if there was none."""
+    path = os.path.join(site_dir, _ALWAYS_PTH)
+    if not os.path.exists(path):
+        return None
+    os.remove(path)
+    return path
+
+
+def _shim_active() -> bool:
+    """Whether the shim serves ``mooncake.engine`` in this process. It can only when a
+    ``.pth`` loaded it at start-up, so an unloaded shim is an inactive one."""
+    import sys
+
+    shim = sys.modules.get("pdx_mooncake_shim")
+    return shim is not None and bool(shim.active())
+
+
 def _main(argv: Optional[list[str]] = None) -> int:
     """``python -m pdx.mooncake --install-shim | --uninstall-shim | --status [--site DIR]``."""
     import argparse
-
-    import pdx_mooncake_shim as shim
 
     parser = argparse.ArgumentParser(
         prog="python -m pdx.mooncake",
@@ -897,14 +981,15 @@ def _main(argv: Optional[list[str]] = None) -> int:
     action.add_argument("--status", action="store_true", help="say whether the shim is installed / active")
     parser.add_argument("--site", help="site-packages directory to write to (default: this environment's)")
     args = parser.parse_args(argv)
-    site_dir = args.site or shim.default_site_dir()
+    site_dir = args.site or _default_site_dir()
     if args.install_shim:
-        print(f"pdx: wrote {shim.install(site_dir)}: `import mooncake.engine` is now served by pdx")
+        print(f"pdx: wrote {_install_shim(site_dir)}: `import mooncake.engine` is now served by pdx")
     elif args.uninstall_shim:
-        removed = shim.uninstall(site_dir)
+        removed = _uninstall_shim(site_dir)
         print(f"pdx: removed {removed}" if removed else f"pdx: no shim installed in {site_dir}")
     else:
-        print(f"installed: {shim.installed(site_dir)} ({site_dir}); active in this process: {shim.active()}")
+        installed = os.path.exists(os.path.join(site_dir, _ALWAYS_PTH))
+        print(f"installed: {installed} ({site_dir}); active in this process: {_shim_active()}")
     return 0
 
 

@@ -225,14 +225,22 @@ def test_2026_09_rust_server_bootstrap_port(monkeypatch):
                                                    'boolean value, using default "False"')]
 
 
-def test_2026_09_argv_takes_full_flags_only():
+def test_2026_09_argv_abbreviations_follow_that_commits_option_list():
+    # `--dcp` is `--dcp-size` under 2026-07, but SGLang 77e0052 added two
+    # more `--dcp-*` options: argparse's ambiguity error, nothing changed.
+    a = pdx.Args()
+    a.parse_argv(["--pdx-rules", "2026-07", "--dcp", "3"])
+    assert a["dcp_size"] == "3"
     a = pdx.Args()
     with pytest.raises(pdx.PdxError) as e:
         a.parse_argv(["--pdx-rules", "2026-09", "--dcp", "2"])
-    assert e.value.status == pdx.PDX_ERR_INVALID_VALUE
-    assert e.value.message.endswith("write --dcp-size in full")
-    a.parse_argv(["--pdx-rules", "2026-09", "--dcp-size", "2", "--enable-hierarchical-cache"])
-    assert (a["dcp_size"], a["enable_hierarchical_cache"], a["pdx_rules"]) == ("2", "true", "2026-09")
+    assert (e.value.status, e.value.message) == (
+        pdx.PDX_ERR_INVALID_VALUE,
+        "ambiguous option: --dcp could match --dcp-size, --dcp-comm-backend, --dcp-replicate-q-proj")
+    assert (a["dcp_size"], a["pdx_rules"]) == ("1", "default")
+    a.parse_argv(["--pdx-rules", "2026-09", "--decode-context", "2", "--enable-hier", "--disaggregation-boot=9000"])
+    assert (a["dcp_size"], a["enable_hierarchical_cache"], a["disaggregation_bootstrap_port"], a["pdx_rules"]) == (
+        "2", "true", "9000", "2026-09")
 
 
 def test_parse_argv_missing_value_leaves_args_unchanged():

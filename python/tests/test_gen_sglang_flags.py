@@ -35,10 +35,16 @@ class ServerArgs:
     twice: A[int, "first"] = 1
     later: Annotated[int, Arg(help="l")] = 0
     twice: A[int, Arg(help="second", aliases=["--twice-alias"])] = 2
+    toggle: A[Optional[bool], Arg(help="b", aliases=["--tog"], action=argparse.BooleanOptionalAction), NS("x")] = None
+    custom: A[Optional[str], Arg(help="c", action=SomeAction), NS("x")] = None
     @staticmethod
     def add_cli_args(parser):
         add_cli_args_from_dataclass(parser, ServerArgs)
+        choices = set(CHOICES)
+        if flag():
+            choices.add("extra")
         parser.add_argument("--config")
+        parser.add_argument("--switch", action=BooleanOptionalAction)
 """
 
 
@@ -63,9 +69,14 @@ def test_dataclass_fields_then_explicit_calls():
         # Declared twice: the first place, the last annotation.
         ["--twice", "--twice-alias"],
         ["--later"],
+        # argparse's BooleanOptionalAction adds `--no-X` after each `--X`.
+        ["--toggle", "--no-toggle", "--tog", "--no-tog"],
+        ["--custom"],
+        # A condition that registers nothing is no obstacle.
         ["--config"],
+        ["--switch", "--no-switch"],
     ]
-    assert (explicit, from_dataclass) == (1, True)
+    assert (explicit, from_dataclass) == (2, True)
 
 
 @pytest.mark.parametrize(
@@ -75,6 +86,7 @@ def test_dataclass_fields_then_explicit_calls():
         'for n in names:\n                parser.add_argument(n)',
         'parser.add_argument(NAME)',
         'parser.add_argument(*names)',
+        'parser.add_argument("--no-x", action=argparse.BooleanOptionalAction)',
     ],
 )
 def test_shapes_it_cannot_read_statically_stop_it(body):
@@ -88,19 +100,58 @@ def test_shapes_it_cannot_read_statically_stop_it(body):
         actions(source)
 
 
-def test_check_reports_a_difference_and_exits_1(tmp_path):
-    old = tmp_path / "old.py"
-    new = tmp_path / "new.py"
+def sources(tmp_path):
+    """server_args.py stand-ins for the three commits, as --server-args."""
+    old, new, sep = tmp_path / "old.py", tmp_path / "new.py", tmp_path / "sep.py"
     old.write_text(textwrap.dedent(EXPLICIT))
     new.write_text(textwrap.dedent(DATACLASS))
+    sep.write_text(textwrap.dedent(DATACLASS).replace('"--config"', '"--config-file"'))
+    return {"6076066e3": old, "d4801be": new, "77e0052": sep}
+
+
+def run_args(given):
+    out = [sys.executable, str(SCRIPT)]
+    for commit, path in given.items():
+        out += ["--server-args", f"{commit}={path}"]
+    return out
+
+
+def test_check_reports_a_difference_and_exits_1(tmp_path):
+    run = run_args(sources(tmp_path))
     out = tmp_path / "flags.rs"
-    run = [sys.executable, str(SCRIPT), "--server-args", f"6076066e3={old}", "--server-args", f"d4801be={new}"]
     subprocess.run([*run, "--out", str(out)], check=True, capture_output=True)
     text = out.read_text()
     assert "pub const FLAGS_6076066E3: &[&[&str]] = &[\n" in text
+    assert "pub const FLAGS_77E0052: &[&[&str]] = &[\n" in text
     assert '    &["--tensor-parallel-size", "--tp"],\n' in text
-    assert "(3 `add_argument` calls)" in text and "its 1 explicit `add_argument` calls" in text
+    assert "/// Read from 3 `add_argument` calls.\n" in text
+    assert "/// Read from 8 `Annotated` fields, then 2 explicit `add_argument` calls.\n" in text
+    assert "/// `2026-09`: one entry per argparse action" in text
     assert subprocess.run([*run, "--out", str(out), "--check"], capture_output=True).returncode == 0
     out.write_text(text.replace('"--tp"', '"--tq"'))
     checked = subprocess.run([*run, "--out", str(out), "--check"], capture_output=True, text=True)
     assert checked.returncode == 1 and '+    &["--tensor-parallel-size", "--tp"],' in checked.stdout
+
+
+def test_a_commit_without_source_keeps_its_table(tmp_path):
+    given = sources(tmp_path)
+    out = tmp_path / "flags.rs"
+    subprocess.run([*run_args(given), "--out", str(out)], check=True, capture_output=True)
+    # An earlier table (d4801be's, the first to end so), edited so that
+    # keeping it verbatim is visible.
+    out.write_text(out.read_text().replace('"--no-switch"],\n];', '"--no-switch", "--kept"],\n];', 1))
+    before = out.read_text()
+    assert before.count('"--kept"') == 1
+    only_sep = run_args({"77e0052": given["77e0052"]})
+    done = subprocess.run([*only_sep, "--out", str(out)], check=True, capture_output=True, text=True)
+    assert "no server_args.py for 6076066e3" in done.stderr and "no server_args.py for d4801be" in done.stderr
+    assert out.read_text() == before
+    # The table that has a source is regenerated.
+    given["77e0052"].write_text(textwrap.dedent(EXPLICIT))
+    subprocess.run([*only_sep, "--out", str(out)], check=True, capture_output=True)
+    after = out.read_text()
+    assert after.count('"--kept"') == 1 and after.split("FLAGS_77E0052")[1].count('"--config') == 0
+    # Neither a source nor a table: an error, nothing written.
+    empty = tmp_path / "empty.rs"
+    failed = subprocess.run([*only_sep, "--out", str(empty)], capture_output=True, text=True)
+    assert failed.returncode != 0 and "no server_args.py for 6076066e3" in failed.stderr and not empty.exists()

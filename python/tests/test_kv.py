@@ -192,6 +192,28 @@ def test_freed_plan_is_an_error_not_a_crash():
     assert "is not live" in pdx.last_error()
 
 
+def test_a_held_back_notification_reports_the_rejected_layers_own_status(pair):
+    """Layer 1 writes outside the peer's memory: the notification is held
+    back, and says so with that layer's status (not a lost connection, which
+    a caller would retry)."""
+    lpool, _, local = layout(pair.a, [256] * 3, 16, fill_seed=7)
+    rpool, _, remote = layout(pair.b, [256] * 3, 16)
+    remote[1] = KvBuffer(remote[1].base + (1 << 40), 256, 16)
+    with Plan(local, remote, [0, 1], [4, 5]) as plan:
+        ids = [plan.submit(pair.a, pair.session, layer, layer + 1) for layer in range(2)]
+        ids.append(plan.submit(pair.a, pair.session, 2, 3, notify=("kv_done", "room-rejected")))
+        for i in ids:
+            pair.a.wait(i, WAIT_MS)
+        assert Plan.notify_wait(pair.a, ids[-1], WAIT_MS) == pdx.PDX_ERR_REMOTE_REJECTED
+        text = pdx.last_error()
+        assert text.startswith(f"batch {ids[1]:#x} of this plan failed: ") and "rejected WRITE" in text, text
+        for i in ids:
+            pair.a.free(i)
+    assert [n for n in pair.b.drain_notifications() if n[0] == "kv_done"] == []
+    pair.a.unregister(lpool)
+    pair.b.unregister(rpool)
+
+
 def test_layerwise_notification_follows_every_layer(pair):
     layers, pages = 4, 16
     pbs = [1 << 20] * 2 + [256] * (2 * layers - 2)  # layer 0 is 32 MiB, the rest tiny

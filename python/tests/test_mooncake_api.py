@@ -27,7 +27,6 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> mc.TransferEngine:
         ("get_engine", ()),
         ("get_engine_ptr", ()),
         ("get_local_topology", ()),
-        ("get_first_buffer_address", ("127.0.0.1:1",)),
     ],
 )
 def test_calls_pdx_cannot_honour_raise(engine: mc.TransferEngine, name: str, args: tuple[object, ...]) -> None:
@@ -73,12 +72,21 @@ def test_protocols_other_than_tcp_need_mooncakes_library(monkeypatch: pytest.Mon
     assert forced._engine is not None and forced._engine.protocol == "tcp"
 
 
-def test_other_metadata_servers_are_refused_with_a_reason(caplog) -> None:
+def test_unserved_metadata_servers_are_refused_with_a_reason(caplog) -> None:
     with caplog.at_level(logging.ERROR, logger="pdx.mooncake"):
-        assert mc.TransferEngine().initialize("127.0.0.1", "etcd://10.0.0.1:2379", "tcp", "") == -1
-        assert mc.TransferEngine().initialize_ext("127.0.0.1", "10.0.0.1:2379", "tcp", "", "etcd") == -1
-    assert caplog.text.count("pdx serves only the P2PHANDSHAKE metadata mode") == 2
-    assert "etcd://10.0.0.1:2379" in caplog.text and "(type 'etcd')" in caplog.text
+        assert mc.TransferEngine().initialize("127.0.0.1", "redis://10.0.0.1:6379", "tcp", "") == -1
+        assert mc.TransferEngine().initialize_ext("127.0.0.1", "10.0.0.1:6379", "tcp", "", "redis") == -1
+    assert caplog.text.count("redis metadata is not supported") == 2
+    assert "redis://10.0.0.1:6379" in caplog.text
+
+
+def test_get_first_buffer_address_of_own_and_unknown_segments(engine: mc.TransferEngine) -> None:
+    own = engine._engine.session_id  # type: ignore[union-attr]
+    assert engine.get_first_buffer_address(own) == 0
+    buf = engine.allocate_managed_buffer(4096)
+    assert engine.get_first_buffer_address(own) == buf
+    # P2P: a name nothing answers at is unknown.
+    assert engine.get_first_buffer_address("127.0.0.1:1") == 0
 
 
 def test_failures_are_logged(engine: mc.TransferEngine, caplog) -> None:

@@ -15,16 +15,15 @@
 //! (exact or abbreviated) and their values, positionals, single-dash
 //! options, and everything after a bare `--`.
 //!
-//! The `2026-09` rule set has no option list here (SGLang's `server_args.py`
-//! of that commit was not available to generate one): under it every pdx
-//! flag must be written in full; a shortened one is an error naming the
-//! full flag, never resolved against an older list.
+//! Each rule set has its own list, because a prefix unique at one commit can
+//! be ambiguous at another (`--dcp` is `--dcp-size` under `2026-07`, and
+//! matches three options under `2026-09`).
 //!
 //! The rule set whose list applies is the last `--pdx-rules` of `argv`
 //! (exact spelling), else the one `args` already has.
 
 use super::args::{lookup, Kind, RuleSet, ServerArgs, FIELDS};
-use super::sglang_flags::{FLAGS_6076066E3, FLAGS_D4801BE};
+use super::sglang_flags::{FLAGS_6076066E3, FLAGS_77E0052, FLAGS_D4801BE};
 use crate::error::{Error, Result};
 
 /// Whether argparse would take `token` as an option rather than a value:
@@ -33,37 +32,22 @@ fn looks_like_option(token: &str) -> bool {
     token.starts_with('-') && token.len() > 1 && token[1..].parse::<f64>().is_err()
 }
 
-/// SGLang's option list (one entry per argparse action) under `rules`;
-/// `None` where pdx has none (`2026-09`).
-pub fn sglang_options(rules: RuleSet) -> Option<&'static [&'static [&'static str]]> {
+/// SGLang's option list under one rule set: one entry per argparse action,
+/// its option strings in declaration order.
+type Table = &'static [&'static [&'static str]];
+
+/// SGLang's option list under `rules`, at the commit the rule set follows.
+pub fn sglang_options(rules: RuleSet) -> Table {
     match rules {
-        RuleSet::Pr26346 => Some(FLAGS_6076066E3),
-        RuleSet::Upstream202607 => Some(FLAGS_D4801BE),
-        RuleSet::Upstream202609 => None,
-    }
-}
-
-/// The option list in effect: SGLang's, or an empty one with the reason an
-/// abbreviation cannot be resolved against it.
-#[derive(Clone, Copy)]
-struct Table {
-    actions: &'static [&'static [&'static str]],
-    /// Set when pdx has no SGLang list for the rule set.
-    missing: Option<RuleSet>,
-}
-
-impl Table {
-    fn of(rules: RuleSet) -> Table {
-        match sglang_options(rules) {
-            Some(actions) => Table { actions, missing: None },
-            None => Table { actions: &[], missing: Some(rules) },
-        }
+        RuleSet::Pr26346 => FLAGS_6076066E3,
+        RuleSet::Upstream202607 => FLAGS_D4801BE,
+        RuleSet::Upstream202609 => FLAGS_77E0052,
     }
 }
 
 /// The action of `option` in `table`: its option strings.
 fn action_of(table: Table, option: &str) -> Option<&'static [&'static str]> {
-    table.actions.iter().copied().find(|a| a.contains(&option))
+    table.iter().copied().find(|a| a.contains(&option))
 }
 
 /// How a `--` token resolves (argparse's `_parse_optional`).
@@ -76,7 +60,7 @@ enum Resolved<'a> {
 }
 
 fn is_exact(table: Table, option: &str) -> bool {
-    table.actions.iter().any(|a| a.contains(&option)) || lookup(option).is_some_and(|spec| spec.flags.contains(&option))
+    table.iter().any(|a| a.contains(&option)) || lookup(option).is_some_and(|spec| spec.flags.contains(&option))
 }
 
 /// Resolve `token` (starting with `--`) against `table`, Python 3.11
@@ -93,7 +77,7 @@ fn resolve<'a>(table: Table, token: &'a str) -> Result<Resolved<'a>> {
         None => (token, None),
     };
     let matches: Vec<&'static str> =
-        table.actions.iter().flat_map(|a| a.iter().copied()).filter(|o| o.starts_with(prefix)).collect();
+        table.iter().flat_map(|a| a.iter().copied()).filter(|o| o.starts_with(prefix)).collect();
     match matches.as_slice() {
         [] => {
             // argparse would not know it either ("unrecognized arguments");
@@ -102,13 +86,6 @@ fn resolve<'a>(table: Table, token: &'a str) -> Result<Resolved<'a>> {
                 FIELDS.iter().flat_map(|f| f.flags.iter().copied()).filter(|f| f.starts_with(prefix)).collect();
             if ours.is_empty() {
                 return Ok(Resolved::Unknown);
-            }
-            if let Some(rules) = table.missing {
-                return Err(Error::invalid_value(format!(
-                    "unrecognized option {token}: pdx has no copy of SGLang's option list for rule set {}, so it resolves no abbreviations under it; write {} in full",
-                    rules.name(),
-                    ours.join(" or ")
-                )));
             }
             Err(Error::invalid_value(format!(
                 "unrecognized option {token}: SGLang's parser of this rule set has no option it abbreviates; write {} in full",
@@ -148,7 +125,7 @@ fn rules_in(argv: &[impl AsRef<str>], current: RuleSet) -> RuleSet {
 /// that does not parse gives the error of [`ServerArgs::set`].
 pub fn parse_argv<S: AsRef<str>>(args: &mut ServerArgs, argv: &[S]) -> Result<()> {
     let mut work = args.clone();
-    let table = Table::of(rules_in(argv, args.pdx_rules));
+    let table = sglang_options(rules_in(argv, args.pdx_rules));
     let mut i = 0;
     while i < argv.len() {
         let token = argv[i].as_ref();
@@ -313,7 +290,6 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::InvalidValue);
         assert_eq!(a, ServerArgs::default());
         let want: Vec<&str> = sglang_options(RuleSet::Pr26346)
-            .unwrap()
             .iter()
             .flat_map(|o| o.iter().copied())
             .filter(|o| o.starts_with("--disaggregation-decode"))
@@ -341,8 +317,8 @@ mod tests {
 
     #[test]
     fn tables_hold_every_sglang_pd_flag_of_their_commit() {
-        for rules in [RuleSet::Pr26346, RuleSet::Upstream202607] {
-            let table = sglang_options(rules).unwrap();
+        for rules in [RuleSet::Pr26346, RuleSet::Upstream202607, RuleSet::Upstream202609] {
+            let table = sglang_options(rules);
             assert_eq!(table[0], &["-h", "--help"]);
             let all: Vec<&str> = table.iter().flat_map(|a| a.iter().copied()).collect();
             let unique: std::collections::HashSet<&str> = all.iter().copied().collect();
@@ -366,64 +342,84 @@ mod tests {
         assert_eq!(a.disaggregation_mode, "null");
     }
 
-    /// Under 2026-09 pdx has no SGLang option list: exact flags work (the
-    /// new rules' fields included), a shortened pdx flag is an error naming
-    /// the full one, and options that are not pdx flags are left alone.
+    /// Under 2026-09 abbreviations resolve against SGLang's list at
+    /// 77e0052 (zihanlin-ai/sglang, server_args.py: `add_cli_args_from_dataclass`
+    /// over the `ServerArgs` fields, then 30 `add_argument` calls), not an
+    /// older one: a unique prefix is that option, the rule set's own fields
+    /// included.
     #[test]
-    fn rules_2026_09_take_exact_flags_only() {
+    fn rules_2026_09_resolve_prefixes_against_their_own_list() {
         let a = parse(&[
             "--pdx-rules",
             "2026-09",
             "--model",
             "/m",
-            "--decode-context-parallel-size",
+            "--decode-context",
             "4",
-            "--enable-hierarchical-cache",
-            "--disaggregation-bootstrap-port=9000",
-            "--port",
-            "31000",
+            "--enable-hier",
+            "--disaggregation-boot=9000",
+            "--disaggregation-transfer",
+            "mooncake_tcp",
             "--tp",
             "8",
         ])
         .unwrap();
         assert_eq!(a.pdx_rules, RuleSet::Upstream202609);
-        assert_eq!((a.dcp_size, a.disaggregation_bootstrap_port, a.port), (4, 9000, 31000));
+        assert_eq!((a.dcp_size, a.disaggregation_bootstrap_port), (4, 9000));
         assert!(a.enable_hierarchical_cache);
-        let a = parse(&["--pdx-rules=2026-09", "--dcp-size", "2"]).unwrap();
-        assert_eq!(a.dcp_size, 2);
+        assert_eq!(a.disaggregation_transfer_backend, "mooncake_tcp");
+        // `--dcp-s` is still unique; the rule set already on the arguments counts too.
+        let mut a = ServerArgs { pdx_rules: RuleSet::Upstream202609, ..Default::default() };
+        parse_argv(&mut a, &["--dcp-s", "2", "--disaggregation-m", "decode"]).unwrap();
+        assert_eq!((a.dcp_size, a.disaggregation_mode.as_str()), (2, "decode"));
+        // A missing value names the action as 77e0052 declares it
+        // (`dcp_size: A[int, Arg(aliases=["--decode-context-parallel-size"])]`).
+        let e = parse(&["--pdx-rules", "2026-09", "--decode-context"]).unwrap_err();
+        assert_eq!(e.message(), "argument --dcp-size/--decode-context-parallel-size: expected one argument");
+        assert_eq!(
+            parse(&["--pdx-rules", "2026-09", "--data-par"]).unwrap_err().message(),
+            "argument --dp-size/--data-parallel-size: expected one argument"
+        );
+    }
 
+    /// Options new at 77e0052 make prefixes ambiguous that were unique in
+    /// July: `--dcp` is `--dcp-size` under 2026-07, but under 2026-09 it also
+    /// matches `--dcp-comm-backend` and `--dcp-replicate-q-proj`, and
+    /// argparse lists them in declaration order. Nothing changes on error.
+    #[test]
+    fn rules_2026_09_ambiguous_prefixes_list_that_commits_options() {
+        let a = parse(&["--pdx-rules", "2026-07", "--dcp", "2"]).unwrap();
+        assert_eq!(a.dcp_size, 2);
         let mut a = ServerArgs::default();
-        let e =
-            parse_argv(&mut a, &["--pdx-rules", "2026-09", "--disaggregation-transfer", "mooncake_tcp"]).unwrap_err();
+        let e = parse_argv(&mut a, &["--disaggregation-mode", "decode", "--pdx-rules", "2026-09", "--dcp", "2"])
+            .unwrap_err();
         assert_eq!(
             (e.kind(), e.message()),
             (
                 ErrorKind::InvalidValue,
-                "unrecognized option --disaggregation-transfer: pdx has no copy of SGLang's option list for rule set 2026-09, so it resolves no abbreviations under it; write --disaggregation-transfer-backend in full"
+                "ambiguous option: --dcp could match --dcp-size, --dcp-comm-backend, --dcp-replicate-q-proj"
             )
         );
         assert_eq!(a, ServerArgs::default());
-        let e = parse(&["--pdx-rules", "2026-09", "--dcp=2"]).unwrap_err();
-        assert!(e.message().ends_with("write --dcp-size in full"), "{}", e.message());
-        let e = parse(&["--pdx-rules", "2026-09", "--disagg", "decode"]).unwrap_err();
-        assert!(
-            e.message().contains("write --disaggregation-mode or --disaggregation-transfer-backend or"),
-            "{}",
-            e.message()
+        // `--disaggregation-decode-retraction-backup` is new at 77e0052.
+        let e = parse(&["--pdx-rules=2026-09", "--disaggregation-decode=1"]).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "ambiguous option: --disaggregation-decode=1 could match --disaggregation-decode-enable-radix-cache, \
+             --disaggregation-decode-enable-offload-kvcache, --disaggregation-decode-retraction-backup, \
+             --disaggregation-decode-extra-slots, --disaggregation-decode-polling-interval"
         );
-        // The rule set already on the arguments counts too.
-        let mut a = ServerArgs { pdx_rules: RuleSet::Upstream202609, ..Default::default() };
-        assert!(parse_argv(&mut a, &["--enable-hier"])
-            .unwrap_err()
-            .message()
-            .contains("--enable-hierarchical-cache in full"));
-        // The same abbreviation resolves under 2026-07, whose list pdx has.
-        let a = parse(&["--pdx-rules", "2026-07", "--enable-hierarchical", "--decode-context", "3"]).unwrap();
-        assert!(a.enable_hierarchical_cache);
-        assert_eq!(a.dcp_size, 3);
-        // A missing value names the flags as pdx lists them.
-        let e = parse(&["--pdx-rules", "2026-09", "--dcp-size"]).unwrap_err();
-        assert_eq!(e.message(), "argument --dcp-size/--decode-context-parallel-size: expected one argument");
-        assert!(sglang_options(RuleSet::Upstream202609).is_none());
+        // argparse's `BooleanOptionalAction` registers `--no-X` after `--X`:
+        // `--no` is `--node-rank` or one of those.
+        let e = parse(&["--pdx-rules", "2026-09", "--no"]).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "ambiguous option: --no could match --node-rank, --no-dcp-replicate-q-proj, \
+             --no-enable-tp-lm-head-all-to-all, --no-experts-shared-outer-loras, --no-lora-strict-loading, \
+             --no-dllm-fdfo"
+        );
+        // A shortened pdx flag outside SGLang's list is still refused.
+        let e = parse(&["--pdx-rules", "2026-09", "--pdx-rul", "2026-07"]).unwrap_err();
+        assert!(e.message().ends_with("write --pdx-rules in full"), "{}", e.message());
     }
 }

@@ -99,6 +99,10 @@ pub const OPTION_VARS: &[Var] = &[
     vars::PDX_IDLE_TIMEOUT_MS,
     vars::PDX_SAME_HOST,
     vars::PDX_TCP_RAILS,
+    vars::PDX_METADATA_SERVER,
+    vars::MC_METADATA_CLUSTER_ID,
+    vars::PDX_METADATA_LEASE_TTL_S,
+    vars::PDX_METADATA_TIMEOUT_MS,
 ];
 
 /// The option key of a variable: its name without `PDX_` / `MC_`, lower case.

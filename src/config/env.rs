@@ -298,13 +298,21 @@ vars! {
     PDX_ALLOWED_PEERS: Ty::Text, "any address",
         "Comma list of IPv4/IPv6 addresses and CIDR blocks; an inbound connection from elsewhere is closed unread.";
     PDX_PEER_SECRET_FILE: Ty::Text, "unset (no authentication)",
-        "File with a shared secret (>= 32 bytes, not readable by group or others): pdx peers authenticate every handshake and data connection; Mooncake peers are refused.";
+        "Regular file with a shared secret (32 bytes to 16 KiB, not readable by group or others): pdx peers authenticate every handshake and data connection; Mooncake peers are refused.";
     PDX_IDLE_TIMEOUT_MS: Ty::Millis { min: 500, max: 600_000 }, "300000",
         "Inbound data connections with no request for this long are closed (an initiator reconnects unseen).";
     PDX_SAME_HOST: Ty::Choice(&["auto", "off"]), "auto",
         "`auto`: two pdx engines on one host move bytes with one cross-process copy instead of TCP; `off` (on either side): TCP.";
     PDX_TCP_RAILS: Ty::Text, "unset (one address)",
         "`auto`: every interface that is up, not loopback and has an address carries lanes to pdx peers that advertise rails; or a comma list of interface names or local addresses (see docs/real-traffic.md).";
+    PDX_METADATA_SERVER: Ty::Text, "P2PHANDSHAKE",
+        "Where peers are found: `P2PHANDSHAKE`, Mooncake's HTTP metadata server (`http://host:port/metadata`), or etcd (`etcd://h:p[,h:p]` or a bare `h:p`).";
+    MC_METADATA_CLUSTER_ID: Ty::Text, "unset",
+        "Namespace of the metadata keys: `mooncake/<id>/…` instead of `mooncake/…` (HTTP and etcd modes).";
+    PDX_METADATA_LEASE_TTL_S: Ty::Int { min: 2, max: 300 }, "8",
+        "etcd mode: seconds a killed engine's keys outlive it (the lease's time to live; kept alive every third of it).";
+    PDX_METADATA_TIMEOUT_MS: Ty::Millis { min: 100, max: 60_000 }, "3000",
+        "Bound on each request to the metadata server (HTTP and etcd modes).";
 }
 
 /// The names SGLang's rules use (the declarations' names).

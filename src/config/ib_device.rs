@@ -9,6 +9,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use super::file::{read_regular_file, ConfigFileError};
 use super::message::Message;
 use super::py;
 use crate::error::{Error, Result};
@@ -82,6 +83,11 @@ fn python_constants_as_null(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// Longest per-GPU mapping file read: a mapping of every GPU of a node to
+/// its devices is a few hundred bytes; the bound keeps a wrong path from
+/// being read without end.
+pub(crate) const MAX_MAPPING_FILE_BYTES: usize = 1 << 20;
+
 const BAD_MAPPING_FORMAT: &str =
     "Invalid format: keys must be integers (or string representations of integers) and values must be strings";
 
@@ -92,7 +98,11 @@ const BAD_MAPPING_FORMAT: &str =
 ///   [`IbDeviceConfig::AllGpus`] with the trimmed text (not split).
 /// - `*.json` → the file is read as UTF-8 JSON (`RuntimeError`s
 ///   `File {path} does not exist.`, `Failed to parse JSON content from file {path}`,
-///   `Failed to read JSON file {path}: {err}`).
+///   `Failed to read JSON file {path}: {err}`). Unlike SGLang, a path that
+///   is not a regular file says what it is (`File {path} is a FIFO (named
+///   pipe), not a regular file.`), and a file over
+///   `MAX_MAPPING_FILE_BYTES` (1 MiB) is refused (`Failed to read JSON file
+///   {path}: it holds N bytes, over the limit of 1048576`).
 /// - `{...}` → inline JSON (`ValueError` `Invalid JSON mapping: {text}`).
 /// - The JSON must be an object with all-digit keys and string values
 ///   (`ValueError`s `Invalid format: ...`, `No valid GPU mappings found in JSON`).
@@ -107,13 +117,26 @@ pub fn parse_ib_device_config(text: Option<&str>) -> Result<Option<IbDeviceConfi
         return Ok(Some(IbDeviceConfig::AllGpus(input.to_owned())));
     }
     let mapping: Value = if input.ends_with(".json") {
-        let path = Path::new(input);
-        if !path.is_file() {
-            return Err(Error::runtime_error(format!("File {input} does not exist.")));
-        }
-        let bytes = std::fs::read(path).map_err(|e| {
-            Error::runtime_error(format!("Failed to read JSON file {input}: {}", py_os_error(&e, input)))
-        })?;
+        let bytes = match read_regular_file(input, MAX_MAPPING_FILE_BYTES) {
+            Ok((bytes, _)) => bytes,
+            Err(ConfigFileError::Unreachable(_)) => {
+                return Err(Error::runtime_error(format!("File {input} does not exist.")))
+            }
+            // SGLang's `os.path.isfile` says "does not exist" here too; pdx
+            // says what it is, and never opens a FIFO or a device to read.
+            Err(ConfigFileError::NotRegular(what)) => {
+                return Err(Error::runtime_error(format!("File {input} is {what}, not a regular file.")))
+            }
+            Err(ConfigFileError::Io(e)) => {
+                return Err(Error::runtime_error(format!(
+                    "Failed to read JSON file {input}: {}",
+                    py_os_error(&e, input)
+                )))
+            }
+            Err(e @ ConfigFileError::TooLong { .. }) => {
+                return Err(Error::runtime_error(format!("Failed to read JSON file {input}: {e}")))
+            }
+        };
         let content = std::str::from_utf8(&bytes).map_err(|e| Error::value_error(py_utf8_error(&bytes, &e)))?;
         serde_json::from_str(&python_constants_as_null(content))
             .map_err(|_| Error::runtime_error(format!("Failed to parse JSON content from file {input}")))?
@@ -417,13 +440,44 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::ValueError);
         assert_eq!(e.message(), "'utf-8' codec can't decode byte 0xe9 in position 7: invalid continuation byte");
 
-        // A directory named *.json is not a file.
+        // A directory, a FIFO or a device named *.json is not read (a FIFO
+        // would block, a device could be endless), and says what it is.
         let d = dir.path().join("dir.json");
         std::fs::create_dir(&d).unwrap();
         assert_eq!(
             parse_ib_device_config(Some(d.to_str().unwrap())).unwrap_err().message(),
-            format!("File {} does not exist.", d.display())
+            format!("File {} is a directory, not a regular file.", d.display())
         );
+        let fifo = dir.path().join("fifo.json");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = parse_ib_device_config(Some(fifo.to_str().unwrap())).unwrap_err();
+        assert_eq!(
+            (e.kind(), e.message()),
+            (
+                ErrorKind::RuntimeError,
+                format!("File {} is a FIFO (named pipe), not a regular file.", fifo.display()).as_str()
+            )
+        );
+        let zero = dir.path().join("zero.json");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        assert_eq!(
+            parse_ib_device_config(Some(zero.to_str().unwrap())).unwrap_err().message(),
+            format!("File {} is a character device, not a regular file.", zero.display())
+        );
+        // A regular file over the bound is refused without being read whole.
+        let big = dir.path().join("big.json");
+        let mut text = String::from("{\"0\": \"mlx5_0\"}");
+        text.push_str(&" ".repeat(MAX_MAPPING_FILE_BYTES + 1 - text.len()));
+        std::fs::write(&big, &text).unwrap();
+        assert_eq!(
+            parse_ib_device_config(Some(big.to_str().unwrap())).unwrap_err().message(),
+            format!("Failed to read JSON file {}: it holds 1048577 bytes, over the limit of 1048576", big.display())
+        );
+        text.pop();
+        std::fs::write(&big, &text).unwrap();
+        assert!(parse_ib_device_config(Some(big.to_str().unwrap())).unwrap().is_some());
     }
 
     #[test]

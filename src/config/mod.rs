@@ -4,9 +4,10 @@
 //! - [`choices`]: backend / mode / load-balance choice lists.
 //! - [`args`]: the typed ServerArgs subset, set/get by field name or CLI flag.
 //! - [`argv`]: reading the PD flags out of a command line (argparse rules).
-//! - [`sglang_flags`]: SGLang's option lists at the two commits.
+//! - [`sglang_flags`]: SGLang's option lists at the rule sets' commits.
 //! - [`engine_options`]: per-engine options (`gpu_id`, `device_source`, settings).
 //! - [`env`]: environment access with SGLang's `environ.py` rules.
+//! - [`file`]: reading a file configuration names (regular, bounded).
 //! - [`rules`]: `handle_pd_disaggregation` in two versions, plus normalization.
 //! - [`load_balance`]: SGLang's `_handle_load_balance_method`.
 //! - [`ib_device`]: IB device configuration parsing and validation.
@@ -20,6 +21,7 @@ pub mod argv;
 pub mod choices;
 pub mod engine_options;
 pub mod env;
+pub mod file;
 pub mod ib_device;
 pub mod load_balance;
 pub mod message;

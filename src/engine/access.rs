@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::settings::Settings;
+use crate::config::file::{read_regular_file, ConfigFileError};
 use crate::error::{Error, Result};
 
 /// One allowed block: an address and how many leading bits must match.
@@ -96,27 +97,36 @@ impl Allowlist {
 
     /// Whether a connection from `ip` may be served.
     pub fn admits(&self, ip: IpAddr) -> bool {
-        self.blocks.as_ref().map_or(true, |blocks| blocks.iter().any(|b| b.contains(ip)))
+        self.blocks.as_ref().is_none_or(|blocks| blocks.iter().any(|b| b.contains(ip)))
     }
 }
 
 /// Smallest secret accepted.
 pub const MIN_SECRET_BYTES: usize = 32;
+/// Longest secret file accepted: a secret needs far less, and the bound
+/// keeps a wrong path (a device, a log) from being read without end.
+pub(crate) const MAX_SECRET_FILE_BYTES: usize = 16 * 1024;
 
 /// Read the shared secret from `path`: refused (naming the file and why)
-/// when it cannot be read, is readable by group or others, or holds fewer
-/// than [`MIN_SECRET_BYTES`] bytes (a trailing newline does not count).
+/// when it cannot be read, is not a regular file (a symlink is followed),
+/// is readable by group or others, holds more than
+/// `MAX_SECRET_FILE_BYTES` (16 KiB) or fewer than [`MIN_SECRET_BYTES`] (a
+/// trailing newline does not count).
 pub fn read_secret(path: &str) -> Result<Vec<u8>> {
     use std::os::unix::fs::PermissionsExt;
     let fail = |why: String| {
         Error::invalid_value(format!("PDX_PEER_SECRET_FILE (or engine option peer_secret_file) {path:?}: {why}"))
     };
-    let meta = std::fs::metadata(path).map_err(|e| fail(format!("cannot read it: {e}")))?;
+    let (mut secret, meta) = read_regular_file(path, MAX_SECRET_FILE_BYTES).map_err(|e| match e {
+        ConfigFileError::TooLong { len, max } => {
+            fail(format!("it holds {len} bytes; a secret file may hold at most {max}"))
+        }
+        e => fail(e.to_string()),
+    })?;
     let mode = meta.permissions().mode();
     if mode & 0o077 != 0 {
         return Err(fail(format!("it is readable by group or others (mode {:o}); chmod 600 it", mode & 0o777)));
     }
-    let mut secret = std::fs::read(path).map_err(|e| fail(format!("cannot read it: {e}")))?;
     while secret.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
         secret.pop();
     }
@@ -244,5 +254,28 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
         assert!(read_secret(path.to_str().unwrap()).unwrap_err().message().contains("holds 5 bytes"));
         assert!(read_secret("/nonexistent/pdx-secret").unwrap_err().message().contains("cannot read it"));
+    }
+
+    #[test]
+    fn a_secret_file_that_is_not_a_regular_file_or_too_long_is_refused_at_once() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = read_secret(fifo.to_str().unwrap()).unwrap_err();
+        assert!(e.message().contains("fifo\": it is a FIFO (named pipe), not a regular file"), "{e}");
+        let zero = dir.path().join("zero");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let e = read_secret(zero.to_str().unwrap()).unwrap_err();
+        assert!(e.message().contains("zero\": it is a character device, not a regular file"), "{e}");
+        let long = dir.path().join("long");
+        std::fs::write(&long, vec![b'k'; MAX_SECRET_FILE_BYTES + 1]).unwrap();
+        std::fs::set_permissions(&long, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = read_secret(long.to_str().unwrap()).unwrap_err();
+        assert!(e.message().contains("it holds 16385 bytes; a secret file may hold at most 16384"), "{e}");
+        std::fs::write(&long, vec![b'k'; MAX_SECRET_FILE_BYTES]).unwrap();
+        assert_eq!(read_secret(long.to_str().unwrap()).unwrap().len(), MAX_SECRET_FILE_BYTES);
     }
 }

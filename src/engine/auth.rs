@@ -185,6 +185,79 @@ pub(crate) fn client_handshake<S: Read + Write>(
     stream.write_all(&out).map_err(io)
 }
 
+/// The server's side of an authenticated handshake, a frame at a time (for
+/// a server that assembles frames as their bytes arrive): after the first
+/// frame it awaits the client's proof, then the request it proves.
+pub(crate) enum ServerAuth {
+    AwaitProof { cn: String, sn: String },
+    AwaitRequest { cn: String, sn: String, theirs: String },
+}
+
+/// Why a handshake is refused (for the log), with the error frame to send
+/// the client, if any.
+pub(crate) type Refusal = (Option<Vec<u8>>, &'static str);
+
+/// What a frame after the first leads to.
+pub(crate) enum AuthStep {
+    /// Another frame is awaited.
+    More(ServerAuth),
+    /// The body of the request frame, proven with the secret.
+    Request(Vec<u8>),
+}
+
+const UNAUTHENTICATED: &str =
+    "it did not authenticate on the handshake port (a Mooncake peer cannot; a pdx peer needs \
+                               the same PDX_PEER_SECRET_FILE)";
+
+impl ServerAuth {
+    /// The connection's first frame body: the challenge frame to send, or
+    /// why not with the error frame to send (if any).
+    pub(crate) fn start(secret: &[u8], first: &[u8]) -> std::result::Result<(ServerAuth, Vec<u8>), Refusal> {
+        let Some(AuthBody { client_nonce: Some(cn), .. }) = decode_frame_body(first) else {
+            let why = "this engine requires peer authentication (PDX_PEER_SECRET_FILE); the connecting engine has no \
+                       peer secret";
+            let error = encode_frame(&AuthBody { error: Some(why.to_owned()), ..AuthBody::default() });
+            return Err((Some(error), UNAUTHENTICATED));
+        };
+        if cn.len() > 128 {
+            return Err((None, "its authentication challenge is malformed"));
+        }
+        let sn = nonce();
+        let proof = prove(secret, HANDSHAKE_SERVER, &[cn.as_bytes(), sn.as_bytes()]);
+        let challenge = AuthBody { server_nonce: Some(sn.clone()), proof: Some(proof), ..AuthBody::default() };
+        Ok((ServerAuth::AwaitProof { cn, sn }, encode_frame(&challenge)))
+    }
+
+    /// Why the handshake fails if the connection ends before the next frame.
+    pub(crate) fn missing(&self) -> &'static str {
+        match self {
+            ServerAuth::AwaitProof { .. } => "it did not prove the peer secret on the handshake port",
+            ServerAuth::AwaitRequest { .. } => "it sent no request after authenticating",
+        }
+    }
+
+    /// The next frame's body.
+    pub(crate) fn on_frame(self, secret: &[u8], body: Vec<u8>) -> std::result::Result<AuthStep, &'static str> {
+        match self {
+            ServerAuth::AwaitProof { cn, sn } => match decode_frame_body(&body) {
+                Some(AuthBody { proof: Some(theirs), .. }) => {
+                    Ok(AuthStep::More(ServerAuth::AwaitRequest { cn, sn, theirs }))
+                }
+                _ => Err("it did not prove the peer secret on the handshake port"),
+            },
+            ServerAuth::AwaitRequest { cn, sn, theirs } => {
+                let mut frame = Vec::with_capacity(8 + body.len());
+                frame.extend_from_slice(&(body.len() as u64).to_le_bytes());
+                frame.extend_from_slice(&body);
+                if !verify(secret, HANDSHAKE_CLIENT, &[cn.as_bytes(), sn.as_bytes(), &digest(&frame)], &theirs) {
+                    return Err("its proof of the peer secret is wrong (another secret, or a replayed handshake)");
+                }
+                Ok(AuthStep::Request(body))
+            }
+        }
+    }
+}
+
 /// The server's side of an authenticated handshake: `first` is the body
 /// of the connection's first frame (after its length prefix); more frames
 /// are read with `read_frame`. Returns the body of the request frame once
@@ -195,33 +268,23 @@ pub(crate) fn server_handshake<S: Write>(
     first: &[u8],
     mut read_frame: impl FnMut(&mut S) -> Option<Vec<u8>>,
 ) -> std::result::Result<Vec<u8>, &'static str> {
-    const UNAUTHENTICATED: &str =
-        "it did not authenticate on the handshake port (a Mooncake peer cannot; a pdx peer needs the same \
-         PDX_PEER_SECRET_FILE)";
-    let Some(AuthBody { client_nonce: Some(cn), .. }) = decode_frame_body(first) else {
-        let why = "this engine requires peer authentication (PDX_PEER_SECRET_FILE); the connecting engine has no \
-                   peer secret";
-        let _ = stream.write_all(&encode_frame(&AuthBody { error: Some(why.to_owned()), ..AuthBody::default() }));
-        return Err(UNAUTHENTICATED);
+    let (mut auth, challenge) = match ServerAuth::start(secret, first) {
+        Ok(started) => started,
+        Err((error, why)) => {
+            if let Some(error) = error {
+                let _ = stream.write_all(&error);
+            }
+            return Err(why);
+        }
     };
-    if cn.len() > 128 {
-        return Err("its authentication challenge is malformed");
+    stream.write_all(&challenge).map_err(|_| "it left during the authentication")?;
+    loop {
+        let body = read_frame(stream).ok_or_else(|| auth.missing())?;
+        match auth.on_frame(secret, body)? {
+            AuthStep::More(next) => auth = next,
+            AuthStep::Request(request) => return Ok(request),
+        }
     }
-    let sn = nonce();
-    let proof = prove(secret, HANDSHAKE_SERVER, &[cn.as_bytes(), sn.as_bytes()]);
-    let challenge = AuthBody { server_nonce: Some(sn.clone()), proof: Some(proof), ..AuthBody::default() };
-    stream.write_all(&encode_frame(&challenge)).map_err(|_| "it left during the authentication")?;
-    let Some(AuthBody { proof: Some(theirs), .. }) = read_frame(stream).as_deref().and_then(decode_frame_body) else {
-        return Err("it did not prove the peer secret on the handshake port");
-    };
-    let request = read_frame(stream).ok_or("it sent no request after authenticating")?;
-    let mut frame = Vec::with_capacity(8 + request.len());
-    frame.extend_from_slice(&(request.len() as u64).to_le_bytes());
-    frame.extend_from_slice(&request);
-    if !verify(secret, HANDSHAKE_CLIENT, &[cn.as_bytes(), sn.as_bytes(), &digest(&frame)], &theirs) {
-        return Err("its proof of the peer secret is wrong (another secret, or a replayed handshake)");
-    }
-    Ok(request)
 }
 
 #[cfg(test)]

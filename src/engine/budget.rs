@@ -179,6 +179,16 @@ pub struct Budget {
     evictions: AtomicUsize,
 }
 
+/// The outcome of one try at charging handshake bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Charge {
+    Charged,
+    /// Evicted holders are giving bytes back: try again soon.
+    Wait,
+    /// This connection was evicted, or its bytes can never fit.
+    Refused,
+}
+
 /// An admitted connection; dropping it releases its place. It must drop
 /// before its socket closes.
 pub struct Ticket {
@@ -276,40 +286,71 @@ impl Ticket {
         let budget = &*self.budget;
         let mut st = budget.state.lock();
         loop {
-            match st.entries.get(&self.id) {
-                Some(me) if !me.evicted => {}
-                _ => return false,
-            }
-            let wanted = st.handshake_bytes.saturating_add(n);
-            if wanted <= budget.max_handshake_bytes {
-                st.handshake_bytes = wanted;
-                if let Some(me) = st.entries.get_mut(&self.id) {
-                    me.charged += n;
+            match self.charge_locked(&mut st, n) {
+                Charge::Charged => return true,
+                Charge::Refused => return false,
+                Charge::Wait => {
+                    if budget.changed.wait_until(&mut st, deadline).timed_out() {
+                        return false;
+                    }
                 }
-                return true;
-            }
-            let short = wanted - budget.max_handshake_bytes;
-            let (mut coming, now, mut evicted) = (st.reclaiming(), Instant::now(), 0);
-            while coming < short {
-                let Some(id) = st.slowest_holder(self.id, now) else { break };
-                coming += st.entries.get(&id).map_or(0, |e| e.charged);
-                st.evict_id(id);
-                evicted += 1;
-            }
-            if evicted > 0 {
-                budget.evictions.fetch_add(evicted, Ordering::Relaxed);
-                budget.changed.notify_all(); // an evicted holder may be waiting to charge
-            }
-            if coming < short {
-                // Nothing left to take but this connection's own bytes: it
-                // would hold more than the whole budget, which one frame (at
-                // most a quarter of it) never does.
-                return false;
-            }
-            if budget.changed.wait_until(&mut st, deadline).timed_out() {
-                return false;
             }
         }
+    }
+
+    /// [`Ticket::charge_handshake`] without the wait: for a readiness loop,
+    /// which charges bytes before it takes them from the socket and asks
+    /// again (until its deadline) when told to wait.
+    pub fn try_charge_handshake(&self, n: usize) -> Charge {
+        self.charge_locked(&mut self.budget.state.lock(), n)
+    }
+
+    /// Give back `n` of the bytes charged (charged for, then not received).
+    pub fn refund_handshake(&self, n: usize) {
+        let mut st = self.budget.state.lock();
+        let Some(me) = st.entries.get_mut(&self.id) else { return };
+        let n = n.min(me.charged);
+        me.charged -= n;
+        st.handshake_bytes -= n;
+        drop(st);
+        self.budget.changed.notify_all();
+    }
+
+    /// One try at charging `n` bytes, evicting the slowest holders when they
+    /// do not fit.
+    fn charge_locked(&self, st: &mut State, n: usize) -> Charge {
+        let budget = &*self.budget;
+        match st.entries.get(&self.id) {
+            Some(me) if !me.evicted => {}
+            _ => return Charge::Refused,
+        }
+        let wanted = st.handshake_bytes.saturating_add(n);
+        if wanted <= budget.max_handshake_bytes {
+            st.handshake_bytes = wanted;
+            if let Some(me) = st.entries.get_mut(&self.id) {
+                me.charged += n;
+            }
+            return Charge::Charged;
+        }
+        let short = wanted - budget.max_handshake_bytes;
+        let (mut coming, now, mut evicted) = (st.reclaiming(), Instant::now(), 0);
+        while coming < short {
+            let Some(id) = st.slowest_holder(self.id, now) else { break };
+            coming += st.entries.get(&id).map_or(0, |e| e.charged);
+            st.evict_id(id);
+            evicted += 1;
+        }
+        if evicted > 0 {
+            budget.evictions.fetch_add(evicted, Ordering::Relaxed);
+            budget.changed.notify_all(); // an evicted holder may be waiting to charge
+        }
+        if coming < short {
+            // Nothing left to take but this connection's own bytes: it
+            // would hold more than the whole budget, which one frame (at
+            // most a quarter of it) never does.
+            return Charge::Refused;
+        }
+        Charge::Wait
     }
 
     /// Give back the handshake bytes this connection holds (its frame was

@@ -11,14 +11,15 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::deadline::BoundedStream;
-use super::descriptor;
+use super::descriptor::{self, PeerDescriptor};
+use super::directory::Directory;
 use super::regions::Regions;
 use super::registry::Registry;
 use super::settings::Settings;
 use super::wire::{self, FrameType};
 use super::Identity;
 use crate::error::{Error, ErrorKind, Result};
-use crate::transfer::host::SessionAddr;
+use crate::transfer::host::{parse_session, SessionAddr};
 
 /// Resolve `host:port` within `timeout`. An IP literal needs no lookup; a
 /// name is looked up on a helper thread we stop waiting for at the
@@ -98,6 +99,8 @@ pub(crate) struct Dialer {
     /// This engine's device memory as other processes reach it over the
     /// same-host link (CUDA IPC handles, forgotten at unregister).
     pub exports: Arc<super::ipc::Exports>,
+    /// Where peers' descriptors and handshake addresses come from.
+    pub directory: Arc<dyn Directory>,
 }
 
 impl Dialer {
@@ -107,8 +110,32 @@ impl Dialer {
         regions: Arc<Regions>,
         identity: Identity,
         secret: Option<Vec<u8>>,
+        directory: Arc<dyn Directory>,
     ) -> Dialer {
-        Dialer { settings, registry, regions, identity, secret, exports: Arc::default() }
+        Dialer { settings, registry, regions, identity, secret, exports: Arc::default(), directory }
+    }
+
+    /// `session`'s descriptor, read from the directory (in P2P mode asked
+    /// of the peer, by `by`) and checked.
+    pub fn fetch_descriptor(&self, session: &str, by: Option<Instant>) -> Result<PeerDescriptor> {
+        let port = self.settings.default_handshake_port;
+        let ask = |addr: &SessionAddr| self.exchange_by(addr, FrameType::Metadata, &self.own_descriptor(), by);
+        let fetched = self
+            .directory
+            .descriptor(session, port, &ask)
+            .map_err(|e| e.context(format!("cannot open session {session}")))?;
+        // A descriptor without a data host means the session's host.
+        let host = parse_session(session, port).map(|a| a.host).unwrap_or_else(|_| session.to_owned());
+        descriptor::parse_descriptor(&fetched.body, session, &host).map_err(|e| match fetched.source.as_str() {
+            "" => e,
+            source => e.context(format!("{session} ({source})")),
+        })
+    }
+
+    /// Where `segment`'s handshake port listens (its name in P2P mode,
+    /// its `rpc_meta` in a store).
+    pub fn rpc_address(&self, segment: &str) -> Result<SessionAddr> {
+        self.directory.rpc_address(segment, self.settings.default_handshake_port)
     }
 
     /// This engine's rails (`PDX_TCP_RAILS`; empty: none).

@@ -1,5 +1,6 @@
 //! The native TCP transfer engine, wire-compatible with Mooncake's TCP
-//! transport in P2PHANDSHAKE mode (pure Rust, no C types).
+//! transport (pure Rust, no C types); peers are found through the
+//! [`directory`] (P2P handshake, Mooncake's HTTP metadata server, etcd).
 //!
 //! An [`Engine`] serves two listeners (handshake and data, see [`server`]),
 //! keeps the memory peers may touch ([`regions`]), and initiates transfers
@@ -15,6 +16,7 @@ mod conn;
 pub mod cuda;
 mod deadline;
 mod dialer;
+pub(crate) mod directory;
 mod hello;
 pub(crate) mod ipc;
 // The codecs are public only for the fuzz targets (feature `fuzzing`); the
@@ -72,7 +74,7 @@ use serde_json::Value;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::ids::IdTable;
-use crate::transfer::host::{engine_host, parse_session};
+use crate::transfer::host::engine_host;
 use crate::transfer::location::Requested;
 use crate::transfer::stats::{Stats, StatsSnapshot};
 use crate::transfer::{state, BatchSummary, Direction, Request, TaskSummary, TransferBackend};
@@ -167,6 +169,18 @@ fn budget_for(settings: &Settings) -> budget::Budget {
     budget::Budget::new(total, handshakes, data, settings.max_connections_per_address, bytes)
 }
 
+/// The directory `settings` name (P2P handshake unless a metadata server is set).
+fn open_directory(settings: &Settings) -> Result<Arc<dyn directory::Directory>> {
+    let mode = directory::Mode::parse(settings.metadata_server.as_deref().unwrap_or(""))?;
+    let keys = directory::Keys::new(settings.metadata_cluster_id.as_deref())?;
+    let limits = directory::Limits {
+        timeout: settings.metadata_timeout,
+        max_value: settings.handshake_max_len,
+        lease_ttl: settings.metadata_lease_ttl,
+    };
+    Ok(Arc::from(directory::open(&mode, keys, limits)?))
+}
+
 impl Engine {
     /// Start an engine on `hostname` (a name or IP literal; any `:port` is
     /// ignored as Mooncake does in P2P mode) with settings from the
@@ -200,18 +214,26 @@ impl Engine {
         let data = listen::bind_in_range(data_ip, settings.min_data_port, settings.max_data_port)?;
         let port_of = |l: &TcpListener| l.local_addr().map(|a| a.port()).map_err(|e| Error::io(e.to_string()));
         let (rpc_port, data_port) = (port_of(&rpc)?, port_of(&data)?);
-        let identity = Identity {
-            session_id: crate::config::net::session_id(&host, rpc_port),
-            data_host: host,
-            rpc_port,
-            data_port,
-            instance: hello::new_instance(),
-            rails,
+        let directory = open_directory(&settings)?;
+        // Through a store, the segment is named as given (any port in it is
+        // only part of the name); in P2P mode it is `host:rpc_port`.
+        let session_id = match directory.is_p2p() {
+            true => crate::config::net::session_id(&host, rpc_port),
+            false => hostname.trim().to_owned(),
         };
+        let identity =
+            Identity { session_id, data_host: host, rpc_port, data_port, instance: hello::new_instance(), rails };
         let workers = Arc::new(Workers::default());
         let (registry, regions) = (Arc::new(Registry::default()), Arc::new(Regions::default()));
         let secret = access.secret.clone();
-        let dialer = dialer::Dialer::new(settings.clone(), registry.clone(), regions.clone(), identity.clone(), secret);
+        let dialer = dialer::Dialer::new(
+            settings.clone(),
+            registry.clone(),
+            regions.clone(),
+            identity.clone(),
+            secret,
+            directory,
+        );
         let inner = Arc::new(Inner {
             notifications: Arc::new(Notifications::new(settings.max_queued_notifications, settings.notify_queue_bytes)),
             identity,
@@ -258,6 +280,7 @@ impl Engine {
                 .spawn("pdx-metrics-log".to_owned(), log)
                 .map_err(|e| Error::io(format!("cannot start the metrics line's thread: {e}")))?;
         }
+        engine.publish_in_directory()?;
         let (total, handshakes, data, per_ip) = inner.budget.caps();
         log::info!(
             "pdx tcp engine {} up (data port {data_port}; inbound connections: {total} in all, {handshakes} handshake, \
@@ -269,6 +292,58 @@ impl Engine {
 
     pub fn data_port(&self) -> u16 {
         self.inner.identity.data_port
+    }
+
+    /// Take this engine's segment name in the directory and publish its
+    /// descriptor and rpc address (nothing in P2P mode); then keep them
+    /// alive on a thread of their own where the store has leases.
+    fn publish_in_directory(&self) -> Result<()> {
+        let inner = &self.inner;
+        let dialer = inner.peers.dialer();
+        let directory = dialer.directory.clone();
+        if directory.is_p2p() {
+            return Ok(());
+        }
+        let id = &inner.identity;
+        let own = directory::RpcMeta { ip_or_host_name: id.data_host.clone(), rpc_port: id.rpc_port };
+        let own_addr = own.address();
+        // The holder of the name answers a probe; this engine (already
+        // listening, perhaps at the dead holder's address) does not count.
+        let alive = |addr: &crate::transfer::host::SessionAddr| {
+            *addr != own_addr && dialer.exchange_json(addr, FrameType::Probe, "{}").is_ok()
+        };
+        directory
+            .claim(&id.session_id, &dialer.own_descriptor(), &own, &alive)
+            .map_err(|e| e.context(format!("cannot publish segment {} in {}", id.session_id, directory.describe())))?;
+        let Some(first) = directory.upkeep() else {
+            return Ok(());
+        };
+        let inner2 = inner.clone();
+        let keep_alive = move || {
+            let mut every = first;
+            while !inner2.peers.wait_unless_stopping(every) {
+                every = directory.upkeep().unwrap_or(first);
+            }
+        };
+        inner
+            .registry
+            .spawn("pdx-metadata-lease".to_owned(), keep_alive)
+            .map_err(|e| Error::io(format!("cannot start the metadata lease's thread: {e}")))?;
+        Ok(())
+    }
+
+    /// Publish the descriptor again after the registrations changed (a
+    /// failure is logged: the regions stay registered, and peers that read
+    /// the older descriptor are refused what lies outside it).
+    fn republish(&self) {
+        let dialer = self.inner.peers.dialer();
+        if dialer.directory.is_p2p() {
+            return;
+        }
+        let name = &self.inner.identity.session_id;
+        if let Err(e) = dialer.directory.republish(name, &dialer.own_descriptor()) {
+            log::warn!("could not publish segment {name}'s new descriptor: {e}");
+        }
     }
 
     /// Let peers read and write `[addr, addr+len)` (its location detected,
@@ -348,7 +423,9 @@ impl TransferBackend for Engine {
             .iter()
             .map(|&(a, l)| cuda::classify(a, l, location).map(|c| (a, l, c)))
             .collect::<Result<Vec<_>>>()?;
-        self.inner.regions.register_all_at(classified)
+        self.inner.regions.register_all_at(classified)?;
+        self.republish();
+        Ok(())
     }
 
     fn unregister_batch(&self, addrs: &[u64]) -> Result<()> {
@@ -369,6 +446,7 @@ impl TransferBackend for Engine {
             // Peers close their mappings of it with the lanes that made them.
             self.inner.peers.retire_device_lanes();
         }
+        self.republish();
         Ok(())
     }
 
@@ -452,7 +530,7 @@ impl TransferBackend for Engine {
     /// Ask the peer whether it is alive (a Probe exchange).
     fn probe(&self, session: &str) -> Result<()> {
         self.check_running()?;
-        let addr = parse_session(session, self.inner.settings.default_handshake_port)?;
+        let addr = self.inner.peers.dialer().rpc_address(session)?;
         let reply = self.inner.peers.dialer().exchange_json(&addr, FrameType::Probe, "{}")?;
         match reply.get("status").and_then(Value::as_str) {
             Some("success") => Ok(()),
@@ -472,6 +550,17 @@ impl TransferBackend for Engine {
 
     fn metrics(&self) -> crate::transfer::metrics::MetricsSnapshot {
         observe::metrics(&self.inner.figures())
+    }
+
+    /// The first buffer `segment` advertises (its own when `segment` is this
+    /// engine), read afresh from the directory: `Ok(0)` when it has none.
+    fn first_buffer_address(&self, segment: &str) -> Result<u64> {
+        self.check_running()?;
+        if segment == self.inner.identity.session_id {
+            return Ok(self.inner.regions.advertised().first().map_or(0, |b| b.addr));
+        }
+        let desc = self.inner.peers.dialer().fetch_descriptor(segment, None)?;
+        Ok(desc.buffers.first().map_or(0, |b| b.addr))
     }
 
     fn peer_info(&self, session: &str) -> Result<Value> {
@@ -494,6 +583,8 @@ impl TransferBackend for Engine {
         if listeners.is_empty() {
             return;
         }
+        // Out of the directory first, so that peers stop finding this engine.
+        self.inner.peers.dialer().directory.withdraw(&self.inner.identity.session_id);
         self.inner.registry.begin_stop();
         self.inner.peers.wake_all();
         for l in &listeners {

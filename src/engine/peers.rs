@@ -12,7 +12,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::conn::Conn;
 use super::deadline::{Progress, Stall};
-use super::descriptor::{parse_descriptor, PeerDescriptor};
+use super::descriptor::PeerDescriptor;
 use super::dialer::Dialer;
 use super::ipc::Exports;
 use super::rails::{Rail, RailClock, RailSet};
@@ -21,13 +21,11 @@ use super::samehost::{self, PathChoice};
 use super::settings::Settings;
 use super::wire::FrameType;
 use crate::error::{Error, ErrorKind, Result};
-use crate::transfer::host::{parse_session, SessionAddr};
 
 /// A peer we send to, by session name.
 pub struct Peer {
     pub session: String,
     dialer: Arc<Dialer>,
-    addr: SessionAddr,
     descriptor: RwLock<Arc<PeerDescriptor>>,
     /// A descriptor fetched outside [`Peer::open_lane`] and not yet used for
     /// a lane: the next lane to a Mooncake peer (which cannot confirm who
@@ -115,16 +113,9 @@ impl Peer {
             .as_ref()
     }
 
-    fn fetch(dialer: &Dialer, addr: &SessionAddr, session: &str, by: Option<Instant>) -> Result<PeerDescriptor> {
-        let body = dialer
-            .exchange_by(addr, FrameType::Metadata, &dialer.own_descriptor(), by)
-            .map_err(|e| e.context(format!("cannot open session {session}")))?;
-        parse_descriptor(&body, session, &addr.host)
-    }
-
     /// Fetch the descriptor again (by `by`) and cache it.
     fn fetch_and_cache(&self, by: Option<Instant>) -> Result<Arc<PeerDescriptor>> {
-        let fresh = Arc::new(Self::fetch(&self.dialer, &self.addr, &self.session, by)?);
+        let fresh = Arc::new(self.dialer.fetch_descriptor(&self.session, by)?);
         *self.descriptor.write() = fresh.clone();
         Ok(fresh)
     }
@@ -289,7 +280,7 @@ impl Peer {
 
     /// Send one notification to the name in the peer's descriptor.
     pub fn notify(&self, name: &str, msg: &str) -> Result<()> {
-        let target = parse_session(&self.descriptor().notify_name, self.dialer.settings.default_handshake_port)?;
+        let target = self.dialer.rpc_address(&self.descriptor().notify_name)?;
         let body = serde_json::json!({"name": name, "notify_msg": msg}).to_string();
         let reply = self.dialer.exchange_json(&target, FrameType::Notify, &body)?;
         match reply.get("notify_msg").and_then(serde_json::Value::as_str) {
@@ -492,12 +483,11 @@ impl Peers {
         if let Some(p) = self.map.lock().get(session) {
             return Ok(p.clone());
         }
-        let addr = parse_session(session, self.dialer.settings.default_handshake_port)?;
-        let desc = Peer::fetch(&self.dialer, &addr, session, None)?;
+        // A miss is not remembered: a segment published later is found on the next use.
+        let desc = self.dialer.fetch_descriptor(session, None)?;
         let peer = Arc::new(Peer {
             session: session.to_owned(),
             dialer: self.dialer.clone(),
-            addr,
             descriptor: RwLock::new(Arc::new(desc)),
             unused_fetch: AtomicBool::new(true),
             progress: Arc::new(Progress::default()),
@@ -560,6 +550,16 @@ impl Peers {
             );
         }
         drop(closed); // closed outside the cache's lock
+    }
+
+    /// Wait `timeout`, or less if the engine stops (woken by
+    /// [`Peers::wake_all`]); true when it is stopping.
+    pub fn wait_unless_stopping(&self, timeout: Duration) -> bool {
+        let mut guard = self.sweeper.0.lock();
+        if !self.dialer.registry.stopping() {
+            self.sweeper.1.wait_for(&mut guard, timeout);
+        }
+        self.dialer.registry.stopping()
     }
 
     /// The sweeper's loop: every [`SWEEP_INTERVAL`] until the engine stops.

@@ -114,6 +114,12 @@ impl Registry {
         self.threads.lock().iter().filter(|h| !h.is_finished()).count()
     }
 
+    /// Threads spawned here under `name` and still running.
+    #[cfg(test)]
+    pub fn live_threads_named(&self, name: &str) -> usize {
+        self.threads.lock().iter().filter(|h| !h.is_finished() && h.thread().name() == Some(name)).count()
+    }
+
     /// Spawn a named thread that `stop` will join. Finished threads are
     /// reaped here so the list stays short.
     pub fn spawn(&self, name: String, body: impl FnOnce() + Send + 'static) -> std::io::Result<()> {

@@ -76,6 +76,14 @@ pub struct Settings {
     /// Which interfaces carry lanes (`PDX_TCP_RAILS`: `auto` or a list);
     /// `None`: one address, as before (see `super::rails`).
     pub tcp_rails: Option<String>,
+    /// Where peers are found (`PDX_METADATA_SERVER`; none: P2P handshake).
+    pub metadata_server: Option<String>,
+    /// `MC_METADATA_CLUSTER_ID`: the namespace of the metadata keys.
+    pub metadata_cluster_id: Option<String>,
+    /// etcd mode: the lease's time to live.
+    pub metadata_lease_ttl: Duration,
+    /// Bound on each request to the metadata server.
+    pub metadata_timeout: Duration,
 }
 
 impl Settings {
@@ -142,6 +150,10 @@ impl Settings {
             allowed_peers: read(env, &PDX_ALLOWED_PEERS),
             peer_secret_file: read(env, &PDX_PEER_SECRET_FILE),
             tcp_rails: read(env, &PDX_TCP_RAILS).filter(|s: &String| !s.trim().is_empty()),
+            metadata_server: read(env, &PDX_METADATA_SERVER),
+            metadata_cluster_id: read(env, &MC_METADATA_CLUSTER_ID),
+            metadata_lease_ttl: Duration::from_secs(read(env, &PDX_METADATA_LEASE_TTL_S).unwrap_or(8)),
+            metadata_timeout: read(env, &PDX_METADATA_TIMEOUT_MS).unwrap_or(Duration::from_secs(3)),
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -202,15 +202,16 @@ fn a_peer_advertising_an_unreachable_data_address_fails_each_attempt_within_the_
     }
 }
 
+const PEERS: usize = 64;
+const PER_PEER: usize = 256;
+const BLOCK: usize = 16 << 10;
+
 /// 64 peers talk to one target whose idle timeout (500 ms) has closed all
 /// their lanes, then each submits 256 transfers at once (far more than its
 /// four lanes carry): every one is queued and completes, none is refused.
 /// Prints the burst's p99 task latency (`--nocapture`).
 #[test]
 fn a_burst_after_an_idle_gap_is_queued_and_served_without_a_failure() {
-    const PEERS: usize = 64;
-    const PER_PEER: usize = 256;
-    const BLOCK: usize = 16 << 10;
     let mut s = settings();
     s.idle_timeout = Duration::from_millis(500);
     s.max_connections_per_address = 4096;
@@ -227,12 +228,53 @@ fn a_burst_after_an_idle_gap_is_queued_and_served_without_a_failure() {
         })
         .collect();
     let srcs: Vec<Vec<u8>> = (0..PEERS).map(|p| vec![p as u8 + 1; BLOCK]).collect();
-    for (p, e) in initiators.iter().enumerate() {
-        write(e, &session, &srcs[p], region.as_ptr() as u64 + (p * BLOCK) as u64).unwrap();
-    }
+    // The target's threads, sampled throughout: handshakes on one loop,
+    // data connections on the bounded pool. Threads the pool adds past its
+    // cap (twice the cores, 8 to 32) when every busy one has held its
+    // connection for 200 ms are not counted: they may come while requests
+    // stall (here, lanes that keep a thread busy for long on a loaded
+    // machine), up to the pool's hard cap.
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let pool_cap = (2 * cores).clamp(8, 32);
+    let sampling = AtomicBool::new(true);
+    let (peak_threads, peak_past_cap) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while sampling.load(Ordering::Relaxed) {
+                let registry = &target.inner.registry;
+                let (all, pool) = (registry.live_threads(), registry.live_threads_named("pdx-data"));
+                let past_cap = pool.saturating_sub(pool_cap);
+                peak_threads.fetch_max(all - past_cap.min(all), Ordering::Relaxed);
+                peak_past_cap.fetch_max(past_cap, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        // Every peer's first write at once: its handshake and first lane.
+        std::thread::scope(|first| {
+            for (p, e) in initiators.iter().enumerate() {
+                let (session, src) = (&session, &srcs[p]);
+                let to = region.as_ptr() as u64 + (p * BLOCK) as u64;
+                first.spawn(move || write(e, session, src, to).unwrap());
+            }
+        });
+        burst(&target, &session, &region, &initiators, &srcs);
+        sampling.store(false, Ordering::Relaxed);
+    });
+    let (peak, past_cap) = (peak_threads.load(Ordering::Relaxed), peak_past_cap.load(Ordering::Relaxed));
+    eprintln!(
+        "the target's threads peaked at {peak} ({PEERS} peers x 4 lanes; bound 2 x {cores} cores + 16), and \
+         {past_cap} pool threads past its cap"
+    );
+    assert!(peak <= 2 * cores + 16, "the target peaked at {peak} threads");
+}
+
+/// The burst of [`a_burst_after_an_idle_gap_is_queued_and_served_without_a_failure`]
+/// after its idle gap.
+fn burst(target: &Engine, session: &str, region: &[u8], initiators: &[Engine], srcs: &[Vec<u8>]) {
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(open_reaching(&target, 0, Instant::now() + Duration::from_secs(3)), 0, "the gap closed every lane");
+    assert_eq!(open_reaching(target, 0, Instant::now() + Duration::from_secs(3)), 0, "the gap closed every lane");
     let t0 = Instant::now();
+    let session = session.to_owned();
     let ids: Vec<Vec<u64>> = initiators
         .iter()
         .enumerate()

@@ -186,7 +186,7 @@ pub(crate) unsafe fn c_slice<'a, T>(ptr: *const T, len: usize, what: &str) -> Re
     if !ptr.is_aligned() {
         return Err(Error::invalid_argument(format!("{what} is not aligned")));
     }
-    if len.checked_mul(std::mem::size_of::<T>()).map_or(true, |b| b > isize::MAX as usize) {
+    if len.checked_mul(std::mem::size_of::<T>()).is_none_or(|b| b > isize::MAX as usize) {
         return Err(Error::invalid_argument(format!("{what} length {len} is too large")));
     }
     Ok(std::slice::from_raw_parts(ptr, len))
@@ -292,7 +292,10 @@ mod tests {
             assert_eq!(c_slice::<u64>(std::ptr::null(), 3, "a").unwrap_err().kind(), ErrorKind::NullArgument);
             let misaligned = (8usize + 1) as *const u64;
             assert_eq!(c_slice(misaligned, 1, "a").unwrap_err().kind(), ErrorKind::InvalidArgument);
-            assert_eq!(c_slice(8 as *const u64, usize::MAX / 4, "a").unwrap_err().kind(), ErrorKind::InvalidArgument);
+            assert_eq!(
+                c_slice(std::ptr::dangling::<u64>(), usize::MAX / 4, "a").unwrap_err().kind(),
+                ErrorKind::InvalidArgument
+            );
         }
     }
 

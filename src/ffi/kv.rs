@@ -315,8 +315,10 @@ pub unsafe extern "C" fn pdx_kv_transfer_sync(
 /// Wait up to `timeout_ms` for the notification of the KV submit `batch`
 /// (one that carried `notify_name`/`notify_msg`). `PDX_OK` once it is
 /// settled, with `*out_error` (may be NULL) `PDX_OK` when it was delivered
-/// and its failure's status otherwise (a layer failed, or the peer refused
-/// it; the last error then has its text). `PDX_ERR_TIMEOUT` while it still
+/// and its failure's status otherwise: a failed layer's own status (the
+/// earliest submit's that failed, e.g. `PDX_ERR_REMOTE_REJECTED`), or the
+/// peer refusing the notification; the last error then has its text,
+/// naming the failed batch. `PDX_ERR_TIMEOUT` while it still
 /// waits for its layers; `PDX_ERR_NOT_FOUND` for a batch that carried no
 /// notification (or one so old that its outcome was dropped: the last
 /// 4096 are kept).

@@ -5,7 +5,7 @@
 //!
 //! Each code's value is written once, in its constant below (cbindgen copies
 //! the constants into `include/pdx.h`); [`TABLE`] joins each to its
-//! [`ErrorKind`] and text. Python's constants (`python/pdx/__init__.py`) are
+//! [`ErrorKind`] and text. Python's constants (`python/pdx/binding.py`) are
 //! checked against the table by a test here, which fails on any difference.
 
 use std::ffi::c_char;
@@ -201,16 +201,16 @@ mod tests {
     /// (`PDX_ERR_X: "PDX_ERR_X",`, whose values `pdx.PdxError` shows).
     #[test]
     fn python_constants_match_the_table() {
-        let source = repo_file("python/pdx/__init__.py");
+        let source = repo_file("python/pdx/binding.py");
         let constants = declared(&source, |l| l.split_once(" = "));
-        assert_eq!(constants, table(), "python/pdx/__init__.py's status constants differ from src/ffi/status.rs");
+        assert_eq!(constants, table(), "python/pdx/binding.py's status constants differ from src/ffi/status.rs");
         let names: Vec<(&str, &str)> = source
             .lines()
             .filter_map(|l| l.trim().strip_suffix("\",")?.split_once(": \""))
             .filter(|(key, _)| *key == "PDX_OK" || key.starts_with("PDX_ERR_"))
             .collect();
         let expected: Vec<(&str, &str)> = TABLE.iter().map(|s| (s.name, s.name)).collect();
-        assert_eq!(names, expected, "python/pdx/__init__.py's STATUS_NAMES differs from src/ffi/status.rs");
+        assert_eq!(names, expected, "python/pdx/binding.py's STATUS_NAMES differs from src/ffi/status.rs");
     }
 
     /// The header's macros are the table's (cbindgen writes them from the

@@ -89,6 +89,18 @@ impl Backoff {
     }
 }
 
+/// For a protocol that needs RDMA hardware: how a machine without it runs
+/// on TCP (the native engine) instead, for the end of an error.
+fn tcp_hint(protocol: &str) -> &'static str {
+    match protocol {
+        "rdma" | "efa" => {
+            "; without RDMA hardware, use TCP instead: pass protocol \"tcp\", or set MOONCAKE_PROTOCOL=tcp or \
+             MC_FORCE_TCP=1"
+        }
+        _ => "",
+    }
+}
+
 impl MooncakeBackend {
     /// Load the library (`PDX_MOONCAKE_LIB`, default `libtransfer_engine.so`)
     /// and start an engine for `choice`.
@@ -100,8 +112,19 @@ impl MooncakeBackend {
     /// `MC_TRANSFER_TIMEOUT` from `env` (an engine's options over the
     /// process environment).
     pub fn start_in(choice: &TransportChoice, env: &dyn env::Env) -> Result<MooncakeBackend> {
-        let api =
-            super::load_in(env).map_err(|why| unavailable(&choice.protocol, &format!("{}; {why}", choice.reason)))?;
+        // Mooncake's library is started in P2P mode; a metadata server is
+        // served by pdx's own engine only (protocol tcp).
+        let metadata: Option<String> = env::read(env, &env::vars::PDX_METADATA_SERVER);
+        if let Some(m) = metadata.filter(|m| !matches!(m.trim(), "" | "P2PHANDSHAKE")) {
+            return Err(crate::Error::invalid_argument(format!(
+                "metadata server {m:?}: protocol '{}' runs on Mooncake's library in P2PHANDSHAKE mode only; \
+                 metadata servers are served by pdx's tcp engine",
+                choice.protocol
+            )));
+        }
+        let api = super::load_in(env).map_err(|why| {
+            unavailable(&choice.protocol, &format!("{}; {why}{}", choice.reason, tcp_hint(&choice.protocol)))
+        })?;
         let mut backend = Self::start_with(api, &choice.protocol, &choice.hostname, &choice.device)?;
         backend.sync_timeout = sync_timeout_in(env);
         Ok(backend)
@@ -160,7 +183,9 @@ impl MooncakeBackend {
                 protocol,
                 &format!(
                     "Mooncake library '{lib}' cannot install the '{protocol}' transport (installTransport returned NULL; \
-                     devices: {devs}): it was built without '{protocol}' support, or no usable device for it was found"
+                     devices: {devs}): it was built without '{protocol}' support, or no usable device for it was \
+                     found{}",
+                    tcp_hint(protocol)
                 ),
             )));
         }
@@ -694,6 +719,30 @@ impl Drop for MooncakeBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A machine without Mooncake's library (or RDMA) is told the way to TCP
+    /// next to `PDX_MOONCAKE_LIB`; other protocols are not.
+    #[test]
+    fn an_rdma_or_efa_load_failure_names_the_way_to_tcp() {
+        use crate::config::env::MapEnv;
+        for protocol in ["rdma", "efa", "ascend"] {
+            let choice = TransportChoice {
+                protocol: protocol.into(),
+                hostname: "127.0.0.1".into(),
+                device: String::new(),
+                gpu_id: 0,
+                rule: Default::default(),
+                reason: format!("protocol '{protocol}' from the test"),
+                warnings: Vec::new(),
+            };
+            let env = MapEnv::from_pairs(&[("PDX_MOONCAKE_LIB", "/nonexistent/libtransfer_engine.so")]);
+            let e = MooncakeBackend::start_in(&choice, &env).err().unwrap();
+            assert_eq!(e.kind(), crate::ErrorKind::BackendUnavailable);
+            assert!(e.message().contains("set PDX_MOONCAKE_LIB to the path"), "{e}");
+            let hint = "use TCP instead: pass protocol \"tcp\", or set MOONCAKE_PROTOCOL=tcp or MC_FORCE_TCP=1";
+            assert_eq!(e.message().ends_with(hint), protocol != "ascend", "{e}");
+        }
+    }
 
     /// The poll schedule, step by step (no clock needed): a yield, then
     /// 20 µs doubling to `MAX_POLL_SLEEP`, where it stays.

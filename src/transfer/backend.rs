@@ -105,6 +105,14 @@ pub trait TransferBackend: Send + Sync {
     fn metrics(&self) -> super::metrics::MetricsSnapshot {
         super::metrics::MetricsSnapshot::from_stats(self.protocol(), self.stats())
     }
+    /// The first buffer `segment` advertises (0: none); see
+    /// `pdx_first_buffer_address`.
+    fn first_buffer_address(&self, segment: &str) -> Result<u64> {
+        Err(Error::invalid_argument(format!(
+            "{segment}: this backend ({}) cannot read a segment's buffers",
+            self.protocol()
+        )))
+    }
     /// One peer's figures as a JSON object (see [`super::peer_stats::peer_info_json`]);
     /// `InvalidArgument` for a peer this engine keeps nothing of.
     fn peer_info(&self, session: &str) -> Result<serde_json::Value> {

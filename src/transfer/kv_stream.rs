@@ -232,19 +232,33 @@ fn drop_finished(backend: &dyn TransferBackend, ids: &mut Vec<u64>) {
     ids.drain(..done);
 }
 
-/// Wait for every batch of `ids` to complete; the first failure otherwise.
+/// The error of the failed batch `id` of `total` tasks: its first failed
+/// task's own error (so its kind, e.g. `RemoteRejected`, decides the status
+/// the caller sees), naming the batch and how many of its requests failed.
+fn batch_failure(backend: &dyn TransferBackend, id: u64, total: usize) -> Error {
+    let failures = (0..total).filter_map(|task| match backend.task_summary(id, task) {
+        Ok(t) if t.state == TaskState::Failed => Some(t.error),
+        _ => None,
+    });
+    match super::state::outcome(total, failures) {
+        Err(e) => e.context(format!("batch {id:#x} of this plan failed")),
+        // Freed by the caller in the meantime: what its tasks failed with is gone.
+        Ok(()) => Error::new(
+            ErrorKind::ConnectionLost,
+            format!("batch {id:#x} of this plan failed (freed before its errors were read)"),
+        ),
+    }
+}
+
+/// Wait for every batch of `ids` to complete (in submit order); the
+/// earliest one's failure otherwise.
 fn wait_all(backend: &dyn TransferBackend, ids: &[u64]) -> Result<()> {
     let deadline = Instant::now() + LAYERS_WAIT_LIMIT;
     for &id in ids {
         loop {
             match backend.batch_wait(id, WAIT_STEP) {
                 Ok(s) if s.state == TaskState::Completed => break,
-                Ok(s) => {
-                    return Err(Error::new(
-                        ErrorKind::ConnectionLost,
-                        format!("batch {id:#x} of this plan failed ({} of {} requests)", s.failed, s.total),
-                    ))
-                }
+                Ok(s) => return Err(batch_failure(backend, id, s.total)),
                 // Freed by the caller, which it can only do once it finished.
                 Err(e) if e.kind() == ErrorKind::InvalidHandle => break,
                 Err(e) if e.kind() == ErrorKind::Timeout && Instant::now() < deadline => {}
@@ -267,6 +281,8 @@ mod tests {
     #[derive(Default)]
     struct Scripted {
         batches: Mutex<HashMap<u64, TaskState>>,
+        /// The error of a failed batch's single task (else `ConnectionLost`).
+        errors: Mutex<HashMap<u64, Error>>,
         changed: Condvar,
         next: Mutex<u64>,
         sent: Mutex<Vec<(String, String, String)>>,
@@ -325,8 +341,15 @@ mod tests {
         fn batch_summary(&self, id: u64) -> Result<BatchSummary> {
             self.batches.lock().get(&id).map(|&s| Self::summary(s)).ok_or_else(|| gone(id))
         }
-        fn task_summary(&self, id: u64, _: usize) -> Result<TaskSummary> {
-            Err(gone(id))
+        fn task_summary(&self, id: u64, task: usize) -> Result<TaskSummary> {
+            let state = *self.batches.lock().get(&id).ok_or_else(|| gone(id))?;
+            if task != 0 {
+                return Err(Error::new(ErrorKind::IndexOutOfRange, format!("task {task}")));
+            }
+            let error = (state == TaskState::Failed).then(|| {
+                self.errors.lock().get(&id).cloned().unwrap_or_else(|| Error::new(ErrorKind::ConnectionLost, "lost"))
+            });
+            Ok(TaskSummary { state, bytes: 0, error })
         }
         fn batch_wait(&self, id: u64, timeout: Duration) -> Result<BatchSummary> {
             let deadline = Instant::now() + timeout;
@@ -428,5 +451,29 @@ mod tests {
         b.finish(again, TaskState::Completed);
         assert_eq!(notify_outcome(8, again, Duration::from_secs(30)), Some(NotifyOutcome::Sent));
         assert_eq!(b.sent.lock().len(), 1);
+    }
+
+    #[test]
+    fn a_held_back_notification_reports_the_earliest_failed_layers_own_error() {
+        let (b, p, streams) = (Arc::new(Scripted::default()), plan(3), LayerStreams::default());
+        let layer0 = submit(&streams, 11, &b, &p, 0, false);
+        let layer1 = submit(&streams, 11, &b, &p, 1, false);
+        let rejected = "peer refused: remote range 0x2000+64 is not registered";
+        b.errors.lock().insert(layer1, Error::new(ErrorKind::RemoteRejected, rejected));
+        b.errors.lock().insert(layer0, Error::timeout("no progress for 30 s"));
+        b.finish(layer1, TaskState::Failed);
+        let last = submit(&streams, 11, &b, &p, 2, true);
+        b.finish(last, TaskState::Completed);
+        // Layer 0 is still in flight: the outcome waits for it, and it lands.
+        assert_eq!(notify_outcome(11, last, Duration::from_millis(50)), Some(NotifyOutcome::Pending));
+        b.finish(layer0, TaskState::Completed);
+        match notify_outcome(11, last, Duration::from_secs(30)) {
+            Some(NotifyOutcome::Failed(e)) => {
+                assert_eq!(e.kind(), ErrorKind::RemoteRejected, "{e}");
+                assert_eq!(e.message(), format!("batch {layer1:#x} of this plan failed: {rejected}"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(b.sent.lock().is_empty());
     }
 }

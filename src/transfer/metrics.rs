@@ -11,8 +11,9 @@
 
 use std::fmt::Write as _;
 
+use super::counter_index::{kind_label, FAILURE_KINDS};
 use super::peer_stats::PeerSnapshot;
-use super::stats::{kind_label, HistogramSnapshot, StatsSnapshot, FAILURE_KINDS};
+use super::stats::{HistogramSnapshot, StatsSnapshot};
 
 /// Most distinct peers in one scrape's per-peer series.
 pub const MAX_PEER_SERIES: usize = 100;

@@ -12,9 +12,11 @@
 //! - [`kv`]: KV-cache page plans (runs, head slices) turned into requests.
 //! - [`kv_stream`]: layer-wise submits of a plan and their deferred notification.
 //! - [`stats`], [`peer_stats`], [`metrics`]: counters, per-peer figures and
-//!   their Prometheus exposition.
+//!   their Prometheus exposition; [`counter_index`]: the slots of their
+//!   per-direction and per-failure-kind arrays.
 
 pub mod backend;
+pub mod counter_index;
 pub mod host;
 pub mod kv;
 pub mod kv_stream;

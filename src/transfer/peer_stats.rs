@@ -12,7 +12,7 @@ use std::time::{Instant, SystemTime};
 
 use parking_lot::Mutex;
 
-use super::stats::{dir_index, kind_index, FAILURE_KINDS};
+use super::counter_index::{dir_index, kind_index, FAILURE_KINDS};
 use super::Direction;
 use crate::error::Error;
 

@@ -8,19 +8,12 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+// Handed on so that readers of a snapshot's failed-by-kind array find the
+// slots' meaning next to it.
+pub use super::counter_index::{dir_index, kind_index, kind_label, FAILURE_KINDS};
 use super::peer_stats::{PeerCounters, PeerTable};
 use super::Direction;
 use crate::error::{Error, ErrorKind};
-
-/// Why failed tasks failed, as counted (the rest count as `other`).
-pub const FAILURE_KINDS: [ErrorKind; 6] = [
-    ErrorKind::Timeout,
-    ErrorKind::ConnectionLost,
-    ErrorKind::PeerUnreachable,
-    ErrorKind::RemoteRejected,
-    ErrorKind::Shutdown,
-    ErrorKind::Protocol,
-];
 
 /// Histogram buckets: four per power of two of microseconds, up to ~2^31 µs.
 const BUCKETS: usize = 128;
@@ -147,27 +140,6 @@ impl Default for TaskHistograms {
             size_bytes: std::array::from_fn(|_| Histogram::new(SIZE_BOUNDS_BYTES)),
         }
     }
-}
-
-/// The index of a direction in per-direction arrays: write 0, read 1.
-pub fn dir_index(direction: Direction) -> usize {
-    match direction {
-        Direction::Write => 0,
-        Direction::Read => 1,
-    }
-}
-
-/// The index of an error kind in failed-by-kind arrays ([`FAILURE_KINDS`], then other).
-pub fn kind_index(kind: ErrorKind) -> usize {
-    FAILURE_KINDS.iter().position(|k| *k == kind).unwrap_or(FAILURE_KINDS.len())
-}
-
-/// The label of a failed-by-kind index.
-pub fn kind_label(i: usize) -> &'static str {
-    ["timeout", "connection_lost", "peer_unreachable", "remote_rejected", "shutdown", "protocol", "other"]
-        .get(i)
-        .copied()
-        .unwrap_or("other")
 }
 
 fn micros(d: Duration) -> u64 {

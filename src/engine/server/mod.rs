@@ -1,6 +1,7 @@
 //! Serving the two listeners (bound in [`super::listen`]): the accept loop
 //! here, the handshake port in [`handshake`] (one framed JSON request per
-//! connection, on a thread of its own) and the data port in [`data`]
+//! connection, all connections assembled and answered on one readiness
+//! loop) and the data port in [`data`]
 //! (persistent connections carrying 24-byte requests, served by the
 //! bounded pool of [`pool`]). Everything a peer sends is bounded and
 //! checked; a bad peer loses its connection, never the engine.
@@ -132,9 +133,9 @@ struct AdmittedHandshake {
 }
 
 /// Accept connections until the engine stops (see [`super::budget`] for
-/// the caps and eviction): a handshake connection gets a thread for its
-/// one exchange; a data connection goes to the pool of [`pool`] (or, if
-/// that could not start, a thread of its own).
+/// the caps and eviction): a handshake connection goes to the readiness
+/// loop of [`handshake`], a data connection to the pool of [`pool`] (either,
+/// if its loop could not start, to a thread of its own).
 pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
     let mut backoff = AcceptBackoff::default();
     let name = match plane {
@@ -147,11 +148,20 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
             .map_err(|e| log::warn!("data connections get a thread each: the readiness loop cannot start ({e})"))
             .ok(),
     };
+    let shakes = match plane {
+        Plane::Handshake => handshake::HandshakePlane::start(&serving)
+            .map_err(|e| log::warn!("handshake connections get a thread each: the readiness loop cannot start ({e})"))
+            .ok(),
+        Plane::Data => None,
+    };
     loop {
         let accepted = listener.accept();
         if serving.registry.stopping() {
             if let Some(pool) = &pool {
                 pool.wake();
+            }
+            if let Some(shakes) = &shakes {
+                shakes.wake();
             }
             return;
         }
@@ -179,6 +189,13 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
             let Some(ticket) = serving.budget.admit(plane, from.ip(), conn.raw_fd()) else { continue };
             let Some(tracked) = serving.registry.track_owned(conn.stream()) else { continue };
             pool.admit(conn, ticket, tracked);
+            continue;
+        }
+        if let (Some(shakes), Plane::Handshake) = (&shakes, plane) {
+            // Admitted here (the oldest evicted at the cap), then assembled
+            // and answered on the loop: no thread per connection.
+            let Some(ticket) = serving.budget.admit(plane, from.ip(), stream.as_raw_fd()) else { continue };
+            shakes.admit(ticket, stream);
             continue;
         }
         let serving2 = serving.clone();

@@ -3,12 +3,13 @@
 //! A connection with no request in flight is *parked*: registered with a
 //! readiness loop (epoll through the `polling` crate, one-shot), holding no
 //! receive buffer and no thread. Pool threads take turns as the loop's
-//! waiter (leader/follower: whoever holds [`DataPlane::lead`] waits for
-//! readiness, the others wait for it); the one that sees a connection ready
-//! serves it itself with [`super::data::serve_data`], lending it the
-//! thread's own receive buffer, until no request is buffered or arrives
-//! within the spin window (polled only while another thread is free), then
-//! parks it again. So the threads serving N connections are bounded by
+//! waiter (leader/follower: whoever holds the lead waits for readiness, the
+//! others wait for it, and it passes to the most recently idle one); the one
+//! that sees a connection ready serves it itself with
+//! [`super::data::serve_data`], lending it the thread's own receive buffer,
+//! until no request is buffered or arrives within the spin window (polled
+//! only while another thread is free) and the linger after it ([`LINGER`],
+//! asleep on the socket, while another thread is free), then parks it again. So the threads serving N connections are bounded by
 //! [`max_threads`] however large N is (requests beyond them wait in their
 //! sockets), and a parked connection costs its socket and one map entry.
 //! At the cap one thread keeps waiting for readiness; when every busy one
@@ -21,7 +22,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,8 +35,9 @@ use super::super::registry::OwnedSocketGuard;
 use super::Serving;
 use crate::transfer::stats::Stats;
 
-/// How long a pool thread above the base count may wait for work before it
-/// leaves.
+/// How long a pool thread above the base count may go without a connection
+/// to serve before it leaves (its own last work counts, whatever the other
+/// threads do).
 const IDLE_EXIT: Duration = Duration::from_secs(5);
 
 /// Pool threads kept when idle.
@@ -45,6 +47,17 @@ const BASE_THREADS: usize = 2;
 /// served its connection for this long (a request whose payload trickles),
 /// up to [`HARD_MAX_THREADS`].
 const STUCK: Duration = Duration::from_millis(200);
+
+/// How long a thread that served a request waits for the connection's next
+/// one before it parks the connection (see [`DataPlane::linger`]). A lane
+/// moving large windows leaves gaps of a few milliseconds between them (the
+/// initiator drains the socket before it asks again); served by the same
+/// thread, woken by its own socket, it runs as on a thread of its own
+/// instead of through the readiness loop and a second thread every window.
+const LINGER: Duration = Duration::from_millis(20);
+
+/// A lingering thread looks at whether it is wanted elsewhere this often.
+const LINGER_SLICE: Duration = Duration::from_millis(2);
 
 /// The most pool threads, however many requests trickle.
 const HARD_MAX_THREADS: usize = 256;
@@ -57,10 +70,10 @@ pub(super) fn max_threads() -> usize {
 }
 
 /// Counts an inbound data connection as open while it lives.
-struct OpenData(Arc<Stats>);
+pub(super) struct OpenData(Arc<Stats>);
 
 impl OpenData {
-    fn new(stats: &Arc<Stats>) -> OpenData {
+    pub(super) fn new(stats: &Arc<Stats>) -> OpenData {
         Stats::bump(&stats.inbound_connections);
         stats.inbound_open.fetch_add(1, Ordering::Relaxed);
         OpenData(stats.clone())
@@ -94,6 +107,21 @@ struct Lead {
     next_scan: Instant,
 }
 
+/// Who holds the lead, and the threads waiting for it (the most recently
+/// idle last).
+#[derive(Default)]
+struct LeadQueue {
+    held: bool,
+    waiting: Vec<Arc<Waiter>>,
+}
+
+/// A thread waiting for the lead.
+struct Waiter {
+    thread: std::thread::Thread,
+    /// Set (then the thread unparked) when the lead is handed to it.
+    handed: AtomicBool,
+}
+
 #[derive(Default)]
 struct Counts {
     threads: usize,
@@ -108,8 +136,21 @@ pub(super) struct DataPlane {
     poller: Poller,
     parked: Mutex<HashMap<usize, Served>>,
     next_key: AtomicUsize,
+    /// The leader's state (locked only by the thread holding the lead).
     lead: Mutex<Lead>,
+    queue: Mutex<LeadQueue>,
     counts: Mutex<Counts>,
+    /// The leader holds ready connections at the cap: lingering threads
+    /// give theirs back (see [`LINGER`]).
+    wanted: AtomicBool,
+    /// How long a thread above the base count may go without a connection
+    /// to serve before it leaves ([`IDLE_EXIT`]; shorter in tests).
+    idle_exit: Duration,
+    /// The name of its threads.
+    thread_name: &'static str,
+    /// Connections parked after serving (a lane's window gaps should not
+    /// cross the loop: see [`LINGER`]).
+    parked_after_serving: AtomicUsize,
     /// Pool threads not serving a connection (connections poll for their
     /// next request only while one is free).
     free: Arc<AtomicUsize>,
@@ -120,13 +161,28 @@ pub(super) struct DataPlane {
 impl DataPlane {
     /// A data plane with its base threads started.
     pub(super) fn start(serving: &Arc<Serving>) -> std::io::Result<Arc<DataPlane>> {
+        Self::start_with(serving, IDLE_EXIT, "pdx-data")
+    }
+
+    /// [`DataPlane::start`] with another idle exit and thread name (tests
+    /// count a plane's threads by name and do not wait 5 s for them).
+    fn start_with(
+        serving: &Arc<Serving>,
+        idle_exit: Duration,
+        thread_name: &'static str,
+    ) -> std::io::Result<Arc<DataPlane>> {
         let plane = Arc::new(DataPlane {
             serving: serving.clone(),
             poller: Poller::new()?,
             parked: Mutex::new(HashMap::new()),
             next_key: AtomicUsize::new(1),
             lead: Mutex::new(Lead { events: Events::new(), ready: VecDeque::new(), next_scan: Instant::now() }),
+            queue: Mutex::new(LeadQueue::default()),
             counts: Mutex::new(Counts::default()),
+            wanted: AtomicBool::new(false),
+            idle_exit,
+            thread_name,
+            parked_after_serving: AtomicUsize::new(0),
             free: Arc::new(AtomicUsize::new(0)),
             next_thread: AtomicUsize::new(0),
             max_threads: max_threads(),
@@ -140,7 +196,7 @@ impl DataPlane {
     fn add_thread(self: &Arc<Self>) -> std::io::Result<()> {
         self.count(|c| c.threads += 1);
         let me = self.clone();
-        let spawned = self.serving.registry.spawn("pdx-data".to_owned(), move || me.run());
+        let spawned = self.serving.registry.spawn(self.thread_name.to_owned(), move || me.run());
         if spawned.is_err() {
             self.count(|c| c.threads -= 1);
         }
@@ -221,11 +277,87 @@ impl DataPlane {
         drop(s);
     }
 
+    /// Wait for the lead until `until`: true once this thread holds it.
+    /// Waiting threads are handed the lead most recently idle first, so
+    /// under light traffic the same few threads take turns and the others
+    /// reach their idle exit.
+    fn take_lead(&self, until: Instant) -> bool {
+        let me = {
+            let mut queue = self.queue.lock();
+            if !queue.held {
+                queue.held = true;
+                return true;
+            }
+            let me = Arc::new(Waiter { thread: std::thread::current(), handed: AtomicBool::new(false) });
+            queue.waiting.push(me.clone());
+            me
+        };
+        loop {
+            if me.handed.load(Ordering::Acquire) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= until {
+                let mut queue = self.queue.lock();
+                // Handed over while the deadline passed: it is ours.
+                if me.handed.load(Ordering::Acquire) {
+                    return true;
+                }
+                queue.waiting.retain(|w| !Arc::ptr_eq(w, &me));
+                return false;
+            }
+            std::thread::park_timeout(until - now);
+        }
+    }
+
+    /// Pass the lead to the most recently idle waiting thread (or leave it
+    /// free for the next that asks).
+    fn pass_lead(&self) {
+        let mut queue = self.queue.lock();
+        match queue.waiting.pop() {
+            Some(next) => {
+                next.handed.store(true, Ordering::Release);
+                next.thread.unpark();
+            }
+            None => queue.held = false,
+        }
+    }
+
+    /// One pool thread above the base leaves (true), or none may.
+    fn retire(&self) -> bool {
+        let mut leaving = false;
+        self.count(|c| {
+            leaving = c.threads > BASE_THREADS;
+            if leaving {
+                c.threads -= 1;
+            }
+        });
+        leaving
+    }
+
     /// The next connection to serve, waiting for readiness as the leader;
-    /// `None` when the engine stops or this thread should leave.
-    fn next(self: &Arc<Self>) -> Option<Served> {
+    /// `None` when the engine stops or this thread should leave (it has had
+    /// no connection to serve since `idle_since` plus the idle exit, and is
+    /// above the base count).
+    fn next(self: &Arc<Self>, mut idle_since: Instant) -> Option<Served> {
+        loop {
+            if self.take_lead(idle_since + self.idle_exit) {
+                let next = self.lead(&mut idle_since);
+                self.pass_lead();
+                return next;
+            }
+            if self.serving.registry.stopping() || self.retire() {
+                return None;
+            }
+            idle_since = Instant::now();
+        }
+    }
+
+    /// Lead the readiness loop (the caller holds the lead) until a
+    /// connection is there for this thread, or (`None`) the engine stops or
+    /// this thread's idle exit comes.
+    fn lead(self: &Arc<Self>, idle_since: &mut Instant) -> Option<Served> {
         let mut lead = self.lead.lock();
-        let mut idle_since = Instant::now();
         loop {
             if self.serving.registry.stopping() {
                 let parked: Vec<Served> = self.parked.lock().drain().map(|(_, s)| s).collect();
@@ -234,23 +366,29 @@ impl DataPlane {
                 for s in parked.into_iter().chain(ready) {
                     self.close(s);
                 }
-                self.wake(); // the next thread in line sees the stop too
-                return None;
+                return None; // the lead passes on, and the next sees the stop too
             }
             if !lead.ready.is_empty() {
                 match self.may_serve() {
-                    Some(true) => return lead.ready.pop_front(),
+                    Some(true) => {
+                        self.wanted.store(false, Ordering::Relaxed);
+                        return lead.ready.pop_front();
+                    }
                     Some(false) => {
                         // At the cap: keep waiting for readiness (and for a
-                        // busy thread to finish, which wakes us) rather than
+                        // busy thread to finish, which wakes us; lingering
+                        // ones give their connections back) rather than
                         // leave nobody waiting.
+                        self.wanted.store(true, Ordering::Relaxed);
                         lead.events.clear();
                         let _ = self.poller.wait_deadline(&mut lead.events, Instant::now() + STUCK / 2);
                         self.take_ready(&mut lead);
+                        *idle_since = Instant::now();
                         continue;
                     }
                     None => {
                         // Every busy thread is held by one connection: one more.
+                        self.wanted.store(false, Ordering::Relaxed);
                         if let Err(e) = self.add_thread() {
                             log::warn!("cannot start another data connection thread ({e})");
                         }
@@ -263,29 +401,20 @@ impl DataPlane {
                 self.close_idle(now);
                 lead.next_scan = now + scan_interval(self.serving.settings.idle_timeout);
             }
-            if now.saturating_duration_since(idle_since) >= IDLE_EXIT {
-                let mut leaving = false;
-                self.count(|c| {
-                    leaving = c.threads > BASE_THREADS;
-                    if leaving {
-                        c.threads -= 1;
-                    }
-                });
-                if leaving {
+            if now >= *idle_since + self.idle_exit {
+                if self.retire() {
                     return None;
                 }
-                idle_since = now;
+                *idle_since = now;
             }
-            let deadline = lead.next_scan.min(idle_since + IDLE_EXIT);
+            let deadline = lead.next_scan.min(*idle_since + self.idle_exit);
             lead.events.clear();
             if let Err(e) = self.poller.wait_deadline(&mut lead.events, deadline) {
                 log::warn!("data connections: readiness wait failed: {e}");
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
-            if self.take_ready(&mut lead) {
-                idle_since = Instant::now();
-            }
+            self.take_ready(&mut lead);
         }
     }
 
@@ -342,7 +471,8 @@ impl DataPlane {
         // This thread's receive buffer, lent to the connection it serves.
         let mut buf: Option<Box<[u8]>> = None;
         let id = self.next_thread.fetch_add(1, Ordering::Relaxed);
-        while let Some(mut s) = self.next() {
+        let mut idle_since = Instant::now();
+        while let Some(mut s) = self.next(idle_since) {
             let (threads, busy) = self.count(|c| {
                 c.busy += 1;
                 c.serving.insert(id, Instant::now());
@@ -355,7 +485,17 @@ impl DataPlane {
                 }
             }
             s.conn.lend_buffer(buf.take());
-            super::data::serve_data(&self.serving, &mut s.conn, &s.ticket);
+            loop {
+                super::data::serve_data(&self.serving, &mut s.conn, &s.ticket);
+                if !s.conn.parked() || !self.linger(&s) {
+                    break;
+                }
+                // Its next request came while this thread waited: served
+                // here, as a thread of its own would (not held, not stuck).
+                self.count(|c| {
+                    c.serving.insert(id, Instant::now());
+                });
+            }
             let (threads, _) = self.count(|c| {
                 c.busy -= 1;
                 c.serving.remove(&id);
@@ -363,12 +503,43 @@ impl DataPlane {
             if threads >= self.max_threads {
                 self.wake(); // a waiter holding ready connections at the cap
             }
+            buf = s.conn.take_buffer();
             if s.conn.parked() {
-                buf = s.conn.take_buffer();
+                self.parked_after_serving.fetch_add(1, Ordering::Relaxed);
                 self.park(s);
             } else {
-                buf = s.conn.take_buffer();
                 self.close(s);
+            }
+            idle_since = Instant::now();
+        }
+    }
+
+    /// After a request, wait (asleep, for at most [`LINGER`]) for the
+    /// connection's next one on this thread: true if it came. Only while
+    /// another thread is free to lead, and given up as soon as the leader
+    /// holds connections it has no thread for.
+    fn linger(&self, s: &Served) -> bool {
+        let until = Instant::now() + LINGER;
+        loop {
+            if self.free.load(Ordering::Relaxed) == 0
+                || self.wanted.load(Ordering::Relaxed)
+                || self.serving.registry.stopping()
+            {
+                return false;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let slice = left.min(LINGER_SLICE);
+            let mut fds = libc::pollfd { fd: s.conn.raw_fd(), events: libc::POLLIN, revents: 0 };
+            let ms = libc::c_int::try_from(slice.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+            // SAFETY: one valid pollfd for the call; the socket is open (owned by `s`).
+            match unsafe { libc::poll(&mut fds, 1, ms) } {
+                n if n > 0 => return true,
+                0 => {}
+                _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+                _ => return false,
             }
         }
     }
@@ -523,5 +694,153 @@ mod tests {
             assert!(plane.counts.lock().threads <= HARD_MAX_THREADS);
         });
         drop(engine);
+    }
+
+    /// The threads named `name` in this process, as `/proc` lists them.
+    fn threads_named(name: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim_end() == name)
+            .count()
+    }
+
+    /// Threads added for stalled requests (a payload announced and never
+    /// sent) leave within the idle exit of their last work once the
+    /// requests are gone, while light traffic goes on (counted in `/proc`).
+    #[test]
+    fn threads_added_for_stalled_requests_leave_under_light_traffic() {
+        const NAME: &str = "pdx-data-shrink";
+        const STALLED: usize = 16;
+        const IDLE: Duration = Duration::from_millis(500);
+        let mut s = Settings::from_env();
+        s.max_data_connections = 4096;
+        s.max_connections_per_address = 4096;
+        let engine = Engine::start_with("127.0.0.1", s).unwrap();
+        let serving = Arc::new(Serving::of(&engine.inner));
+        let region = vec![0u8; 4 << 20];
+        engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
+        let plane = DataPlane::start_with(&serving, IDLE, NAME).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        // Each thread names itself once it runs.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while threads_named(NAME) < BASE_THREADS && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let idle = threads_named(NAME);
+        assert_eq!(idle, BASE_THREADS);
+        let request = |size: u64, payload: &[u8]| {
+            let h =
+                RequestHeader { size, addr: region.as_ptr() as u64, direction: Direction::Write, acknowledged: true };
+            let mut r = h.encode().to_vec();
+            r.extend_from_slice(payload);
+            r
+        };
+        let stop = AtomicBool::new(false);
+        let served = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|sc| {
+            // Light traffic throughout: a 4 KiB write every 100 ms.
+            let mut light = admitted(&serving, &plane, &listener);
+            let (stop, served, request) = (&stop, &served, &request);
+            light.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let traffic = sc.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let mut status = [0u8; STATUS_LEN];
+                    let answered =
+                        light.write_all(&request(4096, &[3; 4096])).and_then(|()| light.read_exact(&mut status));
+                    if answered.is_err() || wire::decode_status(status) != Some(wire::STATUS_OK) {
+                        return false;
+                    }
+                    served.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                true
+            });
+            // The traffic stops whatever the assertions below find.
+            struct StopOnDrop<'a>(&'a AtomicBool);
+            impl Drop for StopOnDrop<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::Relaxed);
+                }
+            }
+            let _stop = StopOnDrop(stop);
+            let mut stalled: Vec<TcpStream> = (0..STALLED).map(|_| admitted(&serving, &plane, &listener)).collect();
+            for c in &mut stalled {
+                c.write_all(&request(1 << 20, &[1])).unwrap();
+            }
+            // The pool grows past its cap for them, a thread per STUCK.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while threads_named(NAME) <= STALLED && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let peak = threads_named(NAME);
+            assert!(peak > max_threads(), "{peak} threads for {STALLED} stalled requests (cap {})", max_threads());
+            drop(stalled);
+            let closed = Instant::now();
+            let served_at_close = served.load(Ordering::Relaxed);
+            // Gone within the idle exit (and a second) of their last work; the
+            // bound allows a loaded machine more (the threads lingered for
+            // minutes before).
+            while threads_named(NAME) > idle + 2 && closed.elapsed() < IDLE + Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let took = closed.elapsed();
+            let shrunk = threads_named(NAME);
+            // The traffic goes on a while longer: the pool stays small under it.
+            while served.load(Ordering::Relaxed) < served_at_close + 5 && closed.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let after = threads_named(NAME);
+            let during = served.load(Ordering::Relaxed) - served_at_close;
+            stop.store(true, Ordering::Relaxed);
+            assert!(traffic.join().unwrap(), "every light request was answered");
+            assert!(during >= 5, "the light traffic went on after the close: {during} requests served");
+            assert!(shrunk <= idle + 2, "{shrunk} threads {took:?} after the stalled requests closed (idle: {idle})");
+            assert!(after <= idle + 2, "{after} threads once the traffic went on (idle: {idle})");
+            eprintln!("{STALLED} stalled requests: {peak} threads, {after} {took:?} after they closed (idle {idle})");
+        });
+        drop(engine);
+    }
+
+    /// A lane reading 64 MiB as the initiator does (pieces of 4 MiB in
+    /// windows of two, each window asked for once the one before has been
+    /// received) keeps its thread between windows: the connection is not
+    /// parked to the readiness loop and taken by another thread every
+    /// window (issue 31: that cost large reads a third of their speed).
+    #[test]
+    fn a_lane_reading_windows_keeps_its_thread_between_them() {
+        const PIECE: usize = 4 << 20;
+        const WINDOWS: usize = 8;
+        let mut s = Settings::from_env();
+        s.max_data_connections = 4096;
+        s.max_connections_per_address = 4096;
+        let engine = Engine::start_with("127.0.0.1", s).unwrap();
+        let serving = Arc::new(Serving::of(&engine.inner));
+        let region: Vec<u8> = (0..2 * PIECE).map(|i| (i % 251) as u8).collect();
+        engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
+        let plane = DataPlane::start(&serving).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = admitted(&serving, &plane, &listener);
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut piece = vec![0u8; PIECE];
+        for _ in 0..WINDOWS {
+            let mut window = Vec::new();
+            for k in 0..2 {
+                let addr = region.as_ptr() as u64 + (k * PIECE) as u64;
+                let h = RequestHeader { size: PIECE as u64, addr, direction: Direction::Read, acknowledged: true };
+                window.extend_from_slice(&h.encode());
+            }
+            c.write_all(&window).unwrap();
+            for k in 0..2 {
+                let mut status = [0u8; STATUS_LEN];
+                c.read_exact(&mut status).unwrap();
+                assert_eq!(wire::decode_status(status), Some(wire::STATUS_OK));
+                c.read_exact(&mut piece).unwrap();
+                assert!(piece == region[k * PIECE..(k + 1) * PIECE], "piece {k}");
+            }
+        }
+        let parked = plane.parked_after_serving.load(Ordering::Relaxed);
+        eprintln!("{WINDOWS} windows of 2 x 4 MiB reads: parked {parked} times between them");
+        assert!(parked <= WINDOWS / 2, "parked {parked} times in {WINDOWS} windows");
     }
 }

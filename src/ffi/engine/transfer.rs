@@ -1,405 +1,21 @@
-//! C ABI for the transfer engine.
-//!
-//! A `pdx_engine` is safe to use from many threads at once. Memory passed as
-//! `local` must stay valid until the call returns (sync calls) or until the
-//! batch is finished (asynchronous batches). Remote addresses are absolute
-//! addresses in the peer's process, inside memory the peer registered.
-//!
-//! ```c
-//! pdx_engine *e;
-//! if (pdx_engine_init("10.0.0.2", "tcp", NULL, &e) != PDX_OK) die(pdx_last_error_message());
-//! pdx_register_memory(e, kv_pool, kv_pool_bytes);
-//! pdx_transfer_sync_write(e, "10.0.0.3:15123", src, remote_addr, len);
-//! pdx_engine_free(e);
-//! ```
+//! Moving data and messages: synchronous transfers, asynchronous batches
+//! (their task states, errors, waits and release), probes, notifications sent
+//! to a peer and the lists of notifications received.
 
 use std::ffi::{c_char, c_void, CString};
 use std::time::Duration;
 
-use super::args::to_cstring;
-use super::boundary::{
+use super::{
+    pdx_batch_summary, pdx_engine, pdx_notifications, task_state, EngineHandle, ENGINES, PDX_OPCODE_READ,
+    PDX_OPCODE_WRITE,
+};
+use crate::error::{Error, ErrorKind, Result};
+use crate::ffi::boundary::{
     c_slice, c_str, guard, guard_or, handle_tag, opt_c_str, opt_out_ptr, out_ptr, text_out, HandleTable,
 };
-use super::engine_options::{options_of, pdx_engine_options};
-use super::status::{pdx_status, status_of, PDX_OK};
-use crate::error::{Error, ErrorKind, Result};
+use crate::ffi::status::{pdx_status, status_of, PDX_OK};
 use crate::transfer::backend::check_entry_count;
-use crate::transfer::{Direction, Request, TaskState, TransferBackend};
-
-/// Opaque transfer engine. Made by `pdx_engine_init`, released by
-/// `pdx_engine_free`.
-#[allow(non_camel_case_types)]
-pub struct pdx_engine {
-    _private: [u8; 0],
-}
-
-/// Opaque list of received notifications. Made by `pdx_notifications_drain`,
-/// released by `pdx_notifications_free`.
-#[allow(non_camel_case_types)]
-pub struct pdx_notifications {
-    _private: [u8; 0],
-}
-
-/// Opcode of `pdx_batch_submit`: read remote memory into local memory.
-pub const PDX_OPCODE_READ: i32 = 0;
-/// Opcode of `pdx_batch_submit`: write local memory into remote memory.
-pub const PDX_OPCODE_WRITE: i32 = 1;
-
-/// Task or batch state: still in flight.
-pub const PDX_TASK_PENDING: i32 = 0;
-/// Task or batch state: every byte confirmed at the target.
-pub const PDX_TASK_COMPLETED: i32 = 1;
-/// Task or batch state: failed (a batch: at least one task failed).
-pub const PDX_TASK_FAILED: i32 = 2;
-
-/// Summary of an asynchronous batch, filled by `pdx_batch_status`.
-#[repr(C)]
-#[allow(non_camel_case_types)]
-#[derive(Debug, Clone, Copy)]
-pub struct pdx_batch_summary {
-    /// `PDX_TASK_PENDING` until every task is terminal, then
-    /// `PDX_TASK_COMPLETED` or `PDX_TASK_FAILED`.
-    pub state: i32,
-    /// Number of tasks (entries) in the batch.
-    pub total: usize,
-    /// Tasks confirmed at the target.
-    pub completed: usize,
-    /// Tasks that failed.
-    pub failed: usize,
-    /// Bytes confirmed at the target so far.
-    pub bytes: u64,
-}
-
-/// The `PDX_TASK_*` integer of a state.
-fn task_state(state: TaskState) -> i32 {
-    match state {
-        TaskState::Pending => PDX_TASK_PENDING,
-        TaskState::Completed => PDX_TASK_COMPLETED,
-        TaskState::Failed => PDX_TASK_FAILED,
-    }
-}
-
-struct EngineHandle {
-    engine: Box<dyn TransferBackend>,
-    session_id: CString,
-    protocol: CString,
-    /// The device filter the transport was resolved to.
-    device: CString,
-    /// Why that protocol and device (the transport choice's reason).
-    reason: CString,
-}
-
-static ENGINES: HandleTable<EngineHandle> = HandleTable::new("pdx_engine handle", handle_tag::ENGINE);
-static NOTIFICATIONS: HandleTable<Vec<(CString, CString)>> =
-    HandleTable::new("pdx_notifications handle", handle_tag::NOTIFICATIONS);
-
-/// Start a transfer engine on `hostname`: `pdx_engine_init_with` without
-/// options (`gpu_id` 0, the shared-engine device rule, every setting from
-/// the environment).
-///
-/// The transport is resolved exactly as `pdx_resolve_transport` does it
-/// (explicit `protocol` > `MOONCAKE_PROTOCOL`, default `"rdma"`;
-/// `MC_FORCE_TCP` present forces `"tcp"`). For `"tcp"` the native engine
-/// starts: a handshake listener and a data listener on `hostname`'s address,
-/// ports picked in `MC_MIN_RPC_PORT..MC_MAX_RPC_PORT`. Every other protocol
-/// (and `"tcp"` with `PDX_TCP_ENGINE=mooncake`) runs on Mooncake's engine,
-/// loaded from `PDX_MOONCAKE_LIB` (default `libtransfer_engine.so`); when it
-/// cannot be loaded, or cannot install the protocol, the call fails with
-/// `PDX_ERR_BACKEND_UNAVAILABLE` naming the protocol and the library.
-///
-/// `hostname` is required; `protocol` and `device` may be NULL. On success
-/// `*out` receives an engine owned by the caller (release it with
-/// `pdx_engine_free`); on error `*out` is untouched.
-///
-/// # Safety
-/// The caller guarantees, for the duration of the call: `hostname` is NULL or a NUL-terminated
-/// string; `protocol` is NULL or a NUL-terminated string; `device` is NULL or a NUL-terminated
-/// string; `out` is NULL or valid for writing one pointer. Handles are checked by pdx, never
-/// trusted.
-#[no_mangle]
-pub unsafe extern "C" fn pdx_engine_init(
-    hostname: *const c_char,
-    protocol: *const c_char,
-    device: *const c_char,
-    out: *mut *mut pdx_engine,
-) -> pdx_status {
-    guard("pdx_engine_init", || {
-        // SAFETY: the caller's guarantees are this function's.
-        unsafe { init_with(hostname, protocol, device, std::ptr::null(), out) }
-    })
-}
-
-/// Start a transfer engine on `hostname` with `options` (NULL: none, the
-/// same as `pdx_engine_init`). The options are read during the call; the
-/// object may be changed or freed afterwards.
-///
-/// - `gpu_id` picks this GPU's entry when `device` is a per-GPU mapping
-///   (inline JSON `{"0": "mlx5_0", ...}` or a `.json` file), exactly as
-///   SGLang's `get_ib_devices_for_gpu`; a mapping without that GPU fails
-///   with `PDX_ERR_VALUE_ERROR` and SGLang's text as the last error
-///   (`No IB devices configured for GPU 3. Available GPUs: [0, 1]`). It is
-///   also the Ascend `npu_N` suffix when `ASCEND_NPU_PHY_ID` is -1.
-/// - `device_source` `remote_instance`: the device is `device` as given,
-///   else `MOONCAKE_DEVICE`, as SGLang's remote-instance engine does.
-/// - Every other option takes its variable's place in the engine's settings.
-///
-/// `pdx_engine_transport_reason` says afterwards which rule and which GPU
-/// entry chose the device. Errors: those of `pdx_engine_init`, plus
-/// `PDX_ERR_INVALID_HANDLE` for a stale `options`. `*out` is untouched on
-/// error.
-///
-/// # Safety
-/// As `pdx_engine_init`; `options` is NULL or a handle (checked by pdx).
-#[no_mangle]
-pub unsafe extern "C" fn pdx_engine_init_with(
-    hostname: *const c_char,
-    protocol: *const c_char,
-    device: *const c_char,
-    options: *const pdx_engine_options,
-    out: *mut *mut pdx_engine,
-) -> pdx_status {
-    guard("pdx_engine_init_with", || {
-        // SAFETY: the caller's guarantees are this function's.
-        unsafe { init_with(hostname, protocol, device, options, out) }
-    })
-}
-
-/// # Safety
-/// As `pdx_engine_init_with`.
-unsafe fn init_with(
-    hostname: *const c_char,
-    protocol: *const c_char,
-    device: *const c_char,
-    options: *const pdx_engine_options,
-    out: *mut *mut pdx_engine,
-) -> Result<()> {
-    let out = out_ptr(out, "out")?;
-    // SAFETY: the caller passes NUL-terminated strings or NULL.
-    let (hostname, protocol, device) =
-        unsafe { (c_str(hostname, "hostname")?, opt_c_str(protocol, "protocol")?, opt_c_str(device, "device")?) };
-    let options = options_of(options)?;
-    let (engine, choice) = crate::backend::start_with(hostname, protocol, device, &options)?;
-    let texts = (|| {
-        Ok((
-            to_cstring(engine.session_id(), "session id")?,
-            to_cstring(engine.protocol(), "protocol")?,
-            to_cstring(&choice.device, "device")?,
-            to_cstring(&choice.reason, "reason")?,
-        ))
-    })();
-    let (session_id, protocol, device, reason) = match texts {
-        Ok(t) => t,
-        Err(e) => {
-            // A started engine that cannot be handed out is stopped, not leaked.
-            engine.stop();
-            return Err(e);
-        }
-    };
-    let handle = ENGINES.insert(EngineHandle { engine, session_id, protocol, device, reason })?;
-    // SAFETY: `out` checked non-NULL and aligned.
-    unsafe { *out = handle };
-    Ok(())
-}
-
-/// Stop and free an engine: listeners close, in-flight transfers fail,
-/// every engine thread is joined before this returns. NULL (and an already
-/// freed engine) is ignored. Other threads must not use the engine after
-/// this call starts; calls already inside it finish with an error.
-///
-/// From the log callback running on one of this engine's own threads (see
-/// `pdx_set_log_callback`), it cannot wait for that thread: the engine is
-/// freed and stops at once as above (the handle is invalid when this
-/// returns), and its threads end shortly after without being waited for
-/// here, that thread once the callback has returned and it has left pdx.
-/// All of them end within the engine's deadlines (seconds), joined by a
-/// short-lived `pdx-reaper` thread. Nothing is reported as an error.
-#[no_mangle]
-pub extern "C" fn pdx_engine_free(engine: *mut pdx_engine) {
-    guard_or("pdx_engine_free", (), || {
-        if let Some(handle) = ENGINES.remove(engine) {
-            handle.engine.stop();
-        }
-        Ok(())
-    })
-}
-
-/// The engine's session id, `host:rpc_port` (IPv6 hosts bracketed): the name
-/// peers pass as `session`. Owned by the engine, valid until
-/// `pdx_engine_free`. NULL for an invalid engine (see the last error).
-#[no_mangle]
-pub extern "C" fn pdx_engine_session_id(engine: *const pdx_engine) -> *const c_char {
-    guard_or("pdx_engine_session_id", std::ptr::null(), || Ok(ENGINES.get(engine)?.session_id.as_ptr()))
-}
-
-/// The engine's handshake (RPC) port; 0 for an invalid engine.
-#[no_mangle]
-pub extern "C" fn pdx_engine_rpc_port(engine: *const pdx_engine) -> u16 {
-    guard_or("pdx_engine_rpc_port", 0, || Ok(ENGINES.get(engine)?.engine.rpc_port()))
-}
-
-/// The device filter the engine was started with (`""`: auto discovery or
-/// TCP). Owned by the engine, valid until `pdx_engine_free`; NULL for an
-/// invalid engine.
-#[no_mangle]
-pub extern "C" fn pdx_engine_device(engine: *const pdx_engine) -> *const c_char {
-    guard_or("pdx_engine_device", std::ptr::null(), || Ok(ENGINES.get(engine)?.device.as_ptr()))
-}
-
-/// Why the engine runs this protocol and device: the transport choice's
-/// reason (the protocol's source; the device rule, `gpu_id` and the mapping
-/// entry used). Owned by the engine, valid until `pdx_engine_free`; NULL for
-/// an invalid engine.
-#[no_mangle]
-pub extern "C" fn pdx_engine_transport_reason(engine: *const pdx_engine) -> *const c_char {
-    guard_or("pdx_engine_transport_reason", std::ptr::null(), || Ok(ENGINES.get(engine)?.reason.as_ptr()))
-}
-
-/// The protocol really in use (`"tcp"` for the native engine). Owned by the
-/// engine, valid until `pdx_engine_free`; NULL for an invalid engine.
-#[no_mangle]
-pub extern "C" fn pdx_engine_protocol(engine: *const pdx_engine) -> *const c_char {
-    guard_or("pdx_engine_protocol", std::ptr::null(), || Ok(ENGINES.get(engine)?.protocol.as_ptr()))
-}
-
-/// Run `f` on the backend behind a live engine handle (for the other ffi
-/// modules); the engine stays alive for the call even if another thread
-/// frees the handle meanwhile.
-pub(crate) fn with_engine<T>(
-    engine: *const pdx_engine,
-    f: impl FnOnce(&dyn TransferBackend) -> Result<T>,
-) -> Result<T> {
-    f(&*ENGINES.get(engine)?.engine)
-}
-
-/// A live engine's backend that stays alive past the call, for work that
-/// finishes later (a KV submit's deferred notification).
-pub(crate) struct BackendRef(std::sync::Arc<EngineHandle>);
-
-impl std::ops::Deref for BackendRef {
-    type Target = dyn TransferBackend;
-    fn deref(&self) -> &Self::Target {
-        &*self.0.engine
-    }
-}
-
-/// The backend behind a live engine handle; see [`BackendRef`].
-pub(crate) fn backend_ref(engine: *const pdx_engine) -> Result<BackendRef> {
-    Ok(BackendRef(ENGINES.get(engine)?))
-}
-
-fn region(addr: *const c_void, len: usize, i: Option<usize>) -> Result<(u64, u64)> {
-    let at = i.map(|i| format!(" (entry {i})")).unwrap_or_default();
-    if addr.is_null() {
-        return Err(Error::new(ErrorKind::NullArgument, format!("addr is NULL{at}")));
-    }
-    Ok((addr as u64, len as u64))
-}
-
-/// Let peers read and write `[addr, addr+len)`. The memory stays owned by
-/// the caller and must stay valid until it is unregistered (or the engine
-/// freed). Zero lengths and overlaps with registered regions fail with
-/// `PDX_ERR_ADDRESS_OVERLAP`; NULL `addr` with `PDX_ERR_NULL_ARGUMENT`.
-#[no_mangle]
-pub extern "C" fn pdx_register_memory(engine: *mut pdx_engine, addr: *mut c_void, len: usize) -> pdx_status {
-    guard("pdx_register_memory", || {
-        let h = ENGINES.get(engine)?;
-        let r = region(addr, len, None)?;
-        h.engine.register_batch(&[r])
-    })
-}
-
-/// Register `[addr, addr+len)` at `location`, in Mooncake's syntax:
-/// `"cpu:N"` (host memory), `"cuda:N"` (device memory of CUDA device N) or
-/// `"*"` (detect; NULL means `"*"`, and so does `pdx_register_memory`).
-/// Detection asks the CUDA driver (`PDX_CUDA_LIB`, default
-/// `libcuda.so.1`) when one loads; otherwise the memory is host memory.
-/// Device memory is staged through pinned host buffers and never touched
-/// by the CPU. A `"cuda:N"` region with no loadable driver or no device N
-/// fails with `PDX_ERR_DEVICE_UNAVAILABLE`, one the driver does not report
-/// as device memory of N with `PDX_ERR_INVALID_ARGUMENT`, a failing driver
-/// call with `PDX_ERR_DEVICE`; each message names the region and the cause.
-/// Other errors as `pdx_register_memory`. The Mooncake backend passes the
-/// location to `registerLocalMemory` unchanged.
-///
-/// # Safety
-/// `location` is NULL or a NUL-terminated string; the memory stays valid
-/// until it is unregistered.
-#[no_mangle]
-pub unsafe extern "C" fn pdx_register_memory_at(
-    engine: *mut pdx_engine,
-    addr: *mut c_void,
-    len: usize,
-    location: *const c_char,
-) -> pdx_status {
-    guard("pdx_register_memory_at", || {
-        let h = ENGINES.get(engine)?;
-        let r = region(addr, len, None)?;
-        let location = match opt_c_str(location, "location")? {
-            Some(text) => crate::transfer::location::Requested::parse(text)?,
-            None => crate::transfer::location::Requested::Detect,
-        };
-        h.engine.register_batch_at(&[r], location)
-    })
-}
-
-/// Withdraw the region that starts at `addr`. Returns once no inbound
-/// request touches it any more (an inbound transfer into it is cut off).
-/// `PDX_ERR_NOT_FOUND` if no region starts there.
-#[no_mangle]
-pub extern "C" fn pdx_unregister_memory(engine: *mut pdx_engine, addr: *mut c_void) -> pdx_status {
-    guard("pdx_unregister_memory", || {
-        let h = ENGINES.get(engine)?;
-        let (a, _) = region(addr, 0, None)?;
-        h.engine.unregister_batch(&[a])
-    })
-}
-
-/// Register `n` regions (`addrs[i]`, `lens[i]`), all or none.
-///
-/// # Safety
-/// The caller guarantees, for the duration of the call: `addrs` is NULL (with `n` 0) or points to
-/// `n` readable elements; `lens` is NULL (with `n` 0) or points to `n` readable elements. Handles
-/// are checked by pdx, never trusted.
-#[no_mangle]
-pub unsafe extern "C" fn pdx_batch_register_memory(
-    engine: *mut pdx_engine,
-    addrs: *const *mut c_void,
-    lens: *const usize,
-    n: usize,
-) -> pdx_status {
-    guard("pdx_batch_register_memory", || {
-        let h = ENGINES.get(engine)?;
-        let addrs = c_slice(addrs, n, "addrs")?;
-        let lens = c_slice(lens, n, "lens")?;
-        let regions = addrs
-            .iter()
-            .zip(lens)
-            .enumerate()
-            .map(|(i, (&a, &l))| region(a, l, Some(i)))
-            .collect::<Result<Vec<_>>>()?;
-        h.engine.register_batch(&regions)
-    })
-}
-
-/// Unregister `n` regions by start address, all or none.
-///
-/// # Safety
-/// The caller guarantees, for the duration of the call: `addrs` is NULL (with `n` 0) or points to
-/// `n` readable elements. Handles are checked by pdx, never trusted.
-#[no_mangle]
-pub unsafe extern "C" fn pdx_batch_unregister_memory(
-    engine: *mut pdx_engine,
-    addrs: *const *mut c_void,
-    n: usize,
-) -> pdx_status {
-    guard("pdx_batch_unregister_memory", || {
-        let h = ENGINES.get(engine)?;
-        let addrs = c_slice(addrs, n, "addrs")?;
-        let starts =
-            addrs.iter().enumerate().map(|(i, &a)| region(a, 0, Some(i)).map(|r| r.0)).collect::<Result<Vec<_>>>()?;
-        h.engine.unregister_batch(&starts)
-    })
-}
+use crate::transfer::{Direction, Request};
 
 /// The entries of a batch call, copied from C once the entry bound holds
 /// (nothing proportional to `n` is read or allocated before).
@@ -731,6 +347,9 @@ pub extern "C" fn pdx_batch_free(engine: *mut pdx_engine, batch: u64) -> pdx_sta
     guard("pdx_batch_free", || ENGINES.get(engine)?.engine.batch_free(batch))
 }
 
+static NOTIFICATIONS: HandleTable<Vec<(CString, CString)>> =
+    HandleTable::new("pdx_notifications handle", handle_tag::NOTIFICATIONS);
+
 /// Ask `session` whether it is alive. `PDX_OK` when it answered.
 ///
 /// # Safety
@@ -741,6 +360,34 @@ pub unsafe extern "C" fn pdx_send_probe(engine: *mut pdx_engine, session: *const
     guard("pdx_send_probe", || {
         let h = ENGINES.get(engine)?;
         h.engine.probe(c_str(session, "session")?)
+    })
+}
+
+/// The address of the first buffer `segment` advertises, as Mooncake's
+/// `getFirstBufferAddress`: this engine's own when `segment` is its session
+/// name, else read afresh from the metadata directory (in P2P mode the
+/// peer's descriptor). `*out_addr` is 0 when the segment advertises no
+/// buffer. An unknown or unreachable segment is an error
+/// (`PDX_ERR_PEER_UNREACHABLE`, ...); so is a Mooncake-backed engine
+/// (`PDX_ERR_INVALID_ARGUMENT`). `*out_addr` is untouched on error.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `segment` is NULL or a NUL-terminated
+/// string; `out_addr` is NULL or valid for writing one `uint64_t`. Handles are checked by pdx,
+/// never trusted.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_first_buffer_address(
+    engine: *mut pdx_engine,
+    segment: *const c_char,
+    out_addr: *mut u64,
+) -> pdx_status {
+    guard("pdx_first_buffer_address", || {
+        let out = out_ptr(out_addr, "out_addr")?;
+        let h = ENGINES.get(engine)?;
+        let addr = h.engine.first_buffer_address(c_str(segment, "segment")?)?;
+        // SAFETY: checked non-NULL and aligned; the caller guarantees it is writable.
+        unsafe { *out = addr };
+        Ok(())
     })
 }
 
@@ -841,16 +488,4 @@ pub extern "C" fn pdx_notifications_free(list: *mut pdx_notifications) {
         NOTIFICATIONS.remove(list);
         Ok(())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn task_states_are_distinct_abi_integers() {
-        let all = [TaskState::Pending, TaskState::Completed, TaskState::Failed].map(task_state);
-        assert_eq!(all, [PDX_TASK_PENDING, PDX_TASK_COMPLETED, PDX_TASK_FAILED]);
-        assert_eq!(all, [0, 1, 2], "the values are part of the ABI");
-    }
 }

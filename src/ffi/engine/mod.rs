@@ -1,0 +1,145 @@
+//! C ABI for the transfer engine.
+//!
+//! A `pdx_engine` is safe to use from many threads at once. Memory passed as
+//! `local` must stay valid until the call returns (sync calls) or until the
+//! batch is finished (asynchronous batches). Remote addresses are absolute
+//! addresses in the peer's process, inside memory the peer registered.
+//!
+//! ```c
+//! pdx_engine *e;
+//! if (pdx_engine_init("10.0.0.2", "tcp", NULL, &e) != PDX_OK) die(pdx_last_error_message());
+//! pdx_register_memory(e, kv_pool, kv_pool_bytes);
+//! pdx_transfer_sync_write(e, "10.0.0.3:15123", src, remote_addr, len);
+//! pdx_engine_free(e);
+//! ```
+
+use std::ffi::CString;
+
+use crate::error::Result;
+use crate::ffi::boundary::{handle_tag, HandleTable};
+use crate::transfer::{TaskState, TransferBackend};
+
+// Each file's functions appear in include/pdx.h in the order of the files'
+// names (cbindgen reads child modules in that order), which is also the
+// order of the header's sections: lifecycle, memory, transfers.
+mod lifecycle;
+mod memory;
+mod transfer;
+
+pub use lifecycle::{
+    pdx_engine_device, pdx_engine_free, pdx_engine_init, pdx_engine_init_with, pdx_engine_protocol,
+    pdx_engine_rpc_port, pdx_engine_session_id, pdx_engine_transport_reason,
+};
+pub use memory::{
+    pdx_batch_register_memory, pdx_batch_unregister_memory, pdx_register_memory, pdx_register_memory_at,
+    pdx_unregister_memory,
+};
+pub use transfer::{
+    pdx_batch_free, pdx_batch_notify_error, pdx_batch_status, pdx_batch_submit, pdx_batch_transfer_sync_read,
+    pdx_batch_transfer_sync_write, pdx_batch_wait, pdx_notification_get, pdx_notifications_count,
+    pdx_notifications_drain, pdx_notifications_free, pdx_send_notify, pdx_send_probe, pdx_task_error_message,
+    pdx_task_status, pdx_transfer_sync_read, pdx_transfer_sync_write,
+};
+
+/// Opaque transfer engine. Made by `pdx_engine_init`, released by
+/// `pdx_engine_free`.
+#[allow(non_camel_case_types)]
+pub struct pdx_engine {
+    _private: [u8; 0],
+}
+
+/// Opaque list of received notifications. Made by `pdx_notifications_drain`,
+/// released by `pdx_notifications_free`.
+#[allow(non_camel_case_types)]
+pub struct pdx_notifications {
+    _private: [u8; 0],
+}
+
+/// Opcode of `pdx_batch_submit`: read remote memory into local memory.
+pub const PDX_OPCODE_READ: i32 = 0;
+/// Opcode of `pdx_batch_submit`: write local memory into remote memory.
+pub const PDX_OPCODE_WRITE: i32 = 1;
+
+/// Task or batch state: still in flight.
+pub const PDX_TASK_PENDING: i32 = 0;
+/// Task or batch state: every byte confirmed at the target.
+pub const PDX_TASK_COMPLETED: i32 = 1;
+/// Task or batch state: failed (a batch: at least one task failed).
+pub const PDX_TASK_FAILED: i32 = 2;
+
+/// Summary of an asynchronous batch, filled by `pdx_batch_status`.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy)]
+pub struct pdx_batch_summary {
+    /// `PDX_TASK_PENDING` until every task is terminal, then
+    /// `PDX_TASK_COMPLETED` or `PDX_TASK_FAILED`.
+    pub state: i32,
+    /// Number of tasks (entries) in the batch.
+    pub total: usize,
+    /// Tasks confirmed at the target.
+    pub completed: usize,
+    /// Tasks that failed.
+    pub failed: usize,
+    /// Bytes confirmed at the target so far.
+    pub bytes: u64,
+}
+
+/// The `PDX_TASK_*` integer of a state.
+fn task_state(state: TaskState) -> i32 {
+    match state {
+        TaskState::Pending => PDX_TASK_PENDING,
+        TaskState::Completed => PDX_TASK_COMPLETED,
+        TaskState::Failed => PDX_TASK_FAILED,
+    }
+}
+
+struct EngineHandle {
+    engine: Box<dyn TransferBackend>,
+    session_id: CString,
+    protocol: CString,
+    /// The device filter the transport was resolved to.
+    device: CString,
+    /// Why that protocol and device (the transport choice's reason).
+    reason: CString,
+}
+
+static ENGINES: HandleTable<EngineHandle> = HandleTable::new("pdx_engine handle", handle_tag::ENGINE);
+
+/// Run `f` on the backend behind a live engine handle (for the other ffi
+/// modules); the engine stays alive for the call even if another thread
+/// frees the handle meanwhile.
+pub(crate) fn with_engine<T>(
+    engine: *const pdx_engine,
+    f: impl FnOnce(&dyn TransferBackend) -> Result<T>,
+) -> Result<T> {
+    f(&*ENGINES.get(engine)?.engine)
+}
+
+/// A live engine's backend that stays alive past the call, for work that
+/// finishes later (a KV submit's deferred notification).
+pub(crate) struct BackendRef(std::sync::Arc<EngineHandle>);
+
+impl std::ops::Deref for BackendRef {
+    type Target = dyn TransferBackend;
+    fn deref(&self) -> &Self::Target {
+        &*self.0.engine
+    }
+}
+
+/// The backend behind a live engine handle; see [`BackendRef`].
+pub(crate) fn backend_ref(engine: *const pdx_engine) -> Result<BackendRef> {
+    Ok(BackendRef(ENGINES.get(engine)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_states_are_distinct_abi_integers() {
+        let all = [TaskState::Pending, TaskState::Completed, TaskState::Failed].map(task_state);
+        assert_eq!(all, [PDX_TASK_PENDING, PDX_TASK_COMPLETED, PDX_TASK_FAILED]);
+        assert_eq!(all, [0, 1, 2], "the values are part of the ABI");
+    }
+}
