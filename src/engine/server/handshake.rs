@@ -60,29 +60,11 @@ pub(super) fn serve_handshake(serving: &Serving, stream: &mut TcpStream, ticket:
             }
         }
     }
-    let (kind, json_text) = wire::split_frame_body(&body);
-    let parsed = serde_json::from_slice::<Value>(json_text);
+    let reply = reply_to(serving, &body);
     drop(body);
     ticket.release_handshake();
-    let Ok(request) = parsed else {
-        log::debug!("handshake: malformed JSON, closing");
-        return;
-    };
-    let reply = match kind {
-        FrameType::Metadata => serving.dialer.own_descriptor(),
-        FrameType::Probe => json!({"status": "success"}).to_string(),
-        FrameType::Notify => {
-            let name = request.get("name").and_then(Value::as_str);
-            let msg = request.get("notify_msg").and_then(Value::as_str);
-            let accepted = match (name, msg) {
-                (Some(n), Some(m)) => serving.notifications.push(n, m),
-                _ => false,
-            };
-            json!({"name": "", "notify_msg": if accepted { "success" } else { "" }}).to_string()
-        }
-        FrameType::Connection | FrameType::Old => empty_handshake_desc().to_string(),
-    };
-    if stream.write_all(&wire::encode_frame(kind, &reply)).is_err() {
+    let Some(reply) = reply else { return };
+    if stream.write_all(&reply).is_err() {
         return;
     }
     Stats::bump(&serving.stats.handshakes);
