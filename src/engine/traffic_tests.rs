@@ -202,12 +202,17 @@ fn a_peer_advertising_an_unreachable_data_address_fails_each_attempt_within_the_
     }
 }
 
-const PEERS: usize = 64;
-const PER_PEER: usize = 256;
+const PEERS: usize = 256;
+const PER_PEER: usize = 64;
 const BLOCK: usize = 16 << 10;
 
-/// 64 peers talk to one target whose idle timeout (500 ms) has closed all
-/// their lanes, then each submits 256 transfers at once (far more than its
+/// Peer `p`'s byte: never 0 (the region's initial value).
+fn fill(p: usize) -> u8 {
+    (p % 255) as u8 + 1
+}
+
+/// 256 peers talk to one target whose idle timeout (500 ms) has closed all
+/// their lanes, then each submits 64 transfers at once (far more than its
 /// four lanes carry): every one is queued and completes, none is refused.
 /// Prints the burst's p99 task latency (`--nocapture`).
 #[test]
@@ -227,7 +232,7 @@ fn a_burst_after_an_idle_gap_is_queued_and_served_without_a_failure() {
             start(s)
         })
         .collect();
-    let srcs: Vec<Vec<u8>> = (0..PEERS).map(|p| vec![p as u8 + 1; BLOCK]).collect();
+    let srcs: Vec<Vec<u8>> = (0..PEERS).map(|p| vec![fill(p); BLOCK]).collect();
     // The target's threads, sampled throughout: handshakes on one loop,
     // data connections on the bounded pool. Threads the pool adds past its
     // cap (twice the cores, 8 to 32) when every busy one has held its
@@ -238,6 +243,7 @@ fn a_burst_after_an_idle_gap_is_queued_and_served_without_a_failure() {
     let pool_cap = (2 * cores).clamp(8, 32);
     let sampling = AtomicBool::new(true);
     let (peak_threads, peak_past_cap) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let peak_open = AtomicUsize::new(0);
     std::thread::scope(|sc| {
         sc.spawn(|| {
             while sampling.load(Ordering::Relaxed) {
@@ -246,6 +252,7 @@ fn a_burst_after_an_idle_gap_is_queued_and_served_without_a_failure() {
                 let past_cap = pool.saturating_sub(pool_cap);
                 peak_threads.fetch_max(all - past_cap.min(all), Ordering::Relaxed);
                 peak_past_cap.fetch_max(past_cap, Ordering::Relaxed);
+                peak_open.fetch_max(target.stats().gauges.inbound_connections_open as usize, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(5));
             }
         });
@@ -261,10 +268,14 @@ fn a_burst_after_an_idle_gap_is_queued_and_served_without_a_failure() {
         sampling.store(false, Ordering::Relaxed);
     });
     let (peak, past_cap) = (peak_threads.load(Ordering::Relaxed), peak_past_cap.load(Ordering::Relaxed));
+    let open = peak_open.load(Ordering::Relaxed);
     eprintln!(
-        "the target's threads peaked at {peak} ({PEERS} peers x 4 lanes; bound 2 x {cores} cores + 16), and \
-         {past_cap} pool threads past its cap"
+        "the target's threads peaked at {peak} with up to {open} data connections open ({PEERS} peers x 4 lanes; \
+         bound 2 x {cores} cores + 16), and {past_cap} pool threads past its cap"
     );
+    // The burst opened more than one lane per peer: the bound held under
+    // many lanes, not one each.
+    assert!(open > PEERS, "{open} data connections at most");
     assert!(peak <= 2 * cores + 16, "the target peaked at {peak} threads");
 }
 
@@ -302,7 +313,7 @@ fn burst(target: &Engine, session: &str, region: &[u8], initiators: &[Engine], s
     let failed: u64 = initiators.iter().map(|e| e.stats().tasks_failed).sum();
     assert_eq!(failed, 0);
     for (p, chunk) in region.chunks(BLOCK).enumerate() {
-        assert!(chunk.iter().all(|&b| b == p as u8 + 1), "peer {p}'s block");
+        assert!(chunk.iter().all(|&b| b == fill(p)), "peer {p}'s block");
     }
     eprintln!(
         "burst after a 2 s idle gap: {PEERS} peers x {PER_PEER} transfers of {BLOCK} bytes in {wall:?}, 0 failed; \
