@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::super::registry::Registry;
 use super::deadline::Progress;
-use super::registry::Registry;
 use crate::error::{Error, Result};
 
 /// A rail with work in flight that confirms nothing for this long, while

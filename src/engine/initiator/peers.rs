@@ -10,16 +10,16 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use super::conn::Conn;
-use super::deadline::{Progress, Stall};
-use super::descriptor::PeerDescriptor;
+use super::super::memory::ipc::Exports;
+use super::super::net::conn::Conn;
+use super::super::net::deadline::{Progress, Stall};
+use super::super::net::rails::{Rail, RailClock, RailSet};
+use super::super::protocol::descriptor::PeerDescriptor;
+use super::super::protocol::wire::FrameType;
+use super::super::registry::OwnedSocketGuard;
+use super::super::samehost::{self, PathChoice};
+use super::super::settings::Settings;
 use super::dialer::Dialer;
-use super::ipc::Exports;
-use super::rails::{Rail, RailClock, RailSet};
-use super::registry::OwnedSocketGuard;
-use super::samehost::{self, PathChoice};
-use super::settings::Settings;
-use super::wire::FrameType;
 use crate::error::{Error, ErrorKind, Result};
 
 /// A peer we send to, by session name.
@@ -147,7 +147,7 @@ impl Peer {
 
     /// Connect to the data port `desc` names and, for a pdx peer, have the
     /// engine there confirm it is the instance `desc` names (see
-    /// [`super::hello`]), all by `by`; offer it the same-host link where
+    /// [`super::super::protocol::hello`]), all by `by`; offer it the same-host link where
     /// that may work. True if the link was accepted; the path and its
     /// reason are recorded either way.
     fn connect_to(&self, desc: &PeerDescriptor, by: Instant, rail: Option<&Rail>) -> Result<(TcpStream, Negotiated)> {
@@ -189,7 +189,8 @@ impl Peer {
         let what = format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session);
         let by = by.min(Instant::now() + self.dialer.settings.handshake_timeout);
         let secret = self.dialer.secret.as_deref();
-        let answer = super::hello::confirm(&mut stream, instance, by, &what, secret, offer.clone().ok())?;
+        let answer =
+            super::super::protocol::hello::confirm(&mut stream, instance, by, &what, secret, offer.clone().ok())?;
         let (same_host, device_ipc, reason) = match (offer, answer) {
             (Err(why), _) => (false, false, why),
             (Ok(_), Some(a)) if a.accepted => {
@@ -383,7 +384,7 @@ impl Peer {
                     (lane, _, _) => return lane,
                 }
             }
-            let wake = deadline.min(Instant::now() + super::deadline::SLICE);
+            let wake = deadline.min(Instant::now() + super::super::net::deadline::SLICE);
             if self.lane_freed.wait_until(&mut state, wake).timed_out() && Instant::now() >= deadline {
                 return Err(Error::timeout(format!(
                     "no free connection to {} within {:?}",
@@ -595,7 +596,7 @@ impl Peers {
         let mut out = Vec::new();
         for set in peers.iter().filter_map(|p| p.rails.get().cloned().flatten()) {
             for r in &set.rails {
-                out.push((super::rails::rail_label(r), r.is_up(), r.bytes.load(Ordering::Relaxed)));
+                out.push((super::super::net::rails::rail_label(r), r.is_up(), r.bytes.load(Ordering::Relaxed)));
             }
         }
         out

@@ -1,7 +1,7 @@
 //! Who may connect: the address allowlist (`PDX_ALLOWED_PEERS`) checked on
 //! every accepted connection before a byte is read from it, and the shared
 //! secret (`PDX_PEER_SECRET_FILE`) the handshake and data connections prove
-//! knowledge of (see [`super::auth`]). Both are read when an engine starts;
+//! knowledge of (see [`super::super::protocol::auth`]). Both are read when an engine starts;
 //! a malformed entry or an unfit secret file fails the start, naming it.
 
 use std::collections::HashMap;
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::settings::Settings;
+use super::super::settings::Settings;
 use crate::config::file::{read_regular_file, ConfigFileError};
 use crate::error::{Error, Result};
 

@@ -10,14 +10,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::deadline::BoundedStream;
-use super::descriptor::{self, PeerDescriptor};
-use super::directory::Directory;
-use super::regions::Regions;
-use super::registry::Registry;
-use super::settings::Settings;
-use super::wire::{self, FrameType};
-use super::Identity;
+use super::super::directory::Directory;
+use super::super::memory::regions::Regions;
+use super::super::net::deadline::BoundedStream;
+use super::super::protocol::descriptor::{self, Identity, PeerDescriptor};
+use super::super::protocol::wire::{self, FrameType};
+use super::super::registry::Registry;
+use super::super::settings::Settings;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::host::{parse_session, SessionAddr};
 
@@ -94,11 +93,11 @@ pub(crate) struct Dialer {
     regions: Arc<Regions>,
     identity: Identity,
     /// The peer secret every handshake and data connection proves (see
-    /// [`super::auth`]), when set.
+    /// [`super::super::protocol::auth`]), when set.
     pub secret: Option<Vec<u8>>,
     /// This engine's device memory as other processes reach it over the
     /// same-host link (CUDA IPC handles, forgotten at unregister).
-    pub exports: Arc<super::ipc::Exports>,
+    pub exports: Arc<super::super::memory::ipc::Exports>,
     /// Where peers' descriptors and handshake addresses come from.
     pub directory: Arc<dyn Directory>,
 }
@@ -139,7 +138,7 @@ impl Dialer {
     }
 
     /// This engine's rails (`PDX_TCP_RAILS`; empty: none).
-    pub fn local_rails(&self) -> &[super::rails::LocalRail] {
+    pub fn local_rails(&self) -> &[super::super::net::rails::LocalRail] {
         &self.identity.rails
     }
 
@@ -219,10 +218,9 @@ impl Dialer {
         let mut bounded = BoundedStream::new(&mut stream, deadline);
         let frame = wire::encode_frame(kind, json);
         match &self.secret {
-            // Mutual proof of the peer secret first (see [`super::auth`]).
-            Some(secret) => {
-                super::auth::client_handshake(&mut bounded, secret, &frame, &where_).map_err(|e| (e, false))?
-            }
+            // Mutual proof of the peer secret first (see [`super::super::protocol::auth`]).
+            Some(secret) => super::super::protocol::auth::client_handshake(&mut bounded, secret, &frame, &where_)
+                .map_err(|e| (e, false))?,
             None => bounded.write_all(&frame).map_err(io_err)?,
         }
         let mut prefix = [0u8; 8];
@@ -234,7 +232,7 @@ impl Dialer {
         if body.len() != length {
             return Err((Error::new(ErrorKind::ConnectionLost, format!("{where_}: reply truncated")), true));
         }
-        if let Some(refusal) = super::auth::decode_frame_body(&body) {
+        if let Some(refusal) = super::super::protocol::auth::decode_frame_body(&body) {
             let why = refusal.error.unwrap_or_else(|| "it asked for authentication".to_owned());
             let e = Error::new(ErrorKind::PeerUnreachable, format!("{where_}: peer authentication failed: {why}"));
             return Err((e, false));

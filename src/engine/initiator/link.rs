@@ -10,9 +10,9 @@
 
 use std::sync::Arc;
 
-use super::cuda::Device;
+use super::super::memory::cuda::Device;
+use super::super::samehost;
 use super::peers::Lane;
-use super::samehost;
 use super::window::{self, LocalMemory, WindowOutcome};
 use crate::transfer::{Direction, Request};
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::registry::Registry;
+use super::super::registry::Registry;
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
