@@ -14,6 +14,11 @@ use super::link::Link;
 use super::peers::{recv_limit, stalled, Lane, Peer};
 use super::plan::{Plan, PIECE_BYTES, WINDOW_BYTES};
 
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::batch";
+
 /// Bytes of a window on a rail: one piece, so that the end of a batch is
 /// shared between rails of different speeds in pieces, not in windows.
 const RAIL_WINDOW_BYTES: usize = PIECE_BYTES;
@@ -227,7 +232,7 @@ impl BatchRun {
             if self.tasks.iter().all(|t| t.state() == TaskState::Completed) {
                 let sent = self.peer(inner).and_then(|p| p.notify(name, msg));
                 if let Err(e) = sent {
-                    log::warn!("batch to {} completed but its notification failed: {e}", self.session);
+                    log::warn!(target: LOG_TARGET, "batch to {} completed but its notification failed: {e}", self.session);
                     *self.notify_error.lock() = Some(e);
                 }
             }
@@ -235,7 +240,7 @@ impl BatchRun {
         *self.done.lock() = true;
         self.done_cv.notify_all();
         if let Err(e) = self.outcome() {
-            log::warn!("{} to {} failed: {e}", self.direction.name(), self.session);
+            log::warn!(target: LOG_TARGET, "{} to {} failed: {e}", self.direction.name(), self.session);
         }
     }
 

@@ -20,6 +20,11 @@ use super::super::settings::Settings;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::host::{parse_session, SessionAddr};
 
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::dialer";
+
 /// Resolve `host:port` within `timeout`. An IP literal needs no lookup; a
 /// name is looked up on a helper thread we stop waiting for at the
 /// timeout (a silent resolver cannot hold a transfer past it; the helper
@@ -82,7 +87,7 @@ pub fn connect_by(settings: &Settings, host: &str, port: u16, by: Option<Instant
         }
     }
     let e = Error::new(ErrorKind::PeerUnreachable, format!("cannot connect to {host}:{port} ({last})"));
-    log::debug!("{e}");
+    log::debug!(target: LOG_TARGET, "{e}");
     Err(e)
 }
 
@@ -170,7 +175,7 @@ impl Dialer {
                     if Instant::now() + pause >= bound {
                         return Err(e);
                     }
-                    log::debug!("{e}; asking again in {pause:?}");
+                    log::debug!(target: LOG_TARGET, "{e}; asking again in {pause:?}");
                     std::thread::sleep(pause);
                     pause_ms *= 4;
                 }

@@ -22,6 +22,11 @@ use super::super::settings::Settings;
 use super::dialer::Dialer;
 use crate::error::{Error, ErrorKind, Result};
 
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::peers";
+
 /// A peer we send to, by session name.
 pub struct Peer {
     pub session: String,
@@ -105,7 +110,7 @@ impl Peer {
                     return None;
                 }
                 if samehost::offer_or_why_not(self.dialer.settings.same_host, desc.host.as_ref()).is_ok() {
-                    log::info!("{}: on this host: rails do not apply (the same-host link)", self.session);
+                    log::info!(target: LOG_TARGET, "{}: on this host: rails do not apply (the same-host link)", self.session);
                     return None;
                 }
                 Some(Arc::new(RailSet::new(&self.session, locals, &desc.rails, desc.data_port)))
@@ -247,7 +252,7 @@ impl Peer {
                 {
                     return Err(first);
                 }
-                log::info!(
+                log::info!(target: LOG_TARGET,
                     "{}: the cached descriptor was stale ({first}); now at data port {}:{}",
                     self.session,
                     fresh.data_host,
@@ -517,7 +522,7 @@ impl Peers {
             .min()
             .map(|(_, k)| k);
         if let Some(k) = victim {
-            log::debug!("peer cache full ({MAX_PEERS}); forgetting {k}");
+            log::debug!(target: LOG_TARGET, "peer cache full ({MAX_PEERS}); forgetting {k}");
             map.remove(&k);
         }
     }
@@ -545,7 +550,7 @@ impl Peers {
         let forgotten = before - map.len();
         drop(map);
         if !closed.is_empty() || forgotten > 0 {
-            log::debug!(
+            log::debug!(target: LOG_TARGET,
                 "peer sweep: dropped {} lanes their peers closed; forgot {forgotten} unused peers",
                 closed.len()
             );

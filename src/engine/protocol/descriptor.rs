@@ -7,6 +7,11 @@ use super::super::net::rails::LocalRail;
 use super::super::samehost::HostIdentity;
 use crate::error::{Error, Result};
 
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::descriptor";
+
 /// One registered region as advertised in a descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdvertisedBuffer {
@@ -215,7 +220,7 @@ pub(crate) fn own(identity: &Identity, mut buffers: Vec<AdvertisedBuffer>, max_f
         if text.len() + 2 <= max_frame || buffers.is_empty() {
             return text;
         }
-        log::warn!("descriptor too large for one handshake frame; advertising fewer buffers");
+        log::warn!(target: LOG_TARGET, "descriptor too large for one handshake frame; advertising fewer buffers");
         buffers.truncate(buffers.len() / 2);
     }
 }

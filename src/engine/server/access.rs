@@ -14,6 +14,11 @@ use super::super::settings::Settings;
 use crate::config::file::{read_regular_file, ConfigFileError};
 use crate::error::{Error, Result};
 
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::access";
+
 /// One allowed block: an address and how many leading bits must match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Block {
@@ -192,7 +197,7 @@ impl Access {
     pub fn log_refusal(&self, ip: IpAddr, what: &str) {
         if let Some(suppressed) = self.log.lock().should_log(ip, Instant::now()) {
             let more = if suppressed > 0 { format!(" ({suppressed} more since the last line)") } else { String::new() };
-            log::warn!("refused a connection from {ip}: {what}{more}");
+            log::warn!(target: LOG_TARGET, "refused a connection from {ip}: {what}{more}");
         }
     }
 }
