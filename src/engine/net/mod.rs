@@ -3,9 +3,9 @@
 //! when a receive polls before it sleeps ([`spin`]), and the rails
 //! (interfaces and addresses) data connections ride ([`rails`]).
 //!
-//! May use: the engine's [`registry`](super::registry) (sockets stopping
-//! wakes) and the same-host link's peer process (a connection may carry
-//! one). No other role: everything above sockets builds on this.
+//! May use: the engine's [`registry`](super::registry) (a down rail's probe
+//! runs on a registered thread) and the same-host link's peer process (a
+//! connection may carry one). No other role: the others build on this.
 
 pub(super) mod conn;
 pub(super) mod deadline;

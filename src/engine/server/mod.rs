@@ -42,11 +42,9 @@ use super::settings::Settings;
 use super::Inner;
 use crate::transfer::stats::Stats;
 pub(super) use access::Access;
-pub(super) use budget::{Budget, Plane};
-pub(super) use notify::Notifications;
-
-pub(super) use budget::{fd_limit, total_for};
+pub(super) use budget::{fd_limit, total_for, Budget, Plane};
 pub(super) use listen::{bind_in_range, wake_listener};
+pub(super) use notify::Notifications;
 
 /// The parts of the engine's state that serving inbound connections uses
 /// (shared with the engine, or copies of what never changes), so that the
