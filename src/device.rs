@@ -2,7 +2,7 @@
 //! `PDX_CUDA_LIB` (never linked), probed for what this machine can serve,
 //! and device buffers for tools that need device memory of their own (the
 //! benchmark). Everything outside this module and the native engine's
-//! registration and staging (`engine::cuda`, `engine::staging`) goes through
+//! registration and staging (`engine::cuda`, `engine::memory::staging`) goes through
 //! this API and never calls the driver itself.
 
 use std::sync::Arc;

@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use super::wire::RequestHeader;
+use super::protocol::hello;
+use super::protocol::wire::RequestHeader;
 use super::*;
 
 fn secret_file(dir: &std::path::Path, name: &str, fill: u8) -> String {
@@ -180,7 +181,7 @@ fn replayed_handshakes_and_data_connections_achieve_nothing() {
     let mut s = TcpStream::connect(("127.0.0.1", b.rpc_port())).unwrap();
     s.write_all(&recorded).unwrap();
     let answer = read_to_close(&mut s);
-    let challenge = super::auth::decode_frame_body(&answer[8..]).expect("only the challenge comes back");
+    let challenge = super::protocol::auth::decode_frame_body(&answer[8..]).expect("only the challenge comes back");
     assert!(challenge.server_nonce.is_some());
     assert_eq!(answer.len(), 8 + u64::from_le_bytes(answer[..8].try_into().unwrap()) as usize, "nothing more");
     assert_eq!(b.inner.stats.handshakes.load(Relaxed), handshakes, "the replayed probe was not answered");
@@ -189,13 +190,13 @@ fn replayed_handshakes_and_data_connections_achieve_nothing() {
     let (data_port, data_sent) = recording_proxy(SocketAddr::from(([127, 0, 0, 1], b.data_port())));
     let mut stream = TcpStream::connect(("127.0.0.1", data_port)).unwrap();
     let by = Instant::now() + Duration::from_secs(10);
-    let secret = super::access::read_secret(&k).unwrap();
-    super::hello::confirm(&mut stream, &b.inner.identity.instance, by, "test", Some(&secret), None).unwrap();
+    let secret = super::server::access::read_secret(&k).unwrap();
+    super::protocol::hello::confirm(&mut stream, &b.inner.identity.instance, by, "test", Some(&secret), None).unwrap();
     stream.write_all(&raw_write(remote, &[3u8; 256])).unwrap();
     let mut status = [0u8; 8];
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     stream.read_exact(&mut status).unwrap();
-    assert_eq!(super::wire::decode_status(status), Some(super::wire::STATUS_OK));
+    assert_eq!(super::protocol::wire::decode_status(status), Some(super::protocol::wire::STATUS_OK));
     drop(stream);
     assert!(target[..256].iter().all(|&x| x == 3), "the genuine connection wrote");
     // Clear the target through the engine-visible memory, then replay.

@@ -7,9 +7,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use super::descriptor::{encode_descriptor, parse_descriptor, AdvertisedBuffer};
+use super::protocol::descriptor::{encode_descriptor, parse_descriptor, AdvertisedBuffer};
+use super::protocol::wire::{self, FrameType, RequestHeader};
 use super::samehost::{Answer, HostIdentity, Offer};
-use super::wire::{self, FrameType, RequestHeader};
 use super::*;
 use crate::transfer::host::parse_session;
 use crate::transfer::Direction;
@@ -76,12 +76,12 @@ fn seeds() -> Vec<Vec<u8>> {
         RequestHeader { size: 16, addr: 4096, direction: Direction::Write, acknowledged: true }.encode().to_vec(),
         RequestHeader { size: 16, addr: 4096, direction: Direction::Read, acknowledged: false }.encode().to_vec(),
         wire::encode_status(0).to_vec(),
-        super::hello::encode_request("00ff"),
-        super::hello::encode_reply("00ff"),
+        super::protocol::hello::encode_request("00ff"),
+        super::protocol::hello::encode_reply("00ff"),
         desc.into_bytes(),
         // The same-host link: an offer (naming pid 1, which holds none of
         // these connections), an answer, and its request frames.
-        super::hello::encode_request_body(&super::hello::Body {
+        super::protocol::hello::encode_request_body(&super::protocol::hello::Body {
             instance: Some("00ff".into()),
             same_host: Some(Offer {
                 host: identity(),
@@ -92,7 +92,7 @@ fn seeds() -> Vec<Vec<u8>> {
             }),
             ..Default::default()
         }),
-        super::hello::encode_reply_body(&super::hello::Body {
+        super::protocol::hello::encode_reply_body(&super::protocol::hello::Body {
             same_host_answer: Some(Answer {
                 accepted: true,
                 reason: "r".into(),
@@ -105,7 +105,7 @@ fn seeds() -> Vec<Vec<u8>> {
         super::samehost::device::encode(
             Direction::Read,
             &Request { local: 4096, remote: 4096, len: 16 },
-            &super::ipc::DeviceExport { handle: [7; super::ipc::HANDLE_LEN], offset: 3 },
+            &super::memory::ipc::DeviceExport { handle: [7; super::memory::ipc::HANDLE_LEN], offset: 3 },
         )
         .to_vec(),
     ]
@@ -131,8 +131,8 @@ fn decoders_never_panic() {
                 let _ = parse_descriptor(json, "s:1", "s");
             }
             let _ = wire::decode_status(prefix);
-            if let Some(n) = super::hello::reply_body_len(prefix) {
-                let _ = super::hello::decode_body(&input[8..input.len().min(8 + n)]);
+            if let Some(n) = super::protocol::hello::reply_body_len(prefix) {
+                let _ = super::protocol::hello::decode_body(&input[8..input.len().min(8 + n)]);
             }
         }
         if input.len() >= wire::HEADER_LEN {
@@ -144,9 +144,11 @@ fn decoders_never_panic() {
             if let Some(tail) = input.get(wire::HEADER_LEN..wire::HEADER_LEN + super::samehost::device::TAIL_LEN) {
                 let _ = super::samehost::device::decode_tail(tail.try_into().unwrap());
             }
-            if super::hello::is_hello(header) {
-                if let Some(n) = super::hello::request_body_len(header) {
-                    let _ = super::hello::decode_body(&input[wire::HEADER_LEN..input.len().min(wire::HEADER_LEN + n)]);
+            if super::protocol::hello::is_hello(header) {
+                if let Some(n) = super::protocol::hello::request_body_len(header) {
+                    let _ = super::protocol::hello::decode_body(
+                        &input[wire::HEADER_LEN..input.len().min(wire::HEADER_LEN + n)],
+                    );
                 }
             }
         }

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::protocol::wire;
 use super::*;
 use crate::error::ErrorKind;
 use crate::transfer::TaskState;
@@ -71,8 +72,8 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use descriptor::{encode_descriptor, AdvertisedBuffer};
-use wire::{check_frame_length, encode_frame, split_frame_body, FrameType};
+use super::protocol::descriptor::{encode_descriptor, AdvertisedBuffer};
+use super::protocol::wire::{check_frame_length, encode_frame, split_frame_body, FrameType};
 
 /// A stand-in for a peer that can be frozen as SIGSTOP freezes a process:
 /// the kernel still accepts connections and buffers bytes, but nobody

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::descriptor::{encode_descriptor, AdvertisedBuffer};
-use super::wire::{check_frame_length, encode_frame, split_frame_body};
+use super::initiator::peers;
+use super::protocol::descriptor::{encode_descriptor, AdvertisedBuffer};
+use super::protocol::wire::{check_frame_length, encode_frame, split_frame_body};
 use super::*;
 
 fn engine_on(rpc: Option<u16>, data: Option<u16>) -> Engine {

@@ -3,50 +3,40 @@
 //! [`directory`] (P2P handshake, Mooncake's HTTP metadata server, etcd).
 //!
 //! An [`Engine`] serves two listeners (handshake and data, see [`server`]),
-//! keeps the memory peers may touch ([`regions`]), and initiates transfers
-//! to peers by session name ([`peers`], [`transfer`], [`batch`]).
+//! keeps the memory peers may touch ([`memory`]), and initiates transfers
+//! to peers by session name ([`initiator`]).
 //! "Completed" always means confirmed at the target: v2 acknowledgements, or
 //! for v1 peers a fence read after the writes.
+//!
+//! Its files are grouped by role, one folder each: `initiator` (who starts
+//! a transfer), `server` (who serves one), `protocol` (what travels on
+//! the wire), `net` (sockets, deadlines, rails), `memory` (how bytes
+//! reach memory), `samehost` (the same-host link) and `directory` (where
+//! peers are found). Beside them: the `settings`, the `registry` of
+//! threads and sockets, and the figures for operators (`observe`). Each
+//! folder's `mod.rs` says which other roles it may use; this file reaches
+//! into a folder only through what its `mod.rs` re-exports.
 
-mod access;
-mod auth;
-pub(crate) mod batch;
-mod budget;
-mod conn;
-pub mod cuda;
-mod deadline;
-mod dialer;
+// cbindgen reads modules in the order they are declared: `server` (its
+// `MIN_SECRET_BYTES`) comes before `memory` (the staging sizes), the order
+// those constants have in include/pdx.h.
+mod server;
+
 pub(crate) mod directory;
-mod hello;
-pub(crate) mod ipc;
+mod initiator;
+mod memory;
+mod net;
+mod observe;
+mod protocol;
+mod registry;
+mod samehost;
+pub mod settings;
+
+pub use memory::cuda;
 // The codecs are public only for the fuzz targets (feature `fuzzing`); the
 // engine's API is `Engine` and `Settings`.
 #[cfg(feature = "fuzzing")]
-pub mod descriptor;
-#[cfg(not(feature = "fuzzing"))]
-pub(crate) mod descriptor;
-mod limits;
-mod link;
-mod listen;
-mod notify;
-mod observe;
-mod peers;
-mod plan;
-mod prepare;
-mod rails;
-mod regions;
-mod registry;
-mod samehost;
-mod server;
-pub mod settings;
-mod spin;
-mod staging;
-mod window;
-#[cfg(feature = "fuzzing")]
-pub mod wire;
-#[cfg(not(feature = "fuzzing"))]
-pub(crate) mod wire;
-mod workers;
+pub use protocol::{descriptor, wire};
 
 #[cfg(test)]
 mod auth_tests;
@@ -78,30 +68,12 @@ use crate::transfer::host::engine_host;
 use crate::transfer::location::Requested;
 use crate::transfer::stats::{Stats, StatsSnapshot};
 use crate::transfer::{state, BatchSummary, Direction, Request, TaskSummary, TransferBackend};
-use batch::BatchRun;
-use budget::Plane;
-use notify::Notifications;
-use peers::Peers;
-use regions::Regions;
+use initiator::{BatchRun, Dialer, Peers, Prepared, Workers};
+use memory::{Regions, Staging};
+use protocol::{FrameType, Identity};
 use registry::Registry;
+use server::{Access, Budget, Notifications, Plane, Serving};
 use settings::Settings;
-use wire::FrameType;
-use workers::Workers;
-
-/// Who we are on the network.
-#[derive(Clone)]
-pub(crate) struct Identity {
-    pub session_id: String,
-    pub data_host: String,
-    pub rpc_port: u16,
-    pub data_port: u16,
-    /// This engine's instance id, advertised in the descriptor and
-    /// confirmed on every data connection (see [`hello`]).
-    pub instance: String,
-    /// The local rails data connections may take (`PDX_TCP_RAILS`; empty:
-    /// one address), advertised in the descriptor (see [`rails`]).
-    pub rails: Vec<rails::LocalRail>,
-}
 
 /// State shared by the engine's threads. Its fields are private to the
 /// engine's modules; only the executor (`batch`) takes it whole, the others
@@ -115,14 +87,14 @@ pub(crate) struct Inner {
     notifications: Arc<Notifications>,
     peers: Peers,
     workers: Arc<Workers>,
-    /// Caps on inbound connections and handshake bytes (see [`budget`]).
-    budget: Arc<budget::Budget>,
+    /// Caps on inbound connections and handshake bytes (see [`Budget`]).
+    budget: Arc<Budget>,
     batches: IdTable<BatchRun>,
     stats: Arc<Stats>,
     /// Pinned buffers and streams for device memory (allocated on first use).
-    staging: Arc<staging::Staging>,
+    staging: Arc<Staging>,
     /// Who may connect (allowlist, shared secret).
-    access: Arc<access::Access>,
+    access: Arc<Access>,
 }
 
 impl Inner {
@@ -161,12 +133,12 @@ fn bind_ip(hostname: &str, settings: &Settings) -> Result<IpAddr> {
 /// The connection budget for `settings` and this process's descriptor
 /// limit: a quarter of `RLIMIT_NOFILE` for inbound connections, a quarter
 /// of that (at most `PDX_MAX_HANDSHAKE_CONNECTIONS`) for handshakes.
-fn budget_for(settings: &Settings) -> budget::Budget {
-    let total = budget::total_for(budget::fd_limit());
+fn budget_for(settings: &Settings) -> Budget {
+    let total = server::total_for(server::fd_limit());
     let handshakes = settings.max_handshake_connections.min((total / 4).max(4));
     let data = settings.max_data_connections.min(total);
     let bytes = settings.handshake_max_len.saturating_mul(4);
-    budget::Budget::new(total, handshakes, data, settings.max_connections_per_address, bytes)
+    Budget::new(total, handshakes, data, settings.max_connections_per_address, bytes)
 }
 
 /// The directory `settings` name (P2P handshake unless a metadata server is set).
@@ -192,9 +164,9 @@ impl Engine {
     /// Start with explicit settings.
     pub fn start_with(hostname: &str, settings: Settings) -> Result<Engine> {
         let host = engine_host(hostname)?;
-        let access = access::Access::from_settings(&settings)?;
+        let access = Access::from_settings(&settings)?;
         let ip = bind_ip(&host, &settings)?;
-        let mut rails = rails::discover(settings.tcp_rails.as_deref())?;
+        let mut rails = net::discover_rails(settings.tcp_rails.as_deref())?;
         // The data port listens on one family (the host's): rails of the
         // other could not be reached there.
         let (kept, other): (Vec<_>, Vec<_>) = rails.into_iter().partition(|r| r.addr.is_ipv4() == ip.is_ipv4());
@@ -203,7 +175,7 @@ impl Engine {
             log::info!("PDX_TCP_RAILS: not the host address's family, so not rails: {}", names.join(", "));
         }
         rails = kept;
-        let rpc = listen::bind_in_range(ip, settings.min_port, settings.max_port)?;
+        let rpc = server::bind_in_range(ip, settings.min_port, settings.max_port)?;
         // With rails, data arrives on every rail's address: the data port
         // listens on all of them (the allowlist still applies).
         let data_ip = match (rails.is_empty(), ip) {
@@ -211,7 +183,7 @@ impl Engine {
             (false, IpAddr::V4(_)) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             (false, IpAddr::V6(_)) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
         };
-        let data = listen::bind_in_range(data_ip, settings.min_data_port, settings.max_data_port)?;
+        let data = server::bind_in_range(data_ip, settings.min_data_port, settings.max_data_port)?;
         let port_of = |l: &TcpListener| l.local_addr().map(|a| a.port()).map_err(|e| Error::io(e.to_string()));
         let (rpc_port, data_port) = (port_of(&rpc)?, port_of(&data)?);
         let directory = open_directory(&settings)?;
@@ -222,18 +194,12 @@ impl Engine {
             false => hostname.trim().to_owned(),
         };
         let identity =
-            Identity { session_id, data_host: host, rpc_port, data_port, instance: hello::new_instance(), rails };
+            Identity { session_id, data_host: host, rpc_port, data_port, instance: protocol::new_instance(), rails };
         let workers = Arc::new(Workers::default());
         let (registry, regions) = (Arc::new(Registry::default()), Arc::new(Regions::default()));
         let secret = access.secret.clone();
-        let dialer = dialer::Dialer::new(
-            settings.clone(),
-            registry.clone(),
-            regions.clone(),
-            identity.clone(),
-            secret,
-            directory,
-        );
+        let dialer =
+            Dialer::new(settings.clone(), registry.clone(), regions.clone(), identity.clone(), secret, directory);
         let inner = Arc::new(Inner {
             notifications: Arc::new(Notifications::new(settings.max_queued_notifications, settings.notify_queue_bytes)),
             identity,
@@ -244,7 +210,7 @@ impl Engine {
             budget: Arc::new(budget_for(&settings)),
             batches: IdTable::new("batch id", 0),
             stats: Arc::default(),
-            staging: Arc::new(staging::Staging::new(settings.staging_bytes, settings.lane_wait_timeout)),
+            staging: Arc::new(Staging::new(settings.staging_bytes, settings.lane_wait_timeout)),
             access: Arc::new(access),
             settings,
         });
@@ -254,7 +220,7 @@ impl Engine {
         workers
             .start(&inner.registry, inner.settings.workers, inner.settings.lanes_per_peer)
             .map_err(|e| Error::io(format!("cannot start worker threads: {e}")))?;
-        let serving = Arc::new(server::Serving::of(&inner));
+        let serving = Arc::new(Serving::of(&inner));
         for (listener, plane, name) in
             [(rpc, Plane::Handshake, "pdx-rpc-accept"), (data, Plane::Data, "pdx-data-accept")]
         {
@@ -372,11 +338,11 @@ impl Engine {
     }
 
     /// Check a batch once, refusing what cannot succeed before allocating
-    /// for it (see [`prepare`]); for a peer whose descriptor is cached, also
+    /// for it (see [`initiator::prepare_batch`]); for a peer whose descriptor is cached, also
     /// a request longer than every region it advertised.
-    fn prepare(&self, session: &str, reqs: Vec<Request>) -> Result<prepare::Prepared> {
+    fn prepare(&self, session: &str, reqs: Vec<Request>) -> Result<Prepared> {
         self.check_running()?;
-        let prepared = prepare::prepare(&self.inner.settings, &self.inner.regions, reqs)?;
+        let prepared = initiator::prepare_batch(&self.inner.settings, &self.inner.regions, reqs)?;
         if let Some(peer) = self.inner.peers.cached(session) {
             let longest = prepared.reqs.iter().map(|r| r.len).max().unwrap_or(0);
             peer.check_fits(longest)?;
@@ -588,7 +554,7 @@ impl TransferBackend for Engine {
         self.inner.registry.begin_stop();
         self.inner.peers.wake_all();
         for l in &listeners {
-            listen::wake_listener(l);
+            server::wake_listener(l);
         }
         self.inner.workers.close();
         let session = self.inner.identity.session_id.clone();

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use serde_json::{json, Map, Value};
 
-use super::notify::Notifications;
-use super::peers::Peers;
+use super::initiator::peers::Peers;
 use super::registry::Registry;
+use super::server::Notifications;
 use crate::error::{Error, Result};
 use crate::transfer::metrics::{self, MetricsSnapshot};
 use crate::transfer::stats::{kind_label, Gauges, Stats, StatsSnapshot};
@@ -98,7 +98,7 @@ pub(super) fn peer_info(from: &Sources<'_>, session: &str) -> Result<Value> {
         "lanes_open": lanes.unwrap_or(0),
         "tasks_queued": p.queued,
     });
-    // Only a peer paired with rails has them (see `super::rails`).
+    // Only a peer paired with rails has them (see `super::net::rails`).
     if let (Some(rails), Some(map)) = (rails, info.as_object_mut()) {
         map.insert("rails".to_owned(), rails);
     }

@@ -4,6 +4,7 @@
 //! one side only, keep the one address (no `rails` in `pdx_peer_info`, no
 //! `pdx_rails` in the descriptor); a same-host peer keeps its one copy.
 
+use super::net::rails;
 use super::*;
 use crate::transfer::backend::TransferBackend;
 

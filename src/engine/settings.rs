@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::wire::HANDSHAKE_MIN_LIMIT;
+use super::protocol::wire::HANDSHAKE_MIN_LIMIT;
 use crate::config::env::vars::*;
 use crate::config::env::{read, read_choice, read_first, Env, ProcessEnv, Var};
 
@@ -74,7 +74,7 @@ pub struct Settings {
     /// The shared secret's file (`PDX_PEER_SECRET_FILE`); read at start.
     pub peer_secret_file: Option<String>,
     /// Which interfaces carry lanes (`PDX_TCP_RAILS`: `auto` or a list);
-    /// `None`: one address, as before (see `super::rails`).
+    /// `None`: one address, as before (see `super::net::rails`).
     pub tcp_rails: Option<String>,
     /// Where peers are found (`PDX_METADATA_SERVER`; none: P2P handshake).
     pub metadata_server: Option<String>,
@@ -162,7 +162,7 @@ impl Settings {
 /// take 0 and up): values below the smallest pool are raised to it, with a
 /// warning.
 fn staging_bytes(env: &dyn Env) -> usize {
-    use super::staging::{DEFAULT_STAGING_BYTES, MIN_STAGING_BYTES};
+    use super::memory::staging::{DEFAULT_STAGING_BYTES, MIN_STAGING_BYTES};
     let bytes = read(env, &PDX_CUDA_STAGING_BYTES).unwrap_or(DEFAULT_STAGING_BYTES);
     if bytes < MIN_STAGING_BYTES {
         log::warn!(
@@ -243,7 +243,7 @@ mod tests {
     #[test]
     fn staging_bytes_below_the_minimum_are_raised_from_either_source() {
         use crate::config::engine_options::{EngineOptions, OptionsEnv};
-        use crate::engine::staging::MIN_STAGING_BYTES;
+        use crate::engine::memory::staging::MIN_STAGING_BYTES;
         for text in ["0", "1", "4096", "65535"] {
             let env = MapEnv::from_pairs(&[("PDX_CUDA_STAGING_BYTES", text)]);
             assert_eq!(Settings::from(&env).staging_bytes, MIN_STAGING_BYTES, "{text}");

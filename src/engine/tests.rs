@@ -5,6 +5,8 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use super::initiator::plan;
+use super::protocol::wire;
 use super::*;
 use crate::transfer::TaskState;
 

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::descriptor::{encode_descriptor, AdvertisedBuffer};
 use super::lifecycle_tests::{fake_mooncake_session, mooncake_descriptor};
-use super::wire::{self, RequestHeader, HEADER_LEN};
+use super::protocol::descriptor::{encode_descriptor, AdvertisedBuffer};
+use super::protocol::wire::{self, RequestHeader, HEADER_LEN};
 use super::*;
 
 fn settings() -> Settings {

@@ -23,7 +23,7 @@ from peer_common import stream
 KiB = 1 << 10
 MiB = 1 << 20
 PDX_ERR_REMOTE_REJECTED = -16
-PDX_STATE_COMPLETED = 1  # pdx_batch_wait's out_state for a finished batch (src/engine/batch.rs)
+PDX_STATE_COMPLETED = 1  # pdx_batch_wait's out_state for a finished batch (PDX_TASK_COMPLETED, src/ffi/engine/mod.rs)
 
 # Offsets inside the big buffer: deliberately unaligned.
 SRC_OFF = 3 * KiB + 1

@@ -22,11 +22,11 @@
 
 use std::sync::Arc;
 
-use super::super::conn::Conn;
-use super::super::cuda::{self, Device};
-use super::super::ipc::{self, DeviceExport, Exports, HANDLE_LEN};
-use super::super::window::{io_error, WindowOutcome};
-use super::super::wire::{self, RequestHeader, HEADER_LEN, STATUS_LEN};
+use super::super::initiator::window::{io_error, WindowOutcome};
+use super::super::memory::cuda::{self, Device};
+use super::super::memory::ipc::{self, DeviceExport, Exports, HANDLE_LEN};
+use super::super::net::conn::Conn;
+use super::super::protocol::wire::{self, RequestHeader, HEADER_LEN, STATUS_LEN};
 use super::HostIdentity;
 use crate::error::{Error, ErrorKind};
 use crate::transfer::{Direction, Request};

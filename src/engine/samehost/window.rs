@@ -13,9 +13,9 @@
 //! [`STATUS_COPY_FAILED`] with the errno in bits 8 and up (the mechanism
 //! failed: the peer falls back to TCP).
 
-use super::super::conn::Conn;
-use super::super::window::{io_error, LocalMemory, WindowOutcome};
-use super::super::wire::{self, RequestHeader, HEADER_LEN, STATUS_LEN};
+use super::super::initiator::window::{io_error, LocalMemory, WindowOutcome};
+use super::super::net::conn::Conn;
+use super::super::protocol::wire::{self, RequestHeader, HEADER_LEN, STATUS_LEN};
 use crate::error::{Error, ErrorKind};
 use crate::transfer::{Direction, Request};
 
@@ -235,7 +235,7 @@ mod tests {
             wire::OP_WRITE_V1,
             wire::OP_READ_V2,
             wire::OP_WRITE_V2,
-            super::super::super::hello::OP_HELLO,
+            super::super::super::protocol::hello::OP_HELLO,
         ] {
             let mut other = header;
             other[16] = op;

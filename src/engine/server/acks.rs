@@ -5,8 +5,8 @@
 
 use std::io;
 
-use super::super::conn::Conn;
-use super::super::wire::{self, HEADER_LEN};
+use super::super::net::conn::Conn;
+use super::super::protocol::wire::{self, HEADER_LEN};
 
 /// Acknowledgements not yet sent.
 #[derive(Default)]

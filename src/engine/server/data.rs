@@ -5,11 +5,11 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::super::conn::{Conn, MAX_IO_CHUNK};
-use super::super::hello;
+use super::super::net::conn::{Conn, MAX_IO_CHUNK};
+use super::super::protocol::hello;
+use super::super::protocol::wire::{RequestHeader, HEADER_LEN};
 use super::super::samehost;
 use super::super::samehost::xmem::PeerProcess;
-use super::super::wire::{RequestHeader, HEADER_LEN};
 use super::acks::Acks;
 use super::local::{is_same_host_frame, serve_frame, LocalServing};
 use super::Serving;
@@ -17,7 +17,7 @@ use crate::transfer::stats::Stats;
 use crate::transfer::Direction;
 
 /// Marks a data connection idle again when its request is done.
-struct IdleAgain<'a>(&'a super::super::budget::Ticket);
+struct IdleAgain<'a>(&'a super::budget::Ticket);
 
 impl Drop for IdleAgain<'_> {
     fn drop(&mut self) {
@@ -122,7 +122,7 @@ fn refused_unauthenticated(inner: &Serving, conn: &Conn, why: &str) {
     }
 }
 
-pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::super::budget::Ticket) {
+pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::budget::Ticket) {
     conn.set_spin(inner.settings.spin);
     conn.set_idle_timeout(inner.settings.idle_timeout);
     let mut acks = Acks::default();

@@ -6,11 +6,11 @@
 use std::io;
 use std::sync::Arc;
 
-use super::super::conn::Conn;
-use super::super::cuda::Device;
-use super::super::regions::{Hold, Regions};
-use super::super::staging::{Lease, Side, Staging};
-use super::super::wire::{self, RequestHeader, HEADER_LEN};
+use super::super::memory::cuda::Device;
+use super::super::memory::regions::{Hold, Regions};
+use super::super::memory::staging::{Lease, Side, Staging};
+use super::super::net::conn::Conn;
+use super::super::protocol::wire::{self, RequestHeader, HEADER_LEN};
 use super::acks::Acks;
 use super::Serving;
 use crate::error::{Error, ErrorKind};

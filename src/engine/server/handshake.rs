@@ -1,7 +1,7 @@
 //! The handshake (RPC) port: one framed JSON request per connection
 //! (metadata, probe, notify, connection), answered under one deadline for
 //! the whole exchange, its frame's bytes charged to the engine's handshake
-//! budget as they arrive (see [`super::super::budget`]).
+//! budget as they arrive (see [`super::budget`]).
 
 use std::collections::HashMap;
 use std::io::{self, ErrorKind, Read, Write};
@@ -15,11 +15,11 @@ use parking_lot::Mutex;
 use polling::{Event, Events, Poller};
 use serde_json::{json, Value};
 
-use super::super::auth::{AuthStep, ServerAuth};
-use super::super::budget::{Charge, Ticket};
-use super::super::deadline::BoundedStream;
+use super::super::net::deadline::BoundedStream;
+use super::super::protocol::auth::{AuthStep, ServerAuth};
+use super::super::protocol::wire::{self, FrameType};
 use super::super::registry::OwnedSocketGuard;
-use super::super::wire::{self, FrameType};
+use super::budget::{Charge, Ticket};
 use super::pool::OpenData;
 use super::Serving;
 use crate::transfer::stats::Stats;
@@ -49,7 +49,7 @@ pub(super) fn serve_handshake(serving: &Serving, stream: &mut TcpStream, ticket:
             ticket.release_handshake();
             read_frame(serving, s, ticket, deadline)
         };
-        match super::super::auth::server_handshake(&mut stream, secret, &body, read_next) {
+        match super::super::protocol::auth::server_handshake(&mut stream, secret, &body, read_next) {
             Ok(request) => body = request,
             Err(why) => {
                 Stats::bump(&serving.stats.connections_refused_auth);

@@ -10,14 +10,14 @@
 
 use std::io;
 
-use super::super::conn::Conn;
-use super::super::ipc::{DeviceExport, Local, PeerImports};
-use super::super::regions::{Hold, Region, Regions};
+use super::super::memory::ipc::{DeviceExport, Local, PeerImports};
+use super::super::memory::regions::{Hold, Region, Regions};
+use super::super::memory::staging::{Side, Staging};
+use super::super::net::conn::Conn;
+use super::super::protocol::wire::{RequestHeader, HEADER_LEN};
 use super::super::samehost::device::{self, Unusable};
 use super::super::samehost::window::{copy_failed_status, decode_local, FRAME_LEN};
 use super::super::samehost::xmem::{self, PeerProcess};
-use super::super::staging::{Side, Staging};
-use super::super::wire::{RequestHeader, HEADER_LEN};
 use super::acks::Acks;
 use crate::error::{Error, ErrorKind};
 use crate::transfer::stats::Stats;
@@ -369,7 +369,7 @@ fn copy_host(peer: &PeerProcess, h: &RequestHeader, theirs: u64, stop: &dyn Fn()
 }
 
 fn copy_device(
-    lease: &super::super::staging::Lease<'_>,
+    lease: &super::super::memory::staging::Lease<'_>,
     chunk: usize,
     peer: &PeerProcess,
     h: &RequestHeader,

@@ -1,16 +1,28 @@
-//! Serving the two listeners (bound in [`super::listen`]): the accept loop
-//! here, the handshake port in [`handshake`] (one framed JSON request per
-//! connection, all connections assembled and answered on one readiness
-//! loop) and the data port in [`data`]
-//! (persistent connections carrying 24-byte requests, served by the
-//! bounded pool of [`pool`]). Everything a peer sends is bounded and
-//! checked; a bad peer loses its connection, never the engine.
+//! The server: everything on the side that serves a transfer. The two
+//! listening sockets ([`listen`]), who may connect ([`access`]), what
+//! strangers' connections may make the engine hold ([`budget`]), the accept
+//! loop here, the handshake port in [`handshake`] (one framed JSON request
+//! per connection, all connections assembled and answered on one readiness
+//! loop), the data port in [`data`] (persistent connections carrying
+//! 24-byte requests, served by the bounded pool of [`pool`]) and the
+//! notifications peers sent ([`notify`]). Everything a peer sends is bounded
+//! and checked; a bad peer loses its connection, never the engine.
+//!
+//! May use: [`protocol`](super::protocol), [`net`](super::net),
+//! [`memory`](super::memory), [`samehost`](super::samehost) (serving the
+//! same-host link), the initiator's handshake client only for the engine's
+//! own descriptor, and the engine's settings, registry and shared state
+//! (through a [`Serving`], never `Inner` whole).
 
+pub(super) mod access;
 mod acks;
+mod budget;
 mod data;
 mod device;
 mod handshake;
+mod listen;
 mod local;
+mod notify;
 mod pool;
 
 use std::io;
@@ -20,17 +32,19 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::access::Access;
-use super::budget::{Budget, Plane};
-use super::conn::Conn;
-use super::dialer::Dialer;
-use super::notify::Notifications;
-use super::regions::Regions;
+use super::initiator::dialer::Dialer;
+use super::memory::regions::Regions;
+use super::memory::staging::Staging;
+use super::net::conn::Conn;
+use super::protocol::Identity;
 use super::registry::Registry;
 use super::settings::Settings;
-use super::staging::Staging;
-use super::{Identity, Inner};
+use super::Inner;
 use crate::transfer::stats::Stats;
+pub(super) use access::Access;
+pub(super) use budget::{fd_limit, total_for, Budget, Plane};
+pub(super) use listen::{bind_in_range, wake_listener};
+pub(super) use notify::Notifications;
 
 /// The parts of the engine's state that serving inbound connections uses
 /// (shared with the engine, or copies of what never changes), so that the
@@ -128,11 +142,11 @@ impl AcceptBackoff {
 /// A handshake connection with its place in the budget. Fields drop in
 /// order: the ticket (it names the descriptor) before the socket closes.
 struct AdmittedHandshake {
-    ticket: super::budget::Ticket,
+    ticket: budget::Ticket,
     stream: std::net::TcpStream,
 }
 
-/// Accept connections until the engine stops (see [`super::budget`] for
+/// Accept connections until the engine stops (see [`budget`] for
 /// the caps and eviction): a handshake connection goes to the readiness
 /// loop of [`handshake`], a data connection to the pool of [`pool`] (either,
 /// if its loop could not start, to a thread of its own).

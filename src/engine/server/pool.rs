@@ -29,9 +29,9 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use polling::{Event, Events, Poller};
 
-use super::super::budget::Ticket;
-use super::super::conn::Conn;
+use super::super::net::conn::Conn;
 use super::super::registry::OwnedSocketGuard;
+use super::budget::Ticket;
 use super::Serving;
 use crate::transfer::stats::Stats;
 
@@ -556,7 +556,7 @@ mod tests {
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
 
-    use super::super::super::wire::{self, RequestHeader, STATUS_LEN};
+    use super::super::super::protocol::wire::{self, RequestHeader, STATUS_LEN};
     use super::super::super::{Engine, Settings};
     use super::*;
     use crate::transfer::Direction;

@@ -24,6 +24,11 @@ use parking_lot::Mutex;
 use super::cuda::{device_error, Device};
 use crate::error::{Error, ErrorKind, Result};
 
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::ipc";
+
 /// Bytes of an IPC handle.
 pub(crate) const HANDLE_LEN: usize = cuda_sys::CU_IPC_HANDLE_SIZE;
 
@@ -508,7 +513,7 @@ fn close_opened(ipc: &Ipc, o: &Opened) {
         o.device.api.check(rc, "cuIpcCloseMemHandle").map_err(device_error)
     });
     if let Err(e) = closed {
-        log::warn!("cannot close a peer's device memory at {:#x}: {e}", o.base);
+        log::warn!(target: LOG_TARGET, "cannot close a peer's device memory at {:#x}: {e}", o.base);
     }
 }
 

@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
-use super::cuda::{self, Device};
+use super::super::memory::cuda::{self, Device};
+use super::super::memory::regions::Regions;
+use super::super::settings::Settings;
 use super::limits;
 use super::plan::Kind;
-use super::regions::Regions;
-use super::settings::Settings;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::Request;
 

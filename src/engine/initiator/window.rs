@@ -15,8 +15,8 @@ use std::borrow::Cow;
 use std::io;
 use std::ops::Range;
 
-use super::conn::Conn;
-use super::wire::{self, RequestHeader, HEADER_LEN, STATUS_LEN};
+use super::super::net::conn::Conn;
+use super::super::protocol::wire::{self, RequestHeader, HEADER_LEN, STATUS_LEN};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::{Direction, Request};
 

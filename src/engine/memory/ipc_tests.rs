@@ -270,7 +270,7 @@ fn pull_and_push_reach_another_process() {
     let a = exports.export(&device, mem.ptr + 7, 1).unwrap();
     let b = exports.export(&device, other.ptr, 8192).unwrap();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "engine::ipc::tests::importer_process", "--ignored", "--nocapture"])
+        .args(["--exact", "engine::memory::ipc::tests::importer_process", "--ignored", "--nocapture"])
         .arg(format!("{CHILD_ARG}{}={}={}", path.display(), hex(&a.handle), hex(&b.handle)))
         .output()
         .unwrap();

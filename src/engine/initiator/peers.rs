@@ -10,17 +10,22 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use super::conn::Conn;
-use super::deadline::{Progress, Stall};
-use super::descriptor::PeerDescriptor;
+use super::super::memory::ipc::Exports;
+use super::super::net::conn::Conn;
+use super::super::net::deadline::{Progress, Stall};
+use super::super::net::rails::{Rail, RailClock, RailSet};
+use super::super::protocol::descriptor::PeerDescriptor;
+use super::super::protocol::wire::FrameType;
+use super::super::registry::OwnedSocketGuard;
+use super::super::samehost::{self, PathChoice};
+use super::super::settings::Settings;
 use super::dialer::Dialer;
-use super::ipc::Exports;
-use super::rails::{Rail, RailClock, RailSet};
-use super::registry::OwnedSocketGuard;
-use super::samehost::{self, PathChoice};
-use super::settings::Settings;
-use super::wire::FrameType;
 use crate::error::{Error, ErrorKind, Result};
+
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::peers";
 
 /// A peer we send to, by session name.
 pub struct Peer {
@@ -105,7 +110,7 @@ impl Peer {
                     return None;
                 }
                 if samehost::offer_or_why_not(self.dialer.settings.same_host, desc.host.as_ref()).is_ok() {
-                    log::info!("{}: on this host: rails do not apply (the same-host link)", self.session);
+                    log::info!(target: LOG_TARGET, "{}: on this host: rails do not apply (the same-host link)", self.session);
                     return None;
                 }
                 Some(Arc::new(RailSet::new(&self.session, locals, &desc.rails, desc.data_port)))
@@ -147,7 +152,7 @@ impl Peer {
 
     /// Connect to the data port `desc` names and, for a pdx peer, have the
     /// engine there confirm it is the instance `desc` names (see
-    /// [`super::hello`]), all by `by`; offer it the same-host link where
+    /// [`super::super::protocol::hello`]), all by `by`; offer it the same-host link where
     /// that may work. True if the link was accepted; the path and its
     /// reason are recorded either way.
     fn connect_to(&self, desc: &PeerDescriptor, by: Instant, rail: Option<&Rail>) -> Result<(TcpStream, Negotiated)> {
@@ -189,7 +194,8 @@ impl Peer {
         let what = format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session);
         let by = by.min(Instant::now() + self.dialer.settings.handshake_timeout);
         let secret = self.dialer.secret.as_deref();
-        let answer = super::hello::confirm(&mut stream, instance, by, &what, secret, offer.clone().ok())?;
+        let answer =
+            super::super::protocol::hello::confirm(&mut stream, instance, by, &what, secret, offer.clone().ok())?;
         let (same_host, device_ipc, reason) = match (offer, answer) {
             (Err(why), _) => (false, false, why),
             (Ok(_), Some(a)) if a.accepted => {
@@ -246,7 +252,7 @@ impl Peer {
                 {
                     return Err(first);
                 }
-                log::info!(
+                log::info!(target: LOG_TARGET,
                     "{}: the cached descriptor was stale ({first}); now at data port {}:{}",
                     self.session,
                     fresh.data_host,
@@ -383,7 +389,7 @@ impl Peer {
                     (lane, _, _) => return lane,
                 }
             }
-            let wake = deadline.min(Instant::now() + super::deadline::SLICE);
+            let wake = deadline.min(Instant::now() + super::super::net::deadline::SLICE);
             if self.lane_freed.wait_until(&mut state, wake).timed_out() && Instant::now() >= deadline {
                 return Err(Error::timeout(format!(
                     "no free connection to {} within {:?}",
@@ -516,7 +522,7 @@ impl Peers {
             .min()
             .map(|(_, k)| k);
         if let Some(k) = victim {
-            log::debug!("peer cache full ({MAX_PEERS}); forgetting {k}");
+            log::debug!(target: LOG_TARGET, "peer cache full ({MAX_PEERS}); forgetting {k}");
             map.remove(&k);
         }
     }
@@ -544,7 +550,7 @@ impl Peers {
         let forgotten = before - map.len();
         drop(map);
         if !closed.is_empty() || forgotten > 0 {
-            log::debug!(
+            log::debug!(target: LOG_TARGET,
                 "peer sweep: dropped {} lanes their peers closed; forgot {forgotten} unused peers",
                 closed.len()
             );
@@ -595,7 +601,7 @@ impl Peers {
         let mut out = Vec::new();
         for set in peers.iter().filter_map(|p| p.rails.get().cloned().flatten()) {
             for r in &set.rails {
-                out.push((super::rails::rail_label(r), r.is_up(), r.bytes.load(Ordering::Relaxed)));
+                out.push((super::super::net::rails::rail_label(r), r.is_up(), r.bytes.load(Ordering::Relaxed)));
             }
         }
         out

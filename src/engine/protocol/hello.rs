@@ -37,8 +37,8 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::deadline::BoundedStream;
-use super::samehost::{Answer, Offer};
+use super::super::net::deadline::BoundedStream;
+use super::super::samehost::{Answer, Offer};
 use super::wire::HEADER_LEN;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -70,7 +70,7 @@ pub(crate) struct Body {
     pub nonce: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proof: Option<String>,
-    /// Request: the initiator offers the same-host link (see [`super::samehost`]).
+    /// Request: the initiator offers the same-host link (see [`super::super::samehost`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub same_host: Option<Offer>,
     /// Reply: the target's answer to that offer.
@@ -220,7 +220,7 @@ pub(crate) fn confirm(
 /// not wait for it is declined unchecked. `Err` says why the connection is
 /// refused.
 pub(crate) fn serve_data_hello(
-    conn: &mut super::conn::Conn,
+    conn: &mut super::super::net::conn::Conn,
     secret: &[u8],
     own: &str,
     request: Body,

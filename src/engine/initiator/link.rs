@@ -10,11 +10,16 @@
 
 use std::sync::Arc;
 
-use super::cuda::Device;
+use super::super::memory::cuda::Device;
+use super::super::samehost;
 use super::peers::Lane;
-use super::samehost;
 use super::window::{self, LocalMemory, WindowOutcome};
 use crate::transfer::{Direction, Request};
+
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::link";
 
 pub(crate) trait Link {
     /// Which path this link is ("tcp"), for logs and statistics.
@@ -109,7 +114,7 @@ impl Link for Lane {
             Err(e) => {
                 // Memory the driver cannot export (a pool allocation, a
                 // range across allocations): staged, this window only.
-                log::debug!("{}: device memory staged for a window: {e}", self.session);
+                log::debug!(target: LOG_TARGET, "{}: device memory staged for a window: {e}", self.session);
                 None
             }
         }

@@ -10,8 +10,8 @@ use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::super::super::initiator::window::LocalMemory;
 use super::super::cuda::Device;
-use super::super::window::LocalMemory;
 use super::pool::{Lease, Side, Staging};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::Request;

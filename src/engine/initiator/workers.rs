@@ -14,7 +14,12 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::registry::Registry;
+use super::super::registry::Registry;
+
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::workers";
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
@@ -163,7 +168,7 @@ impl Workers {
         drop(st);
         if grow {
             if let Err(e) = self.add_thread() {
-                log::warn!("cannot start another worker thread ({e}); the job waits for a free one");
+                log::warn!(target: LOG_TARGET, "cannot start another worker thread ({e}); the job waits for a free one");
             }
         }
         self.ready.notify_one();

@@ -9,17 +9,22 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::deadline::Stall;
+use super::super::net::deadline::Stall;
 use super::link::Link;
 use super::peers::{recv_limit, stalled, Lane, Peer};
 use super::plan::{Plan, PIECE_BYTES, WINDOW_BYTES};
 
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::batch";
+
 /// Bytes of a window on a rail: one piece, so that the end of a batch is
 /// shared between rails of different speeds in pieces, not in windows.
 const RAIL_WINDOW_BYTES: usize = PIECE_BYTES;
+use super::super::Inner;
 use super::prepare::Prepared;
 use super::window::{HostMemory, WindowOutcome};
-use super::Inner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::peer_stats::PeerCounters;
 use crate::transfer::state::{self, BatchSummary, TaskState, TaskSummary};
@@ -52,7 +57,7 @@ pub struct BatchRun {
     /// What crosses the wire: every non-empty request, cut into pieces.
     plan: Plan,
     /// The devices of staged pieces.
-    devices: Vec<Arc<super::cuda::Device>>,
+    devices: Vec<Arc<super::super::memory::cuda::Device>>,
     tasks: Vec<Task>,
     remaining: AtomicUsize,
     abort: Mutex<Option<Error>>,
@@ -227,7 +232,7 @@ impl BatchRun {
             if self.tasks.iter().all(|t| t.state() == TaskState::Completed) {
                 let sent = self.peer(inner).and_then(|p| p.notify(name, msg));
                 if let Err(e) = sent {
-                    log::warn!("batch to {} completed but its notification failed: {e}", self.session);
+                    log::warn!(target: LOG_TARGET, "batch to {} completed but its notification failed: {e}", self.session);
                     *self.notify_error.lock() = Some(e);
                 }
             }
@@ -235,7 +240,7 @@ impl BatchRun {
         *self.done.lock() = true;
         self.done_cv.notify_all();
         if let Err(e) = self.outcome() {
-            log::warn!("{} to {} failed: {e}", self.direction.name(), self.session);
+            log::warn!(target: LOG_TARGET, "{} to {} failed: {e}", self.direction.name(), self.session);
         }
     }
 
@@ -276,7 +281,7 @@ impl BatchRun {
     }
 
     /// Whether a lane on `rail` should leave the rest of the batch to the
-    /// other lanes (see [`super::rails::RailSet::should_yield`]); it then
+    /// other lanes (see [`super::super::net::rails::RailSet::should_yield`]); it then
     /// stops claiming, and at least one lane always keeps claiming.
     fn yields(&self, peer: &Peer, lane: Option<&Lane>) -> bool {
         let (Some(set), Some(rail)) = (peer.rails(), lane.and_then(|l| l.rail.as_ref())) else { return false };
@@ -405,13 +410,13 @@ impl BatchRun {
         link: &mut dyn Link,
         idx: &[usize],
         reqs: &[Request],
-        dev: &Arc<super::cuda::Device>,
+        dev: &Arc<super::super::memory::cuda::Device>,
     ) -> Option<WindowOutcome> {
         if !link.moves_device_memory() || idx.iter().any(|&i| self.plan.kind(i).is_none()) {
             return None;
         }
         if let Some(event) = self.after {
-            if let Err(e) = self.host_waited.get_or_init(|| super::cuda::wait_on_host(event)).clone() {
+            if let Err(e) = self.host_waited.get_or_init(|| super::super::memory::cuda::wait_on_host(event)).clone() {
                 return Some(WindowOutcome { confirmed: 0, rejected: false, broken: Some(e) });
             }
         }
@@ -463,7 +468,9 @@ impl BatchRun {
         let mut out = match device.and_then(|d| self.devices.iter().find(|dev| dev.ordinal == d)) {
             None => {
                 let waited = match self.after {
-                    Some(event) => self.host_waited.get_or_init(|| super::cuda::wait_on_host(event)).clone(),
+                    Some(event) => {
+                        self.host_waited.get_or_init(|| super::super::memory::cuda::wait_on_host(event)).clone()
+                    }
                     None => Ok(()),
                 };
                 match waited {
@@ -483,7 +490,7 @@ impl BatchRun {
                 }
             }),
         };
-        if link.path() != super::samehost::PATH {
+        if link.path() != super::super::samehost::PATH {
             for &i in &idx[..out.confirmed] {
                 self.tasks[self.plan.piece_task[i]].over_tcp.store(true, Ordering::Release);
             }

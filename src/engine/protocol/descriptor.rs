@@ -3,8 +3,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::samehost::HostIdentity;
+use super::super::net::rails::LocalRail;
+use super::super::samehost::HostIdentity;
 use crate::error::{Error, Result};
+
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::descriptor";
 
 /// One registered region as advertised in a descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,10 +34,10 @@ pub struct PeerDescriptor {
     /// `pdx_instance`: the engine instance of a pdx peer, which its data
     /// port confirms (see [`super::hello`]); `None` for a Mooncake peer.
     pub instance: Option<String>,
-    /// `pdx_host`: where a pdx peer runs (see [`super::samehost`]).
+    /// `pdx_host`: where a pdx peer runs (see [`super::super::samehost`]).
     pub host: Option<HostIdentity>,
     /// `pdx_rails`: the addresses a pdx peer with `PDX_TCP_RAILS` takes
-    /// data on, at `data_port` (see [`super::rails`]); empty otherwise.
+    /// data on, at `data_port` (see [`super::super::net::rails`]); empty otherwise.
     pub rails: Vec<std::net::IpAddr>,
 }
 
@@ -176,13 +182,28 @@ pub fn parse_descriptor(text: &[u8], session_name: &str, session_host: &str) -> 
         buffers,
         instance,
         host: d.pdx_host.and_then(|h| serde_json::from_value(h).ok()),
-        rails: super::rails::parse_advertised(d.pdx_rails.as_ref()),
+        rails: super::super::net::rails::parse_advertised(d.pdx_rails.as_ref()),
     })
+}
+
+/// Who we are on the network.
+#[derive(Clone)]
+pub(crate) struct Identity {
+    pub session_id: String,
+    pub data_host: String,
+    pub rpc_port: u16,
+    pub data_port: u16,
+    /// This engine's instance id, advertised in the descriptor and
+    /// confirmed on every data connection (see [`super::hello`]).
+    pub instance: String,
+    /// The local rails data connections may take (`PDX_TCP_RAILS`; empty:
+    /// one address), advertised in the descriptor (see [`super::super::net::rails`]).
+    pub rails: Vec<LocalRail>,
 }
 
 /// Our descriptor (`identity`, and `buffers` cut short if they would not
 /// fit one frame of `max_frame` bytes).
-pub(crate) fn own(identity: &super::Identity, mut buffers: Vec<AdvertisedBuffer>, max_frame: usize) -> String {
+pub(crate) fn own(identity: &Identity, mut buffers: Vec<AdvertisedBuffer>, max_frame: usize) -> String {
     loop {
         let id = identity;
         let host = HostIdentity::current();
@@ -199,7 +220,7 @@ pub(crate) fn own(identity: &super::Identity, mut buffers: Vec<AdvertisedBuffer>
         if text.len() + 2 <= max_frame || buffers.is_empty() {
             return text;
         }
-        log::warn!("descriptor too large for one handshake frame; advertising fewer buffers");
+        log::warn!(target: LOG_TARGET, "descriptor too large for one handshake frame; advertising fewer buffers");
         buffers.truncate(buffers.len() / 2);
     }
 }

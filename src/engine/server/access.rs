@@ -1,7 +1,7 @@
 //! Who may connect: the address allowlist (`PDX_ALLOWED_PEERS`) checked on
 //! every accepted connection before a byte is read from it, and the shared
 //! secret (`PDX_PEER_SECRET_FILE`) the handshake and data connections prove
-//! knowledge of (see [`super::auth`]). Both are read when an engine starts;
+//! knowledge of (see [`super::super::protocol::auth`]). Both are read when an engine starts;
 //! a malformed entry or an unfit secret file fails the start, naming it.
 
 use std::collections::HashMap;
@@ -10,9 +10,14 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::settings::Settings;
+use super::super::settings::Settings;
 use crate::config::file::{read_regular_file, ConfigFileError};
 use crate::error::{Error, Result};
+
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::access";
 
 /// One allowed block: an address and how many leading bits must match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,7 +197,7 @@ impl Access {
     pub fn log_refusal(&self, ip: IpAddr, what: &str) {
         if let Some(suppressed) = self.log.lock().should_log(ip, Instant::now()) {
             let more = if suppressed > 0 { format!(" ({suppressed} more since the last line)") } else { String::new() };
-            log::warn!("refused a connection from {ip}: {what}{more}");
+            log::warn!(target: LOG_TARGET, "refused a connection from {ip}: {what}{more}");
         }
     }
 }

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use socket2::SockRef;
 
+use super::super::samehost::xmem::PeerProcess;
 use super::deadline::{Stall, SLICE};
-use super::samehost::xmem::PeerProcess;
 use super::spin::Spin;
 
 /// Receive buffer size; payloads at least half this size bypass it.

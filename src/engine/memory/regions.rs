@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
+use super::super::protocol::descriptor::AdvertisedBuffer;
 use super::cuda::{Classified, Device};
-use super::descriptor::AdvertisedBuffer;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::location::Location;
 use crate::transfer::regions::RegionMap;

@@ -10,16 +10,20 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::deadline::BoundedStream;
-use super::descriptor::{self, PeerDescriptor};
-use super::directory::Directory;
-use super::regions::Regions;
-use super::registry::Registry;
-use super::settings::Settings;
-use super::wire::{self, FrameType};
-use super::Identity;
+use super::super::directory::Directory;
+use super::super::memory::regions::Regions;
+use super::super::net::deadline::BoundedStream;
+use super::super::protocol::descriptor::{self, Identity, PeerDescriptor};
+use super::super::protocol::wire::{self, FrameType};
+use super::super::registry::Registry;
+use super::super::settings::Settings;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::host::{parse_session, SessionAddr};
+
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::dialer";
 
 /// Resolve `host:port` within `timeout`. An IP literal needs no lookup; a
 /// name is looked up on a helper thread we stop waiting for at the
@@ -83,7 +87,7 @@ pub fn connect_by(settings: &Settings, host: &str, port: u16, by: Option<Instant
         }
     }
     let e = Error::new(ErrorKind::PeerUnreachable, format!("cannot connect to {host}:{port} ({last})"));
-    log::debug!("{e}");
+    log::debug!(target: LOG_TARGET, "{e}");
     Err(e)
 }
 
@@ -94,11 +98,11 @@ pub(crate) struct Dialer {
     regions: Arc<Regions>,
     identity: Identity,
     /// The peer secret every handshake and data connection proves (see
-    /// [`super::auth`]), when set.
+    /// [`super::super::protocol::auth`]), when set.
     pub secret: Option<Vec<u8>>,
     /// This engine's device memory as other processes reach it over the
     /// same-host link (CUDA IPC handles, forgotten at unregister).
-    pub exports: Arc<super::ipc::Exports>,
+    pub exports: Arc<super::super::memory::ipc::Exports>,
     /// Where peers' descriptors and handshake addresses come from.
     pub directory: Arc<dyn Directory>,
 }
@@ -139,7 +143,7 @@ impl Dialer {
     }
 
     /// This engine's rails (`PDX_TCP_RAILS`; empty: none).
-    pub fn local_rails(&self) -> &[super::rails::LocalRail] {
+    pub fn local_rails(&self) -> &[super::super::net::rails::LocalRail] {
         &self.identity.rails
     }
 
@@ -171,7 +175,7 @@ impl Dialer {
                     if Instant::now() + pause >= bound {
                         return Err(e);
                     }
-                    log::debug!("{e}; asking again in {pause:?}");
+                    log::debug!(target: LOG_TARGET, "{e}; asking again in {pause:?}");
                     std::thread::sleep(pause);
                     pause_ms *= 4;
                 }
@@ -219,10 +223,9 @@ impl Dialer {
         let mut bounded = BoundedStream::new(&mut stream, deadline);
         let frame = wire::encode_frame(kind, json);
         match &self.secret {
-            // Mutual proof of the peer secret first (see [`super::auth`]).
-            Some(secret) => {
-                super::auth::client_handshake(&mut bounded, secret, &frame, &where_).map_err(|e| (e, false))?
-            }
+            // Mutual proof of the peer secret first (see [`super::super::protocol::auth`]).
+            Some(secret) => super::super::protocol::auth::client_handshake(&mut bounded, secret, &frame, &where_)
+                .map_err(|e| (e, false))?,
             None => bounded.write_all(&frame).map_err(io_err)?,
         }
         let mut prefix = [0u8; 8];
@@ -234,7 +237,7 @@ impl Dialer {
         if body.len() != length {
             return Err((Error::new(ErrorKind::ConnectionLost, format!("{where_}: reply truncated")), true));
         }
-        if let Some(refusal) = super::auth::decode_frame_body(&body) {
+        if let Some(refusal) = super::super::protocol::auth::decode_frame_body(&body) {
             let why = refusal.error.unwrap_or_else(|| "it asked for authentication".to_owned());
             let e = Error::new(ErrorKind::PeerUnreachable, format!("{where_}: peer authentication failed: {why}"));
             return Err((e, false));

@@ -28,9 +28,14 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::super::registry::Registry;
 use super::deadline::Progress;
-use super::registry::Registry;
 use crate::error::{Error, Result};
+
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::rails";
 
 /// A rail with work in flight that confirms nothing for this long, while
 /// another rail to the same peer does, is down.
@@ -139,7 +144,7 @@ fn discover_from(spec: Option<&str>, list: impl FnOnce() -> std::io::Result<Vec<
     if spec == "auto" {
         rails = all;
         if rails.is_empty() {
-            log::warn!("PDX_TCP_RAILS=auto: no interface is up with an address; one address, as without rails");
+            log::warn!(target: LOG_TARGET, "PDX_TCP_RAILS=auto: no interface is up with an address; one address, as without rails");
         }
     } else {
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -162,7 +167,7 @@ fn discover_from(spec: Option<&str>, list: impl FnOnce() -> std::io::Result<Vec<
         }
     }
     if rails.len() > MAX_RAILS {
-        log::warn!("PDX_TCP_RAILS: {} rails found; using the first {MAX_RAILS}", rails.len());
+        log::warn!(target: LOG_TARGET, "PDX_TCP_RAILS: {} rails found; using the first {MAX_RAILS}", rails.len());
         rails.truncate(MAX_RAILS);
     }
     Ok(rails)
@@ -332,7 +337,7 @@ impl Rail {
         if st.state == state {
             return false;
         }
-        log::info!("{session}: rail {self} {} -> {}: {reason}", st.state.name(), state.name());
+        log::info!(target: LOG_TARGET, "{session}: rail {self} {} -> {}: {reason}", st.state.name(), state.name());
         st.state = state;
         st.reason = reason;
         true
@@ -374,7 +379,7 @@ impl RailSet {
             })
             .collect::<Vec<_>>();
         for r in &rails {
-            log::info!("{session}: rail {r}: {}", r.reason());
+            log::info!(target: LOG_TARGET, "{session}: rail {r}: {}", r.reason());
         }
         RailSet { session: session.to_owned(), rails, port, next: AtomicUsize::new(0) }
     }
@@ -427,7 +432,7 @@ impl RailSet {
         let spawned = registry.spawn(format!("pdx-rail-probe-{}", rail.index), move || set.probe(&rail2, &registry2));
         if let Err(e) = spawned {
             rail.probing.store(false, Ordering::Release);
-            log::warn!("{}: cannot start the probe of rail {rail} ({e}); it stays down", self.session);
+            log::warn!(target: LOG_TARGET, "{}: cannot start the probe of rail {rail} ({e}); it stays down", self.session);
         }
     }
 
@@ -449,7 +454,7 @@ impl RailSet {
                     );
                     break;
                 }
-                Err(e) => log::debug!("{}: rail {rail} probe: {e}", self.session),
+                Err(e) => log::debug!(target: LOG_TARGET, "{}: rail {rail} probe: {e}", self.session),
             }
             // In short naps: a stopping engine joins this thread.
             while tried.elapsed() < PROBE_EVERY && !registry.stopping() {

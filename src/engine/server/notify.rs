@@ -5,6 +5,11 @@ use std::collections::VecDeque;
 
 use parking_lot::Mutex;
 
+/// The target this module logs under: its path before the engine's files
+/// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
+/// see the module names they always saw.
+const LOG_TARGET: &str = "pdx::engine::notify";
+
 /// Bytes a queued notification is charged beyond its name and message
 /// (the pair's two `String`s and its slot in the queue).
 const ENTRY_OVERHEAD: usize = 64;
@@ -40,7 +45,7 @@ impl Notifications {
         if q.pairs.len() >= self.limit || q.bytes.saturating_add(c) > self.max_bytes {
             let (len, bytes) = (q.pairs.len(), q.bytes);
             drop(q); // a log callback may drain the queue
-            log::warn!(
+            log::warn!(target: LOG_TARGET,
                 "notification queue full ({len} of {} entries, {bytes} + {c} of {} bytes); rejecting a notification",
                 self.limit,
                 self.max_bytes

@@ -5,9 +5,9 @@
 //! refusing it here costs the caller nothing and keeps a bogus length
 //! (`1 << 62`) from planning billions of pieces.
 
-use super::descriptor::PeerDescriptor;
+use super::super::protocol::descriptor::PeerDescriptor;
+use super::super::settings::Settings;
 use super::plan::PIECE_BYTES;
-use super::settings::Settings;
 use crate::error::{Error, Result};
 use crate::transfer::Request;
 

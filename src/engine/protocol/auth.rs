@@ -311,12 +311,13 @@ mod tests {
         let f = encode_frame(&body);
         assert_eq!(u64::from_le_bytes(f[..8].try_into().unwrap()) as usize, f.len() - 8);
         assert_eq!(decode_frame_body(&f[8..]), Some(body));
-        let mooncake = crate::engine::wire::encode_frame(crate::engine::wire::FrameType::Metadata, "{}");
+        let mooncake =
+            crate::engine::protocol::wire::encode_frame(crate::engine::protocol::wire::FrameType::Metadata, "{}");
         assert_eq!(decode_frame_body(&mooncake[8..]), None);
         // What a pdx or Mooncake engine without a secret sees: the untyped
         // old protocol with a body that is not JSON.
-        let (kind, json) = crate::engine::wire::split_frame_body(&f[8..]);
-        assert_eq!(kind, crate::engine::wire::FrameType::Old);
+        let (kind, json) = crate::engine::protocol::wire::split_frame_body(&f[8..]);
+        assert_eq!(kind, crate::engine::protocol::wire::FrameType::Old);
         assert!(serde_json::from_slice::<serde_json::Value>(json).is_err());
     }
 }
