@@ -197,4 +197,7 @@ fn listeners_survive_garbage_and_keep_serving() {
     unsafe { honest.transfer_sync(victim.session_id(), Direction::Write, vec![r]) }.unwrap();
     assert!(memory == src);
     honest.probe(victim.session_id()).unwrap();
+    // `memory` drops before `victim`: withdraw it first, so that no data
+    // thread still draining a garbage write writes into freed memory.
+    victim.unregister(memory.as_ptr() as u64).unwrap();
 }
