@@ -454,7 +454,6 @@ impl BatchRun {
         };
         let t0 = Instant::now();
         rail.busy(true);
-        lane.conn.mark_rail();
         // SAFETY: forwarded from the caller.
         let out = unsafe { self.run(inner, lane, idx) };
         let bytes: usize = idx[..out.confirmed].iter().map(|&i| self.plan.pieces[i].len).sum();

@@ -108,7 +108,8 @@ impl Peer {
                     log::info!("{}: on this host: rails do not apply (the same-host link)", self.session);
                     return None;
                 }
-                Some(Arc::new(RailSet::new(&self.session, locals, &desc.rails, desc.data_port)))
+                let set = RailSet::new(&self.session, locals, &desc.rails, desc.data_port);
+                Some(Arc::new(set.checked_on(self.dialer.registry.clone())))
             })
             .as_ref()
     }
