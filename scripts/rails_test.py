@@ -10,6 +10,7 @@ throughput.
     sudo PYTHONPATH=python python3 scripts/rails_test.py --rates 1gbit,1gbit
     ... --rates 1gbit,4gbit                  unequal links
     ... --rates 1gbit,1gbit --kill 2:3:6     link 2 down on both ends at 3 s, up at 6 s
+    ... --kill 2:3:6 --blackhole             link 2 drops every packet instead (routes stay)
     ... --rates 1gbit,1gbit --dead-rail      the target also advertises a rail nobody reaches
     ... --rates 1gbit,1gbit --rails ''       PDX_TCP_RAILS unset: one address
     ... --streams 2 --direction write        two threads, each its own loop of writes
@@ -62,7 +63,13 @@ class Bed:
             self.close()
             raise
 
+    def tbf(self, ns: str, dev: str, rate: str, verb: str = "add") -> None:
+        burst = max(rate_bits(rate) // 8 // 500, 131072)
+        sh("ip", "netns", "exec", ns, "tc", "qdisc", verb, "dev", dev, "root", "tbf", "rate", rate,
+           "burst", str(burst), "latency", "20ms")
+
     def make(self, rates: list[str], dead_rail: bool) -> None:
+        self.rates = rates
         for ns in (self.a, self.b):
             sh("ip", "netns", "add", ns)
             self.made.append(ns)
@@ -73,9 +80,7 @@ class Bed:
             for ns, dev, host in ((self.a, ea, 1), (self.b, eb, 2)):
                 sh("ip", "-n", ns, "addr", "add", f"10.231.{10 + k}.{host}/24", "dev", dev)
                 sh("ip", "-n", ns, "link", "set", dev, "up")
-                burst = max(rate_bits(rate) // 8 // 500, 131072)
-                sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-                   "burst", str(burst), "latency", "20ms")
+                self.tbf(ns, dev, rate)
         if dead_rail:
             # An address the target has and advertises that no link reaches.
             # (A veth pair inside the target whose other end stays down.)
@@ -84,7 +89,17 @@ class Bed:
             sh("ip", "-n", self.b, "link", "set", "dead0", "up")
         self.links = len(rates)
 
-    def link(self, k: int, up: bool) -> None:
+    def link(self, k: int, up: bool, blackhole: bool = False) -> None:
+        if blackhole:
+            # The link stays up with its routes and drops everything (a
+            # silent path: a connect times out rather than failing).
+            for ns, dev in ((self.a, f"{self.tag}a{k}"), (self.b, f"{self.tag}b{k}")):
+                if up:
+                    self.tbf(ns, dev, self.rates[k - 1], "replace")
+                else:
+                    sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                       "8bit", "burst", "1600", "limit", "1")
+            return
         state = "up" if up else "down"
         sh("ip", "-n", self.a, "link", "set", f"{self.tag}a{k}", state)
         sh("ip", "-n", self.b, "link", "set", f"{self.tag}b{k}", state)
@@ -175,9 +190,9 @@ def run(args: argparse.Namespace) -> dict:
         if args.kill:
             k, down_at, up_at = (float(x) for x in args.kill.split(":"))
             time.sleep(max(0.0, t0 + down_at - time.monotonic()))
-            bed.link(int(k), False)
+            bed.link(int(k), False, args.blackhole)
             time.sleep(max(0.0, t0 + up_at - time.monotonic()))
-            bed.link(int(k), True)
+            bed.link(int(k), True, args.blackhole)
         res = json.loads(i.stdout.readline())
         c1 = cpu_seconds(t.pid) + cpu_seconds(i.pid)
         i.wait(timeout=30)
@@ -198,7 +213,7 @@ def run(args: argparse.Namespace) -> dict:
         per_second.append(round(b * 8 / 1e9, 2))
     rails = res["peer_info"].get("rails")
     return {
-        "rates": rates, "rails_option": args.rails, "kill": args.kill, "streams": args.streams,
+        "rates": rates, "rails_option": args.rails, "kill": args.kill, "blackhole": args.blackhole, "streams": args.streams,
         "direction": args.direction, "ready": ready["ready"],
         "transfers": len(xfers), "failed": sum(1 for x in xfers if x[2] != 0),
         "gbit_s": round(moved * 8 / span / 1e9, 3) if span else 0.0,
@@ -220,6 +235,8 @@ def main() -> int:
     ap.add_argument("--direction", choices=["alternate", "write", "read"], default="alternate",
                     help="writes and reads in turn (each stream), or only one of them")
     ap.add_argument("--kill", default="", help="K:DOWN_S:UP_S: link K down on both ends at DOWN_S, up at UP_S")
+    ap.add_argument("--blackhole", action="store_true",
+                    help="--kill drops every packet of the link (tbf at 8 bit/s) instead of setting it down")
     ap.add_argument("--dead-rail", action="store_true")
     args = ap.parse_args()
     if args.role == "target":
