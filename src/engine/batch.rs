@@ -289,9 +289,9 @@ impl BatchRun {
     /// other lanes (see [`super::rails::RailSet::should_yield`]); it then
     /// stops claiming, and at least one lane always keeps claiming.
     fn yields(&self, peer: &Peer, lane: Option<&Lane>) -> bool {
-        let (Some(set), Some(rail)) = (peer.rails(), lane.and_then(|l| l.rail.as_ref())) else { return false };
+        let Some((set, rail)) = lane.and_then(|l| peer.rails_of(l)) else { return false };
         let Some((window, unclaimed)) = self.plan.peek(self.rail_window()) else { return false };
-        if !set.should_yield(rail, window, unclaimed) {
+        if !set.should_yield(&rail, window, unclaimed) {
             return false;
         }
         let mut n = self.lanes_claiming.load(Ordering::Acquire);
@@ -459,7 +459,7 @@ impl BatchRun {
         let bytes: usize = idx[..out.confirmed].iter().map(|&i| self.plan.pieces[i].len).sum();
         rail.confirmed(bytes as u64, t0.elapsed());
         rail.busy(false);
-        if let (Some(e), false, Some(set)) = (&out.broken, out.rejected, peer.rails()) {
+        if let (Some(e), false, Some((set, _))) = (&out.broken, out.rejected, peer.rails_of(lane)) {
             let lost = matches!(e.kind(), ErrorKind::Timeout | ErrorKind::ConnectionLost);
             if lost && set.rails.iter().any(|r| r.index != rail.index && r.is_up()) {
                 // Its pieces are sent again on another rail: what this

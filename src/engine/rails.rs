@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::deadline::Progress;
+use super::descriptor::PeerDescriptor;
 use super::registry::Registry;
 use crate::error::{Error, Result};
 
@@ -372,6 +373,9 @@ pub struct RailSet {
     /// The engine's threads (for the checks of lagging rails; `None` in
     /// unit tests: no check).
     registry: Option<Arc<Registry>>,
+    /// Replaced by a pairing with a newer descriptor of the peer: its
+    /// probes stop.
+    retired: AtomicBool,
 }
 
 impl RailSet {
@@ -403,7 +407,14 @@ impl RailSet {
         for r in &rails {
             log::info!("{session}: rail {r}: {}", r.reason());
         }
-        RailSet { session: session.to_owned(), rails, port, next: AtomicUsize::new(0), registry: None }
+        RailSet {
+            session: session.to_owned(),
+            rails,
+            port,
+            next: AtomicUsize::new(0),
+            registry: None,
+            retired: AtomicBool::new(false),
+        }
     }
 
     /// Checks of lagging rails run on `registry`'s threads.
@@ -480,6 +491,11 @@ impl RailSet {
         self.rails.iter().any(|r| r.index != rail.index && r.is_up() && r.progress.last() > since)
     }
 
+    /// Whether `rail` is one of this pairing's (not of an older one).
+    pub fn holds(&self, rail: &Arc<Rail>) -> bool {
+        self.rails.get(rail.index).is_some_and(|r| Arc::ptr_eq(r, rail))
+    }
+
     /// The up rails' indexes, for spreading a batch's lanes.
     pub fn up_indexes(&self) -> Vec<usize> {
         self.rails.iter().filter(|r| r.is_up()).map(|r| r.index).collect()
@@ -519,7 +535,7 @@ impl RailSet {
     /// Probe `rail` until it answers (then it is up again) or the engine stops.
     fn probe(&self, rail: &Rail, registry: &Registry) {
         let started = Instant::now();
-        while !registry.stopping() {
+        while !registry.stopping() && !self.retired.load(Ordering::Acquire) {
             let by = Instant::now() + PROBE_EVERY.max(Duration::from_millis(200));
             let tried = Instant::now();
             match rail.connect(self.port, by) {
@@ -537,7 +553,7 @@ impl RailSet {
                 Err(e) => log::debug!("{}: rail {rail} probe: {e}", self.session),
             }
             // In short naps: a stopping engine joins this thread.
-            while tried.elapsed() < PROBE_EVERY && !registry.stopping() {
+            while tried.elapsed() < PROBE_EVERY && !registry.stopping() && !self.retired.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
@@ -584,6 +600,61 @@ impl RailSet {
             })
             .collect();
         serde_json::Value::Array(rails)
+    }
+}
+
+/// A peer's rails as paired with the descriptor they came from. A peer
+/// that restarts (a new `pdx_instance`), moves its data port or advertises
+/// other rails is paired afresh from its new descriptor, the first time the
+/// rails are asked for after the cached descriptor changed; the old
+/// pairing's probes stop. A descriptor fetched again unchanged keeps the
+/// pairing (and what it learned: rates, rails down or dropped).
+#[derive(Default)]
+pub struct Pairing {
+    cached: Mutex<Option<Paired>>,
+}
+
+/// A descriptor and the rails paired from it (`None`: none).
+type Paired = (Arc<PeerDescriptor>, Option<Arc<RailSet>>);
+
+impl Pairing {
+    /// The rails for `desc`, made by `make` unless the pairing in hand was
+    /// made from `desc` or a descriptor equal in what pairing reads.
+    pub fn get(
+        &self,
+        desc: &Arc<PeerDescriptor>,
+        make: impl FnOnce(&PeerDescriptor) -> Option<Arc<RailSet>>,
+    ) -> Option<Arc<RailSet>> {
+        let mut cached = self.cached.lock();
+        if let Some((from, set)) = cached.as_mut() {
+            if Arc::ptr_eq(from, desc) {
+                return set.clone();
+            }
+            let key = |d: &PeerDescriptor| (d.instance.clone(), d.rails.clone(), d.data_port, d.data_host.clone());
+            if key(from) == key(desc) {
+                *from = desc.clone();
+                return set.clone();
+            }
+            if let Some(old) = set {
+                log::info!(
+                    "{}: the peer's descriptor changed (instance {:?} -> {:?}, rails {:?} -> {:?}): rails paired afresh",
+                    old.session,
+                    from.instance,
+                    desc.instance,
+                    from.rails,
+                    desc.rails
+                );
+                old.retired.store(true, Ordering::Release);
+            }
+        }
+        let set = make(desc);
+        *cached = Some((desc.clone(), set.clone()));
+        set
+    }
+
+    /// The pairing in hand, without looking at the descriptor.
+    pub fn current(&self) -> Option<Arc<RailSet>> {
+        self.cached.lock().as_ref().and_then(|(_, set)| set.clone())
     }
 }
 
@@ -751,6 +822,50 @@ mod tests {
         assert!(!clock.silent_at(later) && clock.silent_at(later + Duration::from_secs(1)));
         dying.progress.mark_at(later + Duration::from_secs(1));
         assert!(!clock.silent_at(later + Duration::from_secs(1)), "its own bytes reset its clock");
+    }
+
+    #[test]
+    fn a_peer_with_a_new_descriptor_is_paired_afresh() {
+        let locals = [rail("a", "10.231.1.1", 24), rail("b", "10.231.2.1", 24)];
+        let desc = |instance: &str, rails: &[&str]| {
+            Arc::new(PeerDescriptor {
+                data_host: "10.231.1.2".into(),
+                data_port: 7000,
+                proto_version: 2,
+                notify_name: "peer".into(),
+                buffers: Vec::new(),
+                instance: Some(instance.into()),
+                host: None,
+                rails: rails.iter().map(|s| s.parse().unwrap()).collect(),
+            })
+        };
+        let made = std::cell::Cell::new(0);
+        let make = |d: &PeerDescriptor| {
+            made.set(made.get() + 1);
+            Some(Arc::new(RailSet::new("peer", &locals, &d.rails, d.data_port)))
+        };
+        let pairing = Pairing::default();
+        let first = desc("0a", &["10.231.1.2", "10.231.2.2"]);
+        let a = pairing.get(&first, make).unwrap();
+        a.rails[1].set(RailState::Dropped, "test".into(), "peer");
+        assert!(Arc::ptr_eq(&a, &pairing.get(&first, make).unwrap()));
+        // Fetched again, unchanged: the same pairing (rail 1 stays dropped).
+        let again = desc("0a", &["10.231.1.2", "10.231.2.2"]);
+        assert!(Arc::ptr_eq(&a, &pairing.get(&again, make).unwrap()) && made.get() == 1);
+        // Restarted with the same rails: paired afresh, every rail up again.
+        let restarted = desc("0b", &["10.231.1.2", "10.231.2.2"]);
+        let b = pairing.get(&restarted, make).unwrap();
+        assert!(!Arc::ptr_eq(&a, &b) && made.get() == 2);
+        assert!(a.retired.load(Ordering::Acquire) && !b.retired.load(Ordering::Acquire));
+        assert!(b.rails.iter().all(|r| r.is_up()) && !b.holds(&a.rails[0]) && b.holds(&b.rails[0]));
+        // Restarted with other rails: those.
+        let moved = desc("0c", &["10.231.2.9"]);
+        let c = pairing.get(&moved, make).unwrap();
+        assert_eq!(c.rails.iter().map(|r| r.remote.to_string()).collect::<Vec<_>>(), ["10.231.2.9"]);
+        assert!(Arc::ptr_eq(&c, &pairing.current().unwrap()));
+        // Restarted without rails (an older pdx, or rails unset): none.
+        let plain = desc("0d", &[]);
+        assert!(pairing.get(&plain, |_| None).is_none() && pairing.current().is_none());
     }
 
     #[test]
