@@ -10,15 +10,19 @@
 //! executor's lanes claim windows as they finish the last, so a rail that
 //! confirms bytes faster takes more of a batch, and a slow rail stops
 //! claiming once the others would finish the rest before it finishes a
-//! window ([`Rail::should_yield`]).
+//! window ([`RailSet::should_yield`]).
 //!
 //! A rail has its own clock: while it has work in flight and confirms no
 //! bytes for [`RAIL_CLOCK`] while another rail to the same peer does, its
 //! lanes give up ([`RailClock::silent`]), the rail is marked down and the
-//! unconfirmed pieces are retried on the others. A down rail is probed in
-//! the background (a TCP connect to the peer's data port from the rail's
-//! address every [`PROBE_EVERY`]) and used again as soon as it answers. A
-//! rail that never connected is dropped for that peer, with the reason.
+//! unconfirmed pieces are retried on the others. Quiet for [`RAIL_LAGGING`]
+//! it gets no new windows, and one connect from its address checks it: a
+//! link that is down (no route) marks it down then, without waiting out the
+//! clock. A down rail is probed in the background (a TCP connect to the
+//! peer's data port from the rail's address every [`PROBE_EVERY`]) and
+//! used again as soon as it answers. A rail that never connected is dropped
+//! for that peer, with the reason. A pairing belongs to the descriptor it
+//! was made from ([`Pairing`]): a peer that restarts is paired afresh.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -45,6 +49,10 @@ pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// Bound on one rail's connect (a rail that cannot connect in this long is
 /// dropped; the task's own clocks are far longer).
 const RAIL_CONNECT: Duration = Duration::from_secs(2);
+/// Bound on the connect that checks a lagging rail: a refusal or an
+/// unreachable network comes at once; a timeout says nothing (and a
+/// stopping engine waits for no longer than this).
+const CHECK_CONNECT: Duration = Duration::from_millis(500);
 /// Most rails an engine uses or accepts from a peer's descriptor.
 pub(crate) const MAX_RAILS: usize = 16;
 
@@ -340,14 +348,20 @@ impl Rail {
         }
     }
 
-    /// How long it has had work in flight and moved nothing, at `now`
-    /// (`None`: no work in flight). A window started while the rail's other
-    /// windows wait does not restart it.
-    fn quiet_at(&self, now: Instant) -> Option<Duration> {
+    /// Since when it has had work in flight and moved nothing (`None`: no
+    /// work in flight): the later of its last byte and when it last went
+    /// from idle to busy. A window started while the rail's other windows
+    /// wait does not move it.
+    fn quiet_since(&self) -> Option<Instant> {
         if self.busy.load(Ordering::Acquire) == 0 {
             return None;
         }
-        Some(now.saturating_duration_since(self.progress.last().max(self.busy_since.last())))
+        Some(self.progress.last().max(self.busy_since.last()))
+    }
+
+    /// How long it has been quiet at `now` (see [`Rail::quiet_since`]).
+    fn quiet_at(&self, now: Instant) -> Option<Duration> {
+        self.quiet_since().map(|since| now.saturating_duration_since(since))
     }
 
     fn set(&self, state: RailState, reason: String, session: &str) -> bool {
@@ -423,15 +437,17 @@ impl RailSet {
         self
     }
 
-    /// A rail lagging (see [`RailSet::lagging_at`]): once per quiet spell,
-    /// try a connect from its address in the background. One that fails
-    /// other than by timing out (no route: the link is down) marks the rail
-    /// down at once, and its lanes give up without waiting for
-    /// [`RAIL_CLOCK`]; one that connects or times out changes nothing.
+    /// A rail quiet for [`RAIL_LAGGING`] with work in flight while another
+    /// was working (see [`RailClock::silent`]): once per quiet spell, try a
+    /// connect from its address in the background, bounded by
+    /// [`CHECK_CONNECT`]. One that fails other than by timing out (no
+    /// route: the link is down) marks the rail down at once, and its lanes
+    /// give up without waiting for [`RAIL_CLOCK`]; one that connects or
+    /// times out changes nothing.
     fn check_lagging(self: &Arc<Self>, rail: &Arc<Rail>, now: Instant) {
         let Some(registry) = &self.registry else { return };
-        let Some(quiet) = rail.quiet_at(now) else { return };
-        let spell = now.checked_sub(quiet).unwrap_or(now);
+        let Some(spell) = rail.quiet_since() else { return };
+        let quiet = now.saturating_duration_since(spell);
         {
             let mut checked = rail.checked.lock();
             if *checked == Some(spell) {
@@ -442,8 +458,7 @@ impl RailSet {
         log::debug!("{}: rail {rail} quiet for {quiet:?} with work in flight: a connect checks it", self.session);
         let (set, rail2, registry2) = (self.clone(), rail.clone(), registry.clone());
         let spawned = registry.spawn(format!("pdx-rail-check-{}", rail.index), move || {
-            let by = Instant::now() + RAIL_CONNECT;
-            match rail2.connect(set.port, by) {
+            match rail2.connect(set.port, Instant::now() + CHECK_CONNECT) {
                 Err(e) if !matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock) => {
                     let why =
                         format!("quiet for {:.1} s with work in flight, and cannot connect: {e}", quiet.as_secs_f64());
@@ -486,8 +501,9 @@ impl RailSet {
     /// [`RAIL_LAGGING`] while another rail up has moved bytes since it
     /// went quiet: new windows are better sent elsewhere.
     fn lagging_at(&self, rail: &Rail, now: Instant) -> bool {
-        let Some(quiet) = rail.quiet_at(now).filter(|q| *q >= RAIL_LAGGING) else { return false };
-        let since = now.checked_sub(quiet).unwrap_or(now);
+        let Some(since) = rail.quiet_since().filter(|&t| now.saturating_duration_since(t) >= RAIL_LAGGING) else {
+            return false;
+        };
         self.rails.iter().any(|r| r.index != rail.index && r.is_up() && r.progress.last() > since)
     }
 
