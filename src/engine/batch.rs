@@ -96,7 +96,12 @@ impl BatchRun {
         // batches never ask the pool).
         let device_piece = if prepared.kinds.is_empty() { 0 } else { inner.staging.chunk() };
         let mut plan = Plan::new(&prepared.reqs, &prepared.kinds, device_piece);
-        if inner.settings.tcp_rails.is_some() {
+        // Only to a peer already paired with rails (a peer without, such as
+        // Mooncake, gets the pieces it always did; a peer's first batch
+        // finds it not yet known, and keeps them too).
+        let railed =
+            inner.settings.tcp_rails.is_some() && inner.peers.cached(session).is_some_and(|p| p.rails().is_some());
+        if railed {
             plan.split_tail(RAIL_TAIL_BYTES, RAIL_TAIL_PIECE);
         }
         let tasks = plan
