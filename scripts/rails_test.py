@@ -10,8 +10,10 @@ throughput.
     sudo PYTHONPATH=python python3 scripts/rails_test.py --rates 1gbit,1gbit
     ... --rates 1gbit,4gbit                  unequal links
     ... --rates 1gbit,1gbit --kill 2:3:6     link 2 down on both ends at 3 s, up at 6 s
+    ... --kill 2:3:6 --blackhole             link 2 drops every packet instead (routes stay)
     ... --rates 1gbit,1gbit --dead-rail      the target also advertises a rail nobody reaches
     ... --rates 1gbit,1gbit --rails ''       PDX_TCP_RAILS unset: one address
+    ... --streams 2 --direction write        two threads, each its own loop of writes
 
 The namespaces and links are made here, torn down on exit, and carry only
 10.231.(10+k).0/24 addresses inside them. Needs root; exit 77 (SKIP) if not.
@@ -61,7 +63,13 @@ class Bed:
             self.close()
             raise
 
+    def tbf(self, ns: str, dev: str, rate: str, verb: str = "add") -> None:
+        burst = max(rate_bits(rate) // 8 // 500, 131072)
+        sh("ip", "netns", "exec", ns, "tc", "qdisc", verb, "dev", dev, "root", "tbf", "rate", rate,
+           "burst", str(burst), "latency", "20ms")
+
     def make(self, rates: list[str], dead_rail: bool) -> None:
+        self.rates = rates
         for ns in (self.a, self.b):
             sh("ip", "netns", "add", ns)
             self.made.append(ns)
@@ -72,9 +80,7 @@ class Bed:
             for ns, dev, host in ((self.a, ea, 1), (self.b, eb, 2)):
                 sh("ip", "-n", ns, "addr", "add", f"10.231.{10 + k}.{host}/24", "dev", dev)
                 sh("ip", "-n", ns, "link", "set", dev, "up")
-                burst = max(rate_bits(rate) // 8 // 500, 131072)
-                sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-                   "burst", str(burst), "latency", "20ms")
+                self.tbf(ns, dev, rate)
         if dead_rail:
             # An address the target has and advertises that no link reaches.
             # (A veth pair inside the target whose other end stays down.)
@@ -83,7 +89,17 @@ class Bed:
             sh("ip", "-n", self.b, "link", "set", "dead0", "up")
         self.links = len(rates)
 
-    def link(self, k: int, up: bool) -> None:
+    def link(self, k: int, up: bool, blackhole: bool = False) -> None:
+        if blackhole:
+            # The link stays up with its routes and drops everything (a
+            # silent path: a connect times out rather than failing).
+            for ns, dev in ((self.a, f"{self.tag}a{k}"), (self.b, f"{self.tag}b{k}")):
+                if up:
+                    self.tbf(ns, dev, self.rates[k - 1], "replace")
+                else:
+                    sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                       "8bit", "burst", "1600", "limit", "1")
+            return
         state = "up" if up else "down"
         sh("ip", "-n", self.a, "link", "set", f"{self.tag}a{k}", state)
         sh("ip", "-n", self.b, "link", "set", f"{self.tag}b{k}", state)
@@ -114,20 +130,34 @@ def role_target(host: str) -> None:
     sys.stdin.readline()
 
 
-def role_initiator(host: str, session: str, remote: int, seconds: float) -> None:
+def role_initiator(host: str, session: str, remote: int, seconds: float, streams: int, direction: str) -> None:
+    import threading
+
     pdx, e, buf, local = engine(host)
     ok = pdx.lib.pdx_transfer_sync_write(e.handle, session.encode(), local, remote, SIZE) == 0
     print(json.dumps({"ready": ok, "t": time.monotonic()}), flush=True)
     sys.stdin.readline()
-    done = []
+    done: list[tuple[float, float, int]] = []
     t_end = time.monotonic() + seconds
-    k = 0
-    while time.monotonic() < t_end:
-        fn = pdx.lib.pdx_transfer_sync_write if k % 2 == 0 else pdx.lib.pdx_transfer_sync_read
-        t0 = time.monotonic()
-        rc = fn(e.handle, session.encode(), local, remote, SIZE)
-        done.append((t0, time.monotonic(), rc))
-        k += 1
+
+    def loop(first: int) -> None:
+        # Each stream its own loop of synchronous transfers (ctypes lets go
+        # of the GIL during the call); the bytes of all are the same buffers.
+        k = first
+        while time.monotonic() < t_end:
+            write = {"write": True, "read": False}.get(direction, k % 2 == 0)
+            fn = pdx.lib.pdx_transfer_sync_write if write else pdx.lib.pdx_transfer_sync_read
+            t0 = time.monotonic()
+            rc = fn(e.handle, session.encode(), local, remote, SIZE)
+            done.append((t0, time.monotonic(), rc))
+            k += 1
+
+    threads = [threading.Thread(target=loop, args=(s,)) for s in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.sort()
     info = e.peer_info(session)
     print(json.dumps({"transfers": done, "peer_info": info}), flush=True)
 
@@ -150,7 +180,7 @@ def run(args: argparse.Namespace) -> dict:
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         info = json.loads(t.stdout.readline())
         i = subprocess.Popen(ns_cmd(bed.a, [*me, "--role", "initiator", "--host", "10.231.11.1", "--args",
-                                            f"{info['session']},{info['addr']},{args.seconds}"], env),
+                                            f"{info['session']},{info['addr']},{args.seconds},{args.streams},{args.direction}"], env),
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ready = json.loads(i.stdout.readline())
         c0 = cpu_seconds(t.pid) + cpu_seconds(i.pid)
@@ -160,9 +190,9 @@ def run(args: argparse.Namespace) -> dict:
         if args.kill:
             k, down_at, up_at = (float(x) for x in args.kill.split(":"))
             time.sleep(max(0.0, t0 + down_at - time.monotonic()))
-            bed.link(int(k), False)
+            bed.link(int(k), False, args.blackhole)
             time.sleep(max(0.0, t0 + up_at - time.monotonic()))
-            bed.link(int(k), True)
+            bed.link(int(k), True, args.blackhole)
         res = json.loads(i.stdout.readline())
         c1 = cpu_seconds(t.pid) + cpu_seconds(i.pid)
         i.wait(timeout=30)
@@ -174,7 +204,7 @@ def run(args: argparse.Namespace) -> dict:
         bed.close()
     xfers = res["transfers"]
     moved = sum(SIZE for (_, _, rc) in xfers if rc == 0)
-    span = xfers[-1][1] - xfers[0][0] if xfers else 0.0
+    span = max(x[1] for x in xfers) - xfers[0][0] if xfers else 0.0
     per_second = []
     for s in range(int(args.seconds) + 1):
         lo, hi = t0 + s, t0 + s + 1
@@ -183,7 +213,8 @@ def run(args: argparse.Namespace) -> dict:
         per_second.append(round(b * 8 / 1e9, 2))
     rails = res["peer_info"].get("rails")
     return {
-        "rates": rates, "rails_option": args.rails, "kill": args.kill, "ready": ready["ready"],
+        "rates": rates, "rails_option": args.rails, "kill": args.kill, "blackhole": args.blackhole, "streams": args.streams,
+        "direction": args.direction, "ready": ready["ready"],
         "transfers": len(xfers), "failed": sum(1 for x in xfers if x[2] != 0),
         "gbit_s": round(moved * 8 / span / 1e9, 3) if span else 0.0,
         "cpu_s_per_gb": round((c1 - c0) / (moved / 1e9), 3) if moved else None,
@@ -200,15 +231,20 @@ def main() -> int:
     ap.add_argument("--rates", default="1gbit,1gbit")
     ap.add_argument("--rails", default="auto")
     ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--streams", type=int, default=1, help="threads each running its own loop of transfers")
+    ap.add_argument("--direction", choices=["alternate", "write", "read"], default="alternate",
+                    help="writes and reads in turn (each stream), or only one of them")
     ap.add_argument("--kill", default="", help="K:DOWN_S:UP_S: link K down on both ends at DOWN_S, up at UP_S")
+    ap.add_argument("--blackhole", action="store_true",
+                    help="--kill drops every packet of the link (tbf at 8 bit/s) instead of setting it down")
     ap.add_argument("--dead-rail", action="store_true")
     args = ap.parse_args()
     if args.role == "target":
         role_target(args.host)
         return 0
     if args.role == "initiator":
-        session, remote, seconds = args.args.split(",")
-        role_initiator(args.host, session, int(remote), float(seconds))
+        session, remote, seconds, streams, direction = args.args.split(",")
+        role_initiator(args.host, session, int(remote), float(seconds), int(streams), direction)
         return 0
     if os.geteuid() != 0:
         print("SKIP: rails_test needs root (network namespaces)", file=sys.stderr)

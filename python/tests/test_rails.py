@@ -3,10 +3,10 @@ by two veth links capped with tbf (scripts/rails_test.py makes them and
 tears them down). Skipped where namespaces cannot be made.
 
 Thresholds: the issue asks 1.8 Gbit/s of two 1 Gbit/s links and 90 % of
-1 + 4 Gbit/s; the 2-core development VM gave 1.71-1.76 and 4.5-4.6 (see
-docs/real-traffic.md), and far less under other builds' load, so these
-tests assert what only two links can give (more than one link's
-0.96 Gbit/s) and the split by speed, with a margin for a loaded machine."""
+1 + 4 Gbit/s; the 2-core development VM gives 1.87-1.90 and 4.7-4.8, with
+three busy loops beside it too (see docs/real-traffic.md). These tests
+assert less (1.6, 4.0: what the tail of a batch left one rail idling gave,
+1.61-1.71), a margin for a loaded CI machine; the figures go in the docs."""
 
 from __future__ import annotations
 
@@ -37,10 +37,10 @@ def _run(*args: str, timeout: float = 120) -> dict[str, Any]:
 def test_two_equal_links_are_both_used_and_one_link_is_today_s_path() -> None:
     two = _run("--rates", "1gbit,1gbit", "--seconds", "4")
     assert two["failed"] == 0, two
-    assert two["gbit_s"] >= 1.3, two  # one link tops out at 0.96
+    assert two["gbit_s"] >= 1.6, two  # one link tops out at 0.96
     assert [r["state"] for r in two["rails"]] == ["up", "up"], two["rails"]
     bytes_ = [r["bytes"] for r in two["rails"]]
-    assert min(bytes_) > 0.35 * sum(bytes_), two["rails"]
+    assert min(bytes_) > 0.4 * sum(bytes_), two["rails"]
     one = _run("--rates", "1gbit,1gbit", "--seconds", "3", "--rails", "")
     assert one["failed"] == 0 and one["rails"] is None, one
     assert 0.6 <= one["gbit_s"] <= 1.0, one
@@ -53,18 +53,21 @@ def test_a_link_that_dies_fails_nothing_and_is_used_again_once_it_answers() -> N
     assert "answered a probe" in r["rails"][1]["reason"], r["rails"]
     assert any("up -> down" in line for line in r["rail_log"]), r["rail_log"]
     per_second = r["per_second_gbit"]
-    # Once the rail's 2 s clock has run out, the other link carries on at its cap.
-    assert min(per_second[6:8]) >= 0.7, per_second
+    # A link set down has no route: the rail is found down by a connect
+    # half a second into its quiet (not by its 2 s clock), and from then
+    # the other link carries on at its cap.
+    assert any("up -> down: quiet for" in line and "cannot connect" in line for line in r["rail_log"]), r["rail_log"]
+    assert min(per_second[4:8]) >= 0.8, (per_second, r["rail_log"])
     # Within 10 s of the link coming back (at 8 s), a second of both links.
-    assert max(per_second[9:13]) >= 1.3, per_second  # more than one link gives
+    assert max(per_second[9:13]) >= 1.6, per_second
 
 
 def test_unequal_links_split_by_speed() -> None:
     r = _run("--rates", "1gbit,4gbit", "--seconds", "4")
     assert r["failed"] == 0, r
-    assert r["gbit_s"] >= 2.5, r
+    assert r["gbit_s"] >= 4.0, r
     slow, fast = (x["bytes"] for x in r["rails"])
-    assert fast >= 2 * slow, r["rails"]
+    assert fast >= 3 * slow, r["rails"]  # caps 1 : 4
 
 
 def test_a_rail_nobody_reaches_is_dropped_with_a_reason() -> None:
@@ -73,4 +76,4 @@ def test_a_rail_nobody_reaches_is_dropped_with_a_reason() -> None:
     dead = [x for x in r["rails"] if x["remote"] == "10.231.30.2"]
     assert len(dead) == 1 and dead[0]["state"] == "dropped" and dead[0]["bytes"] == 0, r["rails"]
     assert "cannot connect" in dead[0]["reason"], dead
-    assert r["gbit_s"] >= 1.3, r
+    assert r["gbit_s"] >= 1.6, r

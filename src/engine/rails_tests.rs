@@ -81,3 +81,55 @@ fn without_rails_on_either_side_or_on_one_host_nothing_changes() {
     assert!(info.get("rails").is_none(), "{info}");
     assert_eq!(info["path"], "same-host", "{info}");
 }
+
+/// A peer that restarts under the same name is paired again from its new
+/// descriptor: without rails (an older pdx, or `PDX_TCP_RAILS` unset) one
+/// address as before, with rails again its rails, fresh.
+#[test]
+fn a_peer_restarted_with_other_rails_is_paired_afresh() {
+    if !rails::interfaces().unwrap_or_default().iter().any(|r| r.addr.is_ipv4()) {
+        eprintln!("SKIP: no interface but loopback is up here");
+        return;
+    }
+    let rpc_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let peer = |rails: Option<&str>| {
+        let mut s = Settings::from_env();
+        s.tcp_rails = rails.map(str::to_owned);
+        s.same_host = false;
+        (s.min_port, s.max_port) = (rpc_port, rpc_port);
+        Engine::start_with("127.0.0.1", s).expect("engine starts")
+    };
+    let a = engine(Some("auto"), false);
+    let region = vec![0u8; 12 << 20];
+    let b = peer(Some("auto"));
+    let session = b.session_id().to_owned();
+    b.register(region.as_ptr() as u64, region.len() as u64).unwrap();
+    assert!(round_trip(&a, &b, &region));
+    let info = a.peer_info(&session).unwrap();
+    let first = info["rails"].as_array().expect("rails").len();
+    assert!(first > 0, "{info}");
+    drop(b);
+    // Restarted without rails: the old pairing is not kept.
+    let region2 = vec![0u8; 12 << 20];
+    let b2 = peer(None);
+    assert_eq!(b2.session_id(), session);
+    b2.register(region2.as_ptr() as u64, region2.len() as u64).unwrap();
+    assert!(round_trip(&a, &b2, &region2));
+    let info = a.peer_info(&session).unwrap();
+    assert!(info.get("rails").is_none(), "a peer without rails now: one address ({info})");
+    drop(b2);
+    // With rails again: paired afresh, every rail up and counting from zero.
+    let region3 = vec![0u8; 12 << 20];
+    let b3 = peer(Some("auto"));
+    b3.register(region3.as_ptr() as u64, region3.len() as u64).unwrap();
+    assert!(round_trip(&a, &b3, &region3));
+    let info = a.peer_info(&session).unwrap();
+    let rails = info["rails"].as_array().expect("rails again");
+    assert_eq!(rails.len(), first, "{info}");
+    let moved: u64 = rails.iter().map(|r| r["bytes"].as_u64().unwrap()).sum();
+    // The write that found the peer restarted ran on the one address of its
+    // new descriptor; the read after it on the new pairing, counted afresh.
+    let len = region3.len() as u64;
+    assert!((len..=2 * len).contains(&moved), "a fresh pairing counts only its own bytes: {info}");
+    assert!(rails.iter().all(|r| r["state"] == "up"), "{info}");
+}

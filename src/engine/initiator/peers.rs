@@ -13,7 +13,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use super::super::memory::ipc::Exports;
 use super::super::net::conn::Conn;
 use super::super::net::deadline::{Progress, Stall};
-use super::super::net::rails::{Rail, RailClock, RailSet};
+use super::super::net::rails::{Pairing, Rail, RailClock, RailSet};
 use super::super::protocol::descriptor::PeerDescriptor;
 use super::super::protocol::wire::FrameType;
 use super::super::registry::OwnedSocketGuard;
@@ -42,8 +42,9 @@ pub struct Peer {
     lane_freed: Condvar,
     /// The path its data connections take, and why.
     pub path: Arc<PathChoice>,
-    /// Its rails, paired on first use (`None`: one address, as before).
-    rails: std::sync::OnceLock<Option<Arc<RailSet>>>,
+    /// Its rails, paired on first use and again when its descriptor
+    /// changes (`None`: one address, as before).
+    rails: Pairing<PeerDescriptor>,
 }
 
 struct LaneState {
@@ -98,24 +99,33 @@ impl Peer {
         self.descriptor.read().clone()
     }
 
-    /// The peer's rails, paired with ours on first use: only when both
-    /// sides have rails and the peer is no candidate for the same-host
-    /// link (which keeps its one copy).
-    pub fn rails(&self) -> Option<&Arc<RailSet>> {
-        self.rails
-            .get_or_init(|| {
-                let desc = self.descriptor();
-                let locals = self.dialer.local_rails();
-                if locals.is_empty() || desc.rails.is_empty() || desc.instance.is_none() {
-                    return None;
-                }
-                if samehost::offer_or_why_not(self.dialer.settings.same_host, desc.host.as_ref()).is_ok() {
-                    log::info!(target: LOG_TARGET, "{}: on this host: rails do not apply (the same-host link)", self.session);
-                    return None;
-                }
-                Some(Arc::new(RailSet::new(&self.session, locals, &desc.rails, desc.data_port)))
-            })
-            .as_ref()
+    /// The peer's rails, paired with ours from its descriptor (again
+    /// whenever the descriptor changes: see [`super::super::net::rails::Pairing`]):
+    /// only when both sides have rails and the peer is no candidate for the
+    /// same-host link (which keeps its one copy).
+    pub fn rails(&self) -> Option<Arc<RailSet>> {
+        let desc = self.descriptor();
+        // What pairing reads of a descriptor: a change in any is a new pairing.
+        let key = |d: &PeerDescriptor| (d.instance.clone(), d.rails.clone(), d.data_port, d.data_host.clone());
+        self.rails.get(&desc, key, |desc| {
+            let locals = self.dialer.local_rails();
+            if locals.is_empty() || desc.rails.is_empty() || desc.instance.is_none() {
+                return None;
+            }
+            if samehost::offer_or_why_not(self.dialer.settings.same_host, desc.host.as_ref()).is_ok() {
+                log::info!(target: LOG_TARGET, "{}: on this host: rails do not apply (the same-host link)", self.session);
+                return None;
+            }
+            let set = RailSet::new(&self.session, locals, &desc.rails, desc.data_port);
+            Some(Arc::new(set.checked_on(self.dialer.registry.clone())))
+        })
+    }
+
+    /// The rails `lane` rides, while they are the peer's current pairing
+    /// (a lane of an older pairing has no say in the new one).
+    pub fn rails_of(&self, lane: &Lane) -> Option<(Arc<RailSet>, Arc<Rail>)> {
+        let rail = lane.rail.clone()?;
+        self.rails().filter(|set| set.holds(&rail)).map(|set| (set, rail))
     }
 
     /// Fetch the descriptor again (by `by`) and cache it.
@@ -266,7 +276,7 @@ impl Peer {
         let mut conn = Conn::paced(stream, stall, s.progress_timeout, recv_limit(s))
             .map_err(|e| Error::io(format!("configuring a data connection: {e}")))?;
         conn.set_spin(s.spin);
-        if let (Some(rail), Some(set)) = (rail, self.rails()) {
+        if let (Some(rail), Some(set)) = (rail, self.rails().filter(|set| rail.is_some_and(|r| set.holds(r)))) {
             conn.set_rail(RailClock::new(rail.clone(), set.clone()));
             set.connected(rail);
         }
@@ -335,7 +345,7 @@ impl Peer {
         let deadline = Instant::now() + self.dialer.settings.lane_wait_timeout;
         let limit = recv_limit(&self.dialer.settings);
         let rails = self.rails();
-        let mut rail = rails.and_then(|set| set.choose(hint));
+        let mut rail = rails.as_ref().and_then(|set| set.choose(hint));
         let mut state = self.lanes.lock();
         state.last_used = Instant::now();
         loop {
@@ -361,7 +371,11 @@ impl Peer {
                     state.open -= 1; // closed by the peer while idle, or of a failed link
                     continue;
                 }
-                if lane.rail.as_ref().map(|r| r.index) == rail.as_ref().map(|r| r.index) {
+                let same_rail = match (&lane.rail, &rail) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (a, b) => a.is_none() && b.is_none(),
+                };
+                if same_rail {
                     return Ok(state.idle.swap_remove(k));
                 }
             }
@@ -379,7 +393,7 @@ impl Peer {
                     self.lanes.lock().open -= 1;
                     self.lane_freed.notify_one();
                 }
-                match (lane, rails, &rail) {
+                match (lane, rails.as_ref(), &rail) {
                     (Err(e), Some(set), Some(r)) if e.kind() != ErrorKind::Shutdown => {
                         set.connect_failed(r, e.message(), &self.dialer.registry);
                         rail = set.choose(None);
@@ -500,7 +514,7 @@ impl Peers {
             lanes: Mutex::new(LaneState { idle: Vec::new(), open: 0, last_used: Instant::now() }),
             lane_freed: Condvar::new(),
             path: Arc::default(),
-            rails: std::sync::OnceLock::new(),
+            rails: Pairing::default(),
         });
         let mut map = self.map.lock();
         if map.len() >= MAX_PEERS && !map.contains_key(session) {
@@ -599,7 +613,7 @@ impl Peers {
     pub fn rail_samples(&self) -> Vec<(String, bool, u64)> {
         let peers: Vec<Arc<Peer>> = self.map.lock().values().cloned().collect();
         let mut out = Vec::new();
-        for set in peers.iter().filter_map(|p| p.rails.get().cloned().flatten()) {
+        for set in peers.iter().filter_map(|p| p.rails.current()) {
             for r in &set.rails {
                 out.push((super::super::net::rails::rail_label(r), r.is_up(), r.bytes.load(Ordering::Relaxed)));
             }

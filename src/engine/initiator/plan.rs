@@ -70,6 +70,52 @@ impl Plan {
         plan
     }
 
+    /// Cut the host pieces of the batch's last `tail` bytes (or fewer)
+    /// further, into pieces of at most `piece` bytes, so that lanes of
+    /// several rails share the end of a batch finely while the rest keeps
+    /// its larger pieces (and windows). Adds at most `tail / piece` pieces.
+    /// Only before any claim.
+    pub fn split_tail(&mut self, tail: usize, piece: usize) {
+        let piece = piece.max(1);
+        let mut covered = 0usize;
+        let mut first = self.pieces.len();
+        while first > 0 && covered < tail {
+            covered = covered.saturating_add(self.pieces[first - 1].len);
+            first -= 1;
+        }
+        if self.pieces[first..].iter().all(|p| p.len <= piece) {
+            return;
+        }
+        let has_kinds = !self.piece_kind.is_empty();
+        let (mut pieces, mut tasks, mut kinds) = (Vec::new(), Vec::new(), Vec::new());
+        for i in first..self.pieces.len() {
+            let (r, task, kind) = (self.pieces[i], self.piece_task[i], self.kind(i));
+            if kind.is_some() || r.len <= piece {
+                pieces.push(r);
+                tasks.push(task);
+                kinds.push(kind);
+                continue;
+            }
+            let mut off = 0;
+            while off < r.len {
+                let len = (r.len - off).min(piece);
+                pieces.push(Request { local: r.local + off, remote: r.remote + off as u64, len });
+                tasks.push(task);
+                kinds.push(kind);
+                off += len;
+            }
+            self.task_pieces[task] += r.len.div_ceil(piece) - 1;
+        }
+        self.pieces.truncate(first);
+        self.piece_task.truncate(first);
+        self.pieces.extend(pieces);
+        self.piece_task.extend(tasks);
+        if has_kinds {
+            self.piece_kind.truncate(first);
+            self.piece_kind.extend(kinds);
+        }
+    }
+
     /// Bytes of all pieces.
     pub fn bytes(&self) -> usize {
         self.pieces.iter().map(|r| r.len).fold(0usize, usize::saturating_add)
@@ -226,6 +272,25 @@ mod tests {
         assert_eq!(p.peek(WINDOW_BYTES), None);
         let long = Plan::new(&vec![req(1); PEEK_PIECES + 1], &[], 0);
         assert_eq!(long.peek(WINDOW_BYTES), Some((WINDOW_REQUESTS, usize::MAX)), "a long batch is not walked");
+    }
+
+    #[test]
+    fn the_tail_is_cut_finer_and_the_rest_is_kept() {
+        let mut p = Plan::new(&[req(PIECE_BYTES * 3), req(5), req(PIECE_BYTES + 1)], &[], 0);
+        p.split_tail(PIECE_BYTES + 2, 1 << 20);
+        let lens: Vec<usize> = p.pieces.iter().map(|r| r.len).collect();
+        let m = 1 << 20;
+        assert_eq!(lens, vec![PIECE_BYTES, PIECE_BYTES, PIECE_BYTES, 5, m, m, m, m, 1]);
+        assert_eq!(p.task_pieces, vec![3, 1, 5]);
+        assert_eq!(p.piece_task, vec![0, 0, 0, 1, 2, 2, 2, 2, 2]);
+        assert_eq!(p.pieces[7].remote, 0x20000 + 3 * m as u64);
+        assert_eq!(p.bytes(), 4 * PIECE_BYTES + 6);
+        // Device pieces keep their staging-sized pieces.
+        let mut d = Plan::new(&[req(8192), req(8192)], &[None, Some(0)], 4096);
+        d.split_tail(1 << 30, 1000);
+        assert_eq!(d.pieces.len(), 9 + 2);
+        assert_eq!(d.piece_kind.len(), d.pieces.len());
+        assert_eq!(d.task_pieces, vec![9, 2]);
     }
 
     #[test]

@@ -136,13 +136,6 @@ impl Conn {
         self.rail = Some(rail);
     }
 
-    /// A window starts on this lane's rail: the lane's clock counts from now.
-    pub fn mark_rail(&self) {
-        if let Some(r) = &self.rail {
-            r.start_window();
-        }
-    }
-
     /// Bytes moved: the task's peer made progress.
     fn progressed(&self) {
         if let Some(p) = &self.stall {

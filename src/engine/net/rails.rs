@@ -10,15 +10,19 @@
 //! executor's lanes claim windows as they finish the last, so a rail that
 //! confirms bytes faster takes more of a batch, and a slow rail stops
 //! claiming once the others would finish the rest before it finishes a
-//! window ([`Rail::should_yield`]).
+//! window ([`RailSet::should_yield`]).
 //!
 //! A rail has its own clock: while it has work in flight and confirms no
 //! bytes for [`RAIL_CLOCK`] while another rail to the same peer does, its
 //! lanes give up ([`RailClock::silent`]), the rail is marked down and the
-//! unconfirmed pieces are retried on the others. A down rail is probed in
-//! the background (a TCP connect to the peer's data port from the rail's
-//! address every [`PROBE_EVERY`]) and used again as soon as it answers. A
-//! rail that never connected is dropped for that peer, with the reason.
+//! unconfirmed pieces are retried on the others. Quiet for [`RAIL_LAGGING`]
+//! it gets no new windows, and one connect from its address checks it: a
+//! link that is down (no route) marks it down then, without waiting out the
+//! clock. A down rail is probed in the background (a TCP connect to the
+//! peer's data port from the rail's address every [`PROBE_EVERY`]) and
+//! used again as soon as it answers. A rail that never connected is dropped
+//! for that peer, with the reason. A pairing belongs to the descriptor it
+//! was made from ([`Pairing`]): a peer that restarts is paired afresh.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -40,11 +44,19 @@ const LOG_TARGET: &str = "pdx::engine::rails";
 /// A rail with work in flight that confirms nothing for this long, while
 /// another rail to the same peer does, is down.
 pub(crate) const RAIL_CLOCK: Duration = Duration::from_secs(2);
+/// A rail with work in flight that has confirmed nothing for this long,
+/// while another rail has since, is lagging: new windows go to the others
+/// (its own wait for [`RAIL_CLOCK`] goes on).
+pub(crate) const RAIL_LAGGING: Duration = Duration::from_millis(500);
 /// How often a down rail is probed.
 pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// Bound on one rail's connect (a rail that cannot connect in this long is
 /// dropped; the task's own clocks are far longer).
 const RAIL_CONNECT: Duration = Duration::from_secs(2);
+/// Bound on the connect that checks a lagging rail: a refusal or an
+/// unreachable network comes at once; a timeout says nothing (and a
+/// stopping engine waits for no longer than this).
+const CHECK_CONNECT: Duration = Duration::from_millis(500);
 /// Most rails an engine uses or accepts from a peer's descriptor.
 pub(crate) const MAX_RAILS: usize = 16;
 
@@ -263,9 +275,15 @@ pub struct Rail {
     progress: Progress,
     /// Lanes on it running a window.
     busy: AtomicUsize,
+    /// When `busy` last went from none to some: the rail's clock counts
+    /// from the later of this and its last byte.
+    busy_since: Progress,
     /// Confirmed bytes per second, smoothed (0: not measured yet).
     rate: AtomicU64,
     probing: AtomicBool,
+    /// The start of the quiet spell a connect was last tried for (see
+    /// [`RailSet::check_lagging`]).
+    checked: Mutex<Option<Instant>>,
 }
 
 impl fmt::Display for Rail {
@@ -326,10 +344,28 @@ impl Rail {
     /// Lane on it starts (`true`) or ends a window.
     pub fn busy(&self, running: bool) {
         if running {
-            self.busy.fetch_add(1, Ordering::AcqRel);
+            if self.busy.fetch_add(1, Ordering::AcqRel) == 0 {
+                self.busy_since.mark();
+            }
         } else {
             self.busy.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+
+    /// Since when it has had work in flight and moved nothing (`None`: no
+    /// work in flight): the later of its last byte and when it last went
+    /// from idle to busy. A window started while the rail's other windows
+    /// wait does not move it.
+    fn quiet_since(&self) -> Option<Instant> {
+        if self.busy.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        Some(self.progress.last().max(self.busy_since.last()))
+    }
+
+    /// How long it has been quiet at `now` (see [`Rail::quiet_since`]).
+    fn quiet_at(&self, now: Instant) -> Option<Duration> {
+        self.quiet_since().map(|since| now.saturating_duration_since(since))
     }
 
     fn set(&self, state: RailState, reason: String, session: &str) -> bool {
@@ -352,6 +388,12 @@ pub struct RailSet {
     port: u16,
     /// Round-robin start for lanes with no rail asked for.
     next: AtomicUsize,
+    /// The engine's threads (for the checks of lagging rails; `None` in
+    /// unit tests: no check).
+    registry: Option<Arc<Registry>>,
+    /// Replaced by a pairing with a newer descriptor of the peer: its
+    /// probes stop.
+    retired: AtomicBool,
 }
 
 impl RailSet {
@@ -373,22 +415,81 @@ impl RailSet {
                     bytes: AtomicU64::new(0),
                     progress: Progress::default(),
                     busy: AtomicUsize::new(0),
+                    busy_since: Progress::default(),
                     rate: AtomicU64::new(0),
                     probing: AtomicBool::new(false),
+                    checked: Mutex::new(None),
                 })
             })
             .collect::<Vec<_>>();
         for r in &rails {
             log::info!(target: LOG_TARGET, "{session}: rail {r}: {}", r.reason());
         }
-        RailSet { session: session.to_owned(), rails, port, next: AtomicUsize::new(0) }
+        RailSet {
+            session: session.to_owned(),
+            rails,
+            port,
+            next: AtomicUsize::new(0),
+            registry: None,
+            retired: AtomicBool::new(false),
+        }
     }
 
-    /// The rail a lane should use: `hint` while it is up, else the up rail
-    /// with the fewest busy lanes (taking turns among equals); `None` when
-    /// no rail is up.
+    /// Checks of lagging rails run on `registry`'s threads.
+    pub fn checked_on(mut self, registry: Arc<Registry>) -> RailSet {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// A rail quiet for [`RAIL_LAGGING`] with work in flight while another
+    /// was working (see [`RailClock::silent`]): once per quiet spell, try a
+    /// connect from its address in the background, bounded by
+    /// [`CHECK_CONNECT`]. One that fails other than by timing out (no
+    /// route: the link is down) marks the rail down at once, and its lanes
+    /// give up without waiting for [`RAIL_CLOCK`]; one that connects or
+    /// times out changes nothing.
+    fn check_lagging(self: &Arc<Self>, rail: &Arc<Rail>, now: Instant) {
+        let Some(registry) = &self.registry else { return };
+        let Some(spell) = rail.quiet_since() else { return };
+        let quiet = now.saturating_duration_since(spell);
+        {
+            let mut checked = rail.checked.lock();
+            if *checked == Some(spell) {
+                return;
+            }
+            *checked = Some(spell);
+        }
+        log::debug!(target: LOG_TARGET, "{}: rail {rail} quiet for {quiet:?} with work in flight: a connect checks it", self.session);
+        let (set, rail2, registry2) = (self.clone(), rail.clone(), registry.clone());
+        let spawned = registry.spawn(format!("pdx-rail-check-{}", rail.index), move || {
+            match rail2.connect(set.port, Instant::now() + CHECK_CONNECT) {
+                Err(e) if !matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock) => {
+                    let why =
+                        format!("quiet for {:.1} s with work in flight, and cannot connect: {e}", quiet.as_secs_f64());
+                    set.mark_down(&rail2, why, &registry2);
+                }
+                Err(e) => log::debug!(target: LOG_TARGET, "{}: rail {rail2} lags; check: {e}", set.session),
+                Ok(stream) => {
+                    log::debug!(target: LOG_TARGET, "{}: rail {rail2} lags; check: it connects", set.session);
+                    drop(stream);
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            log::debug!(target: LOG_TARGET, "{}: cannot start the check of rail {rail} ({e})", self.session);
+        }
+    }
+
+    /// The rail a lane should use: `hint` while it is up and not lagging,
+    /// else the up rail with the fewest busy lanes (taking turns among
+    /// equals; one that lags only when all up rails do); `None` when no
+    /// rail is up.
     pub fn choose(&self, hint: Option<usize>) -> Option<Arc<Rail>> {
-        if let Some(r) = hint.and_then(|h| self.rails.get(h)).filter(|r| r.is_up()) {
+        self.choose_at(hint, Instant::now())
+    }
+
+    fn choose_at(&self, hint: Option<usize>, now: Instant) -> Option<Arc<Rail>> {
+        if let Some(r) = hint.and_then(|h| self.rails.get(h)).filter(|r| r.is_up() && !self.lagging_at(r, now)) {
             return Some(r.clone());
         }
         let n = self.rails.len();
@@ -396,8 +497,23 @@ impl RailSet {
         (0..n)
             .map(|k| &self.rails[(start + k) % n.max(1)])
             .filter(|r| r.is_up())
-            .min_by_key(|r| r.busy.load(Ordering::Acquire))
+            .min_by_key(|r| (self.lagging_at(r, now), r.busy.load(Ordering::Acquire)))
             .cloned()
+    }
+
+    /// Whether `rail` has had work in flight and moved nothing for
+    /// [`RAIL_LAGGING`] while another rail up has moved bytes since it
+    /// went quiet: new windows are better sent elsewhere.
+    fn lagging_at(&self, rail: &Rail, now: Instant) -> bool {
+        let Some(since) = rail.quiet_since().filter(|&t| now.saturating_duration_since(t) >= RAIL_LAGGING) else {
+            return false;
+        };
+        self.rails.iter().any(|r| r.index != rail.index && r.is_up() && r.progress.last() > since)
+    }
+
+    /// Whether `rail` is one of this pairing's (not of an older one).
+    pub fn holds(&self, rail: &Arc<Rail>) -> bool {
+        self.rails.get(rail.index).is_some_and(|r| Arc::ptr_eq(r, rail))
     }
 
     /// The up rails' indexes, for spreading a batch's lanes.
@@ -439,7 +555,7 @@ impl RailSet {
     /// Probe `rail` until it answers (then it is up again) or the engine stops.
     fn probe(&self, rail: &Rail, registry: &Registry) {
         let started = Instant::now();
-        while !registry.stopping() {
+        while !registry.stopping() && !self.retired.load(Ordering::Acquire) {
             let by = Instant::now() + PROBE_EVERY.max(Duration::from_millis(200));
             let tried = Instant::now();
             match rail.connect(self.port, by) {
@@ -457,7 +573,7 @@ impl RailSet {
                 Err(e) => log::debug!(target: LOG_TARGET, "{}: rail {rail} probe: {e}", self.session),
             }
             // In short naps: a stopping engine joins this thread.
-            while tried.elapsed() < PROBE_EVERY && !registry.stopping() {
+            while tried.elapsed() < PROBE_EVERY && !registry.stopping() && !self.retired.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
@@ -472,10 +588,12 @@ impl RailSet {
     pub fn should_yield(&self, rail: &Rail, window: usize, unclaimed: usize) -> bool {
         let sharing = (rail.busy.load(Ordering::Acquire) + 1) as u64;
         let own = rail.rate.load(Ordering::Relaxed) / sharing;
+        // A lagging rail's rate is of before it went quiet.
+        let now = Instant::now();
         let others: u64 = self
             .rails
             .iter()
-            .filter(|r| r.index != rail.index && r.is_up())
+            .filter(|r| r.index != rail.index && r.is_up() && !self.lagging_at(r, now))
             .map(|r| r.rate.load(Ordering::Relaxed))
             .sum();
         if own == 0 || others == 0 {
@@ -505,6 +623,66 @@ impl RailSet {
     }
 }
 
+/// A peer's rails as paired with the descriptor `D` they came from. A peer
+/// that restarts (a new `pdx_instance`), moves its data port or advertises
+/// other rails is paired afresh from its new descriptor, the first time the
+/// rails are asked for after the cached descriptor changed; the old
+/// pairing's probes stop. A descriptor fetched again unchanged keeps the
+/// pairing (and what it learned: rates, rails down or dropped). Generic in
+/// the descriptor, which is the protocol's: this module only pairs.
+pub struct Pairing<D> {
+    cached: Mutex<Option<Paired<D>>>,
+}
+
+/// A descriptor and the rails paired from it (`None`: none).
+type Paired<D> = (Arc<D>, Option<Arc<RailSet>>);
+
+impl<D> Default for Pairing<D> {
+    fn default() -> Self {
+        Pairing { cached: Mutex::new(None) }
+    }
+}
+
+impl<D> Pairing<D> {
+    /// The rails for `desc`, made by `make` unless the pairing in hand was
+    /// made from `desc` or from a descriptor with the same `key` (what
+    /// pairing reads of it).
+    pub fn get<K: PartialEq + std::fmt::Debug>(
+        &self,
+        desc: &Arc<D>,
+        key: impl Fn(&D) -> K,
+        make: impl FnOnce(&D) -> Option<Arc<RailSet>>,
+    ) -> Option<Arc<RailSet>> {
+        let mut cached = self.cached.lock();
+        if let Some((from, set)) = cached.as_mut() {
+            if Arc::ptr_eq(from, desc) {
+                return set.clone();
+            }
+            let (was, now) = (key(from), key(desc));
+            if was == now {
+                *from = desc.clone();
+                return set.clone();
+            }
+            if let Some(old) = set {
+                log::info!(
+                    target: LOG_TARGET,
+                    "{}: the peer's descriptor changed ({was:?} -> {now:?}): rails paired afresh",
+                    old.session
+                );
+                old.retired.store(true, Ordering::Release);
+            }
+        }
+        let set = make(desc);
+        *cached = Some((desc.clone(), set.clone()));
+        set
+    }
+
+    /// The pairing in hand, without looking at the descriptor.
+    pub fn current(&self) -> Option<Arc<RailSet>> {
+        self.cached.lock().as_ref().and_then(|(_, set)| set.clone())
+    }
+}
+
 /// A rail's name in metrics and `pdx_peer_info`: `local->remote`.
 pub fn rail_label(r: &Rail) -> String {
     match &r.local {
@@ -519,16 +697,11 @@ pub fn rail_label(r: &Rail) -> String {
 pub struct RailClock {
     pub rail: Arc<Rail>,
     pub set: Arc<RailSet>,
-    /// When this lane's current window started: its clock runs from the
-    /// later of that and the rail's last byte (a window started on a rail
-    /// that died earlier gets its own full clock, without restarting the
-    /// clock of the rail's other lanes).
-    window_start: std::cell::Cell<Instant>,
 }
 
 impl RailClock {
     pub fn new(rail: Arc<Rail>, set: Arc<RailSet>) -> RailClock {
-        RailClock { rail, set, window_start: std::cell::Cell::new(Instant::now()) }
+        RailClock { rail, set }
     }
 
     /// Bytes moved on this rail just now.
@@ -536,38 +709,61 @@ impl RailClock {
         self.rail.progress.mark();
     }
 
-    /// This lane starts a window now.
-    pub fn start_window(&self) {
-        self.window_start.set(Instant::now());
-    }
-
-    /// True when this lane's window has seen its rail move nothing for
-    /// [`RAIL_CLOCK`] while another rail up to the same peer moved no
-    /// longer than that before this rail's last byte, or since (it was
-    /// working when this one stopped; it may have finished its share and
-    /// idle, waiting on this one): the lane should give up. A rail whose
+    /// True when the rail has had work in flight and moved nothing for
+    /// [`RAIL_CLOCK`] (counted from the later of its last byte and the
+    /// moment it last went from idle to busy: a window started later, while
+    /// the rail's others wait, gets no clock of its own) while another rail
+    /// up to the same peer moved no longer than that before this rail's
+    /// last byte, or since (it was working when this one stopped; it may
+    /// have finished its share and idle, waiting on this one): the lane
+    /// should give up. A rail whose
     /// siblings have been idle for longer, or are down, waits for the
     /// task's stall clock. Should the whole peer have died, one rail is
     /// marked down for nothing (and probed back); the retry on the others
     /// then meets the task's stall clock, as without rails.
+    ///
+    /// A rail marked down (by another lane's clock, or because it cannot
+    /// connect) while another is up: its lanes give up at once.
     pub fn silent(&self) -> bool {
-        self.silent_at(Instant::now())
+        let now = Instant::now();
+        let other_up = || self.set.rails.iter().any(|r| r.index != self.rail.index && r.is_up());
+        if !self.rail.is_up() && other_up() {
+            return true;
+        }
+        match self.quiet_at(now) {
+            Some(q) if q >= RAIL_CLOCK => true,
+            Some(q) if q >= RAIL_LAGGING => {
+                self.set.check_lagging(&self.rail, now);
+                false
+            }
+            _ => false,
+        }
     }
 
+    #[cfg(test)]
     fn silent_at(&self, now: Instant) -> bool {
+        self.quiet_at(now).is_some_and(|q| q >= RAIL_CLOCK)
+    }
+
+    /// How long the rail has had work in flight and moved nothing, when
+    /// another rail up was working no longer than [`RAIL_CLOCK`] before
+    /// this one's last byte, or since; else `None` (no word on the peer).
+    fn quiet_at(&self, now: Instant) -> Option<Duration> {
         let own = self.rail.progress.last();
-        now.saturating_duration_since(own.max(self.window_start.get())) >= RAIL_CLOCK
-            && self
-                .set
-                .rails
-                .iter()
-                .any(|r| r.index != self.rail.index && r.is_up() && r.progress.last() + RAIL_CLOCK > own)
+        let quiet = self.rail.quiet_at(now)?;
+        let others_working = self
+            .set
+            .rails
+            .iter()
+            .any(|r| r.index != self.rail.index && r.is_up() && r.progress.last() + RAIL_CLOCK > own);
+        others_working.then_some(quiet)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::protocol::descriptor::PeerDescriptor;
 
     fn rail(name: &str, addr: &str, prefix: u8) -> LocalRail {
         LocalRail { name: name.to_owned(), addr: addr.parse().unwrap(), prefix }
@@ -623,27 +819,107 @@ mod tests {
         let remotes: Vec<IpAddr> = ["10.231.1.2", "10.231.2.2"].iter().map(|s| s.parse().unwrap()).collect();
         let set = Arc::new(RailSet::new("peer", &locals, &remotes, 1));
         let clock = RailClock::new(set.rails[0].clone(), set.clone());
+        let (dying, other) = (&set.rails[0], &set.rails[1]);
         let t0 = Instant::now() + Duration::from_secs(5);
-        clock.window_start.set(t0);
-        set.rails[0].progress.mark_at(t0);
         let later = t0 + RAIL_CLOCK + Duration::from_millis(50);
+        dying.progress.mark_at(t0);
+        dying.busy(true);
         assert!(!clock.silent_at(later), "the other rail has been idle since long before: no word on the peer");
         // The other rail moved shortly before this one's last byte, then
         // finished its share and idled.
-        set.rails[1].progress.mark_at(t0 + Duration::from_millis(100) - RAIL_CLOCK);
+        other.progress.mark_at(t0 + Duration::from_millis(100) - RAIL_CLOCK);
+        dying.busy(false);
+        assert!(!clock.silent_at(later), "nothing in flight on it: no clock");
+        dying.busy(true);
         assert!(!clock.silent_at(t0 + RAIL_CLOCK - Duration::from_millis(1)), "within its own clock");
         assert!(clock.silent_at(later), "quiet for the clock while another rail was working");
-        set.rails[1].set(RailState::Down, "test".into(), "peer");
+        other.set(RailState::Down, "test".into(), "peer");
         assert!(!clock.silent_at(later), "a down rail does not count");
-        set.rails[1].set(RailState::Up, "test".into(), "peer");
-        // Another lane starting a window on the dead rail later has its own
-        // clock from then; this lane's clock does not restart.
-        let later_lane = RailClock::new(set.rails[0].clone(), set.clone());
-        later_lane.window_start.set(t0 + Duration::from_millis(500));
-        assert!(clock.silent_at(later) && !later_lane.silent_at(later));
-        assert!(later_lane.silent_at(later + Duration::from_millis(500)));
-        set.rails[0].progress.mark_at(later);
-        assert!(!clock.silent_at(later), "its own bytes reset its clock");
+        other.set(RailState::Up, "test".into(), "peer");
+        // A second window started on the quiet rail gets no clock of its own.
+        dying.busy(true);
+        assert!(clock.silent_at(later));
+        dying.busy(false);
+        dying.busy(false);
+        assert!(!clock.silent_at(later), "nothing in flight");
+        // Busy again after idling: the clock counts from then.
+        dying.busy(true);
+        dying.busy_since.mark_at(t0 + Duration::from_secs(1));
+        assert!(!clock.silent_at(later) && clock.silent_at(later + Duration::from_secs(1)));
+        dying.progress.mark_at(later + Duration::from_secs(1));
+        assert!(!clock.silent_at(later + Duration::from_secs(1)), "its own bytes reset its clock");
+    }
+
+    #[test]
+    fn a_peer_with_a_new_descriptor_is_paired_afresh() {
+        let locals = [rail("a", "10.231.1.1", 24), rail("b", "10.231.2.1", 24)];
+        let desc = |instance: &str, rails: &[&str]| {
+            Arc::new(PeerDescriptor {
+                data_host: "10.231.1.2".into(),
+                data_port: 7000,
+                proto_version: 2,
+                notify_name: "peer".into(),
+                buffers: Vec::new(),
+                instance: Some(instance.into()),
+                host: None,
+                rails: rails.iter().map(|s| s.parse().unwrap()).collect(),
+            })
+        };
+        let made = std::cell::Cell::new(0);
+        let make = |d: &PeerDescriptor| {
+            made.set(made.get() + 1);
+            Some(Arc::new(RailSet::new("peer", &locals, &d.rails, d.data_port)))
+        };
+        let pairing = Pairing::default();
+        let key = |d: &PeerDescriptor| (d.instance.clone(), d.rails.clone(), d.data_port);
+        let first = desc("0a", &["10.231.1.2", "10.231.2.2"]);
+        let a = pairing.get(&first, key, make).unwrap();
+        a.rails[1].set(RailState::Dropped, "test".into(), "peer");
+        assert!(Arc::ptr_eq(&a, &pairing.get(&first, key, make).unwrap()));
+        // Fetched again, unchanged: the same pairing (rail 1 stays dropped).
+        let again = desc("0a", &["10.231.1.2", "10.231.2.2"]);
+        assert!(Arc::ptr_eq(&a, &pairing.get(&again, key, make).unwrap()) && made.get() == 1);
+        // Restarted with the same rails: paired afresh, every rail up again.
+        let restarted = desc("0b", &["10.231.1.2", "10.231.2.2"]);
+        let b = pairing.get(&restarted, key, make).unwrap();
+        assert!(!Arc::ptr_eq(&a, &b) && made.get() == 2);
+        assert!(a.retired.load(Ordering::Acquire) && !b.retired.load(Ordering::Acquire));
+        assert!(b.rails.iter().all(|r| r.is_up()) && !b.holds(&a.rails[0]) && b.holds(&b.rails[0]));
+        // Restarted with other rails: those.
+        let moved = desc("0c", &["10.231.2.9"]);
+        let c = pairing.get(&moved, key, make).unwrap();
+        assert_eq!(c.rails.iter().map(|r| r.remote.to_string()).collect::<Vec<_>>(), ["10.231.2.9"]);
+        assert!(Arc::ptr_eq(&c, &pairing.current().unwrap()));
+        // Restarted without rails (an older pdx, or rails unset): none.
+        let plain = desc("0d", &[]);
+        assert!(pairing.get(&plain, key, |_| None).is_none() && pairing.current().is_none());
+    }
+
+    #[test]
+    fn a_lagging_rail_gets_no_new_windows_and_no_share_of_the_tail() {
+        let locals = [rail("a", "10.231.1.1", 24), rail("b", "10.231.2.1", 24)];
+        let remotes: Vec<IpAddr> = ["10.231.1.2", "10.231.2.2"].iter().map(|s| s.parse().unwrap()).collect();
+        let set = RailSet::new("peer", &locals, &remotes, 1);
+        let (dying, other) = (&set.rails[0], &set.rails[1]);
+        let t0 = Instant::now() + Duration::from_secs(5);
+        dying.busy(true);
+        dying.progress.mark_at(t0);
+        other.progress.mark_at(t0 + Duration::from_millis(100));
+        let soon = t0 + RAIL_LAGGING - Duration::from_millis(1);
+        let lagging = t0 + RAIL_LAGGING;
+        assert!(!set.lagging_at(dying, soon) && set.lagging_at(dying, lagging));
+        assert!(!set.lagging_at(other, lagging), "nothing in flight on it");
+        assert_eq!(set.choose_at(Some(0), soon).unwrap().index, 0);
+        assert_eq!(set.choose_at(Some(0), lagging).unwrap().index, 1, "the hint lags: another rail");
+        assert_eq!(set.choose_at(None, lagging).unwrap().index, 1);
+        other.set(RailState::Down, "test".into(), "peer");
+        assert_eq!(set.choose_at(Some(0), lagging).unwrap().index, 0, "lagging beats down");
+        other.set(RailState::Up, "test".into(), "peer");
+        // The other rail idle since before this one went quiet: no word on it.
+        let quiet_set = RailSet::new("peer", &locals, &remotes, 1);
+        quiet_set.rails[0].busy(true);
+        quiet_set.rails[0].progress.mark_at(t0);
+        assert!(!quiet_set.lagging_at(&quiet_set.rails[0], t0 + RAIL_CLOCK * 2));
     }
 
     #[test]
