@@ -14,6 +14,9 @@ throughput.
     ... --rates 1gbit,1gbit --dead-rail      the target also advertises a rail nobody reaches
     ... --rates 1gbit,1gbit --rails ''       PDX_TCP_RAILS unset: one address
     ... --streams 2 --direction write        two threads, each its own loop of writes
+    ... --target-pdx OLD/python:OLD/libpdx.so     the target runs another pdx build
+    ... --initiator-pdx OLD/python:OLD/libpdx.so  the initiator does (say, one from
+                                                before rails)
 
 The namespaces and links are made here, torn down on exit, and carry only
 10.231.(10+k).0/24 addresses inside them. Needs root; exit 77 (SKIP) if not.
@@ -158,7 +161,8 @@ def role_initiator(host: str, session: str, remote: int, seconds: float, streams
     for t in threads:
         t.join()
     done.sort()
-    info = e.peer_info(session)
+    # An older build (--initiator-pdx) may have no peer info.
+    info = e.peer_info(session) if hasattr(e, "peer_info") else None
     print(json.dumps({"transfers": done, "peer_info": info}), flush=True)
 
 
@@ -176,11 +180,17 @@ def run(args: argparse.Namespace) -> dict:
     me = [sys.executable, HERE]
     t = i = None
     try:
-        t = subprocess.Popen(ns_cmd(bed.b, [*me, "--role", "target", "--host", "10.231.11.2"], env),
+        target_env = dict(env)
+        if args.target_pdx:
+            target_env["PYTHONPATH"], target_env["PDX_LIB"] = args.target_pdx.split(":", 1)
+        t = subprocess.Popen(ns_cmd(bed.b, [*me, "--role", "target", "--host", "10.231.11.2"], target_env),
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         info = json.loads(t.stdout.readline())
+        initiator_env = dict(env)
+        if args.initiator_pdx:
+            initiator_env["PYTHONPATH"], initiator_env["PDX_LIB"] = args.initiator_pdx.split(":", 1)
         i = subprocess.Popen(ns_cmd(bed.a, [*me, "--role", "initiator", "--host", "10.231.11.1", "--args",
-                                            f"{info['session']},{info['addr']},{args.seconds},{args.streams},{args.direction}"], env),
+                                            f"{info['session']},{info['addr']},{args.seconds},{args.streams},{args.direction}"], initiator_env),
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ready = json.loads(i.stdout.readline())
         c0 = cpu_seconds(t.pid) + cpu_seconds(i.pid)
@@ -211,7 +221,7 @@ def run(args: argparse.Namespace) -> dict:
         # Bytes of each transfer spread evenly over its time, cut to the second.
         b = sum(SIZE * max(0.0, min(hi, e) - max(lo, s0)) / max(e - s0, 1e-9) for (s0, e, rc) in xfers if rc == 0)
         per_second.append(round(b * 8 / 1e9, 2))
-    rails = res["peer_info"].get("rails")
+    rails = (res["peer_info"] or {}).get("rails")
     return {
         "rates": rates, "rails_option": args.rails, "kill": args.kill, "blackhole": args.blackhole, "streams": args.streams,
         "direction": args.direction, "ready": ready["ready"],
@@ -238,6 +248,10 @@ def main() -> int:
     ap.add_argument("--blackhole", action="store_true",
                     help="--kill drops every packet of the link (tbf at 8 bit/s) instead of setting it down")
     ap.add_argument("--dead-rail", action="store_true")
+    ap.add_argument("--target-pdx", default="", metavar="PYTHONPATH:LIB",
+                    help="the target's pdx package directory and libpdx.so (another build)")
+    ap.add_argument("--initiator-pdx", default="", metavar="PYTHONPATH:LIB",
+                    help="the initiator's pdx package directory and libpdx.so (another build)")
     args = ap.parse_args()
     if args.role == "target":
         role_target(args.host)
