@@ -35,7 +35,7 @@ pub struct PeerDescriptor {
     /// port confirms (see [`super::hello`]); `None` for a Mooncake peer.
     pub instance: Option<String>,
     /// `pdx_host`: where a pdx peer runs (see [`super::super::samehost`]).
-    pub host: Option<HostIdentity>,
+    pub(crate) host: Option<HostIdentity>,
     /// `pdx_rails`: the addresses a pdx peer with `PDX_TCP_RAILS` takes
     /// data on, at `data_port` (see [`super::super::net::rails`]); empty otherwise.
     pub rails: Vec<std::net::IpAddr>,

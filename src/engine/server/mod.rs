@@ -46,6 +46,11 @@ pub(super) use budget::{fd_limit, total_for, Budget, Plane};
 pub(super) use listen::{bind_in_range, wake_listener};
 pub(super) use notify::Notifications;
 
+/// How long an accept loop waits at most for evicted connections to be
+/// closed before it takes the next one anyway (see
+/// [`Budget::wait_for_closing`]): a slow owner delays accepts, never stops them.
+const CLOSING_WAIT: Duration = Duration::from_millis(100);
+
 /// The parts of the engine's state that serving inbound connections uses
 /// (shared with the engine, or copies of what never changes), so that the
 /// modules serving them never see the rest.
@@ -169,6 +174,8 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
         Plane::Data => None,
     };
     loop {
+        // Evicted connections are closed by their owners: accept no faster.
+        serving.budget.wait_for_closing(Instant::now() + CLOSING_WAIT);
         let accepted = listener.accept();
         if serving.registry.stopping() {
             if let Some(pool) = &pool {
