@@ -561,9 +561,6 @@ mod tests {
     use super::*;
     use crate::transfer::Direction;
 
-    /// 300 connections, each writing verified data in turns, are served by
-    /// at most `max_threads()` pool threads; parked, none holds a receive
-    /// buffer; idle past the timeout, all are closed.
     /// A client connected to `listener`, its server side admitted to `plane`.
     fn admitted(serving: &Serving, plane: &DataPlane, listener: &TcpListener) -> TcpStream {
         let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
@@ -577,15 +574,26 @@ mod tests {
         client
     }
 
+    /// An engine whose connection caps leave room for every connection a
+    /// test opens (`adjust` may change more), and the `Serving` a test's
+    /// own data plane is built from.
+    fn roomy_engine(adjust: impl FnOnce(&mut Settings)) -> (Engine, Arc<Serving>) {
+        let mut s = Settings::from_env();
+        s.max_data_connections = 4096;
+        s.max_connections_per_address = 4096;
+        adjust(&mut s);
+        let engine = Engine::start_with("127.0.0.1", s).unwrap();
+        let serving = Arc::new(Serving::of(&engine.inner));
+        (engine, serving)
+    }
+
+    /// 300 connections, each writing verified data in turns, are served by
+    /// at most `max_threads()` pool threads; parked, none holds a receive
+    /// buffer; idle past the timeout, all are closed.
     #[test]
     fn many_connections_few_threads_no_idle_buffers() {
         const CONNS: usize = 300;
-        let mut s = Settings::from_env();
-        s.idle_timeout = Duration::from_millis(800);
-        s.max_data_connections = 4096;
-        s.max_connections_per_address = 4096;
-        let engine = Engine::start_with("127.0.0.1", s).unwrap();
-        let serving = Arc::new(Serving::of(&engine.inner));
+        let (engine, serving) = roomy_engine(|s| s.idle_timeout = Duration::from_millis(800));
         let region = vec![0u8; CONNS * 64];
         engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
         let plane = DataPlane::start(&serving).unwrap();
@@ -647,11 +655,7 @@ mod tests {
     /// waiting: past the cap, a thread is added once every busy one is held.
     #[test]
     fn trickling_requests_do_not_hold_every_thread() {
-        let mut s = Settings::from_env();
-        s.max_data_connections = 4096;
-        s.max_connections_per_address = 4096;
-        let engine = Engine::start_with("127.0.0.1", s).unwrap();
-        let serving = Arc::new(Serving::of(&engine.inner));
+        let (engine, serving) = roomy_engine(|_| {});
         let region = vec![0u8; 4 << 20];
         engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
         let plane = DataPlane::start(&serving).unwrap();
@@ -713,11 +717,7 @@ mod tests {
         const NAME: &str = "pdx-data-shrink";
         const STALLED: usize = 16;
         const IDLE: Duration = Duration::from_millis(500);
-        let mut s = Settings::from_env();
-        s.max_data_connections = 4096;
-        s.max_connections_per_address = 4096;
-        let engine = Engine::start_with("127.0.0.1", s).unwrap();
-        let serving = Arc::new(Serving::of(&engine.inner));
+        let (engine, serving) = roomy_engine(|_| {});
         let region = vec![0u8; 4 << 20];
         engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
         let plane = DataPlane::start_with(&serving, IDLE, NAME).unwrap();
@@ -811,11 +811,7 @@ mod tests {
     fn a_lane_reading_windows_keeps_its_thread_between_them() {
         const PIECE: usize = 4 << 20;
         const WINDOWS: usize = 8;
-        let mut s = Settings::from_env();
-        s.max_data_connections = 4096;
-        s.max_connections_per_address = 4096;
-        let engine = Engine::start_with("127.0.0.1", s).unwrap();
-        let serving = Arc::new(Serving::of(&engine.inner));
+        let (engine, serving) = roomy_engine(|_| {});
         let region: Vec<u8> = (0..2 * PIECE).map(|i| (i % 251) as u8).collect();
         engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
         let plane = DataPlane::start(&serving).unwrap();
