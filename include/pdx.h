@@ -133,6 +133,11 @@
 #define MAX_PEERS_KEPT 4096
 
 /**
+ * Which version of `handle_pd_disaggregation` the rules follow.
+ */
+typedef struct RuleSet RuleSet;
+
+/**
  * Opaque set of PD server arguments. Made by `pdx_args_new`, released by
  * `pdx_args_free`.
  */
@@ -430,6 +435,8 @@ typedef struct {
   uint64_t same_host_tasks_read;
 } pdx_stats;
 
+
+
 /**
  * Success.
  */
@@ -614,8 +621,9 @@ void pdx_args_free(pdx_args *args);
  * `key` is a ServerArgs field name (`"disaggregation_transfer_backend"`) or
  * one of its CLI flags (`"--disaggregation-transfer-backend"`, and the
  * aliases `--data-parallel-size`, `--decode-context-parallel-size`). The
- * extra key `"pdx_rules"` (`"default"`, `"2026-07"` or `"2026-09"`) picks
- * the rule set of `pdx_normalize_args`. The `2026-09` rules also read
+ * extra key `"pdx_rules"` (`"default"`, `"2026-07"`, `"2026-09"`,
+ * `"2026-10"`, or `"latest"` for the newest) picks the rule set of
+ * `pdx_normalize_args` (docs/sglang-rules.md lists each set's fields). The `2026-09` rules also read
  * `dcp_size` (`--dcp-size`, `--decode-context-parallel-size`, default 1),
  * `enable_hierarchical_cache` (default false),
  * `disaggregation_bootstrap_port` (default 8998) and `port` (default 30000).
@@ -636,7 +644,9 @@ void pdx_args_free(pdx_args *args);
  * The caller guarantees, for the duration of the call: `key` is NULL or a NUL-terminated string;
  * `value` is NULL or a NUL-terminated string. Handles are checked by pdx, never trusted.
  */
-pdx_status pdx_args_set(pdx_args *args, const char *key, const char *value);
+pdx_status pdx_args_set(pdx_args *args,
+                        const char *key,
+                        const char *value);
 
 /**
  * Read one argument as text (same keys as `pdx_args_set`, plus the
@@ -747,6 +757,22 @@ const char *pdx_args_message(const pdx_args *args, size_t i, int32_t *level);
  * Handles are checked by pdx, never trusted.
  */
 pdx_status pdx_add_transfer_backend_choice(const char *name);
+
+/**
+ * sglang 0.5.23's EFA allocator guard (`_validate_efa_allocator_compatibility`
+ * as its Mooncake KV manager runs it), against the process environment:
+ * when `protocol` (NULL: `MOONCAKE_PROTOCOL`, default `rdma`) is `efa` in
+ * any case, a custom memory pool `SGLANG_MOONCAKE_CUSTOM_MEM_POOL` of type
+ * NVLINK or BAREX (`true` means NVLINK), then `expandable_segments:True` in
+ * `PYTORCH_CUDA_ALLOC_CONF` or `PYTORCH_ALLOC_CONF`, are refused. Engines
+ * initialized with protocol `efa` run the same check.
+ *
+ * Errors: `PDX_ERR_VALUE_ERROR` with SGLang's text; `PDX_ERR_INVALID_UTF8`.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `protocol` is NULL or a NUL-terminated string.
+ */
+pdx_status pdx_check_efa_allocator(const char *protocol);
 
 /**
  * 1 when the backend `name` can run in this process, else 0.

@@ -31,11 +31,25 @@ pub enum RuleSet {
     /// (`dcp_size > 1`) checks right after the alias, and under
     /// `SGLANG_RUST_SERVER` the prefill bootstrap port moves to `port`.
     Upstream202609,
+    /// `"2026-10"` (also `"latest"`): the hook of sglang 0.5.23 as released on
+    /// PyPI (`sglang/srt/arg_groups/pd_disaggregation_hook.py`): the
+    /// `prefill_complete` allocation policy, decode host receive, PD role
+    /// switching, the widened decode DCP backend list, attention DP read
+    /// from `attn_dp_size` (the deprecated `--enable-dp-attention` resolved
+    /// first), and the Rust server's bootstrap alias only for backends it
+    /// serves.
+    Upstream202610,
 }
 
 impl RuleSet {
     /// The names accepted by `pdx_rules`.
-    pub const CHOICES: &'static [&'static str] = &["default", "2026-07", "2026-09"];
+    pub const CHOICES: &'static [&'static str] = &["default", "2026-07", "2026-09", "2026-10"];
+
+    /// The name that follows the newest rule set (reads back as that set's name).
+    pub const LATEST: &'static str = "latest";
+
+    /// The newest rule set, the one [`Self::LATEST`] names.
+    pub const NEWEST: RuleSet = RuleSet::Upstream202610;
 
     /// The name `pdx_rules` reads back as.
     pub fn name(self) -> &'static str {
@@ -43,6 +57,7 @@ impl RuleSet {
             RuleSet::Pr26346 => "default",
             RuleSet::Upstream202607 => "2026-07",
             RuleSet::Upstream202609 => "2026-09",
+            RuleSet::Upstream202610 => "2026-10",
         }
     }
 
@@ -52,6 +67,8 @@ impl RuleSet {
             "default" => Some(RuleSet::Pr26346),
             "2026-07" => Some(RuleSet::Upstream202607),
             "2026-09" => Some(RuleSet::Upstream202609),
+            "2026-10" => Some(RuleSet::Upstream202610),
+            Self::LATEST => Some(Self::NEWEST),
             _ => None,
         }
     }
@@ -70,6 +87,8 @@ pub enum Kind {
     Str,
     /// `Optional[str]`.
     OptStr,
+    /// `float`.
+    Float,
 }
 
 /// One settable field: its name, CLI flags and type.
@@ -149,12 +168,42 @@ impl FieldValue for Option<String> {
     }
 }
 
+/// A Python `float` field. Equality is bitwise, so a `nan` set twice
+/// compares equal to itself (the arguments are a record, not arithmetic).
+#[derive(Debug, Clone, Copy)]
+pub struct PyFloat(pub f64);
+
+impl PartialEq for PyFloat {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for PyFloat {}
+
+impl FieldValue for PyFloat {
+    const KIND: Kind = Kind::Float;
+    fn parse(value: Option<&str>, invalid: &dyn Fn(String) -> Error) -> Result<PyFloat> {
+        let v = not_none(value, invalid, "a number")?;
+        py::parse_float(v).map(PyFloat).ok_or_else(|| invalid(format!("{}; expected a number", py::repr_str(v))))
+    }
+    fn show(&self) -> Option<String> {
+        Some(py::repr_float(self.0))
+    }
+}
+
 impl FieldValue for RuleSet {
     const KIND: Kind = Kind::Str;
     fn parse(value: Option<&str>, invalid: &dyn Fn(String) -> Error) -> Result<RuleSet> {
         let v = not_none(value, invalid, "a string")?;
-        RuleSet::from_name(v)
-            .ok_or_else(|| invalid(format!("{}; allowed values: {}", py::repr_str(v), RuleSet::CHOICES.join(", "))))
+        RuleSet::from_name(v).ok_or_else(|| {
+            invalid(format!(
+                "{}; allowed values: {}, {}",
+                py::repr_str(v),
+                RuleSet::CHOICES.join(", "),
+                RuleSet::LATEST
+            ))
+        })
     }
     fn show(&self) -> Option<String> {
         Some(self.name().to_owned())
@@ -252,6 +301,40 @@ server_args! {
     dcp_size: i64 = 1, ["--dcp-size", "--decode-context-parallel-size"];
     /// HiCache (refused with decode DCP by the 2026-09 rules).
     enable_hierarchical_cache: bool = false, ["--enable-hierarchical-cache"];
+    /// `2026-10`: when decode allocates KV for a request (`early`, or `prefill_complete`).
+    disaggregation_decode_allocation_policy: String = "early".into(), ["--disaggregation-decode-allocation-policy"];
+    /// `2026-10`: below 1, decode receives KV into host memory first.
+    disaggregation_decode_host_receive_threshold: PyFloat = PyFloat(1.0), ["--disaggregation-decode-host-receive-threshold"];
+    /// `2026-10`: where a retracted decode request's KV goes.
+    disaggregation_decode_retraction_backup: Option<String> = None, ["--disaggregation-decode-retraction-backup"];
+    /// `2026-10`: a PD server may switch between prefill and decode at run time.
+    enable_pd_role_switch: bool = false, ["--enable-pd-role-switch"];
+    /// `2026-10`: attention data-parallel groups (what `--dp-size N --enable-dp-attention` used to say).
+    attn_dp_size: i64 = 1, ["--attn-dp-size", "--attention-data-parallel-size"];
+    /// `2026-10`: tensor-parallel size.
+    tp_size: i64 = 1, ["--tp-size", "--tensor-parallel-size"];
+    /// `2026-10`: pipeline-parallel size.
+    pp_size: i64 = 1, ["--pp-size", "--pipeline-parallel-size"];
+    /// `2026-10`: attention context-parallel size.
+    attn_cp_size: i64 = 1, ["--attn-cp-size", "--attention-context-parallel-size"];
+    /// `2026-10`: expert-parallel size.
+    ep_size: i64 = 1, ["--ep-size", "--expert-parallel-size", "--ep"];
+    /// `2026-10`: MoE all-to-all backend.
+    moe_a2a_backend: String = "none".into(), ["--moe-a2a-backend"];
+    /// `2026-10`: DP attention's local control broadcast.
+    enable_dp_attention_local_control_broadcast: bool = false, ["--enable-dp-attention-local-control-broadcast"];
+    /// `2026-10`: PD multiplexing.
+    enable_pdmux: bool = false, ["--enable-pdmux"];
+    /// `2026-10`: decoupled speculative decoding role.
+    decoupled_spec_role: String = "null".into(), ["--decoupled-spec-role"];
+    /// `2026-10`: an encoder-only server (encoder disaggregation).
+    encoder_only: bool = false, ["--encoder-only"];
+    /// `2026-10`: a language-only server (encoder disaggregation).
+    language_only: bool = false, ["--language-only"];
+    /// `2026-10`: HiCache's storage backend.
+    hicache_storage_backend: Option<String> = None, ["--hicache-storage-backend"];
+    /// `2026-10`: HiCache's write policy.
+    hicache_write_policy: String = "write_through".into(), ["--hicache-write-policy"];
     /// pdx's own setting: which rule set normalization applies.
     pdx_rules: RuleSet = RuleSet::Pr26346, ["--pdx-rules"];
 }
@@ -294,7 +377,13 @@ pub fn choices_of(name: &str) -> Option<Vec<String>> {
         "load_balance_method" => Some(fixed(choices::LOAD_BALANCE_METHOD_CHOICES)),
         "encoder_transfer_backend" => Some(fixed(choices::ENCODER_TRANSFER_BACKEND_CHOICES)),
         "mamba_scheduler_strategy" => Some(fixed(choices::MAMBA_SCHEDULER_STRATEGY_CHOICES)),
-        "pdx_rules" => Some(fixed(RuleSet::CHOICES)),
+        "disaggregation_decode_allocation_policy" => Some(fixed(choices::DECODE_ALLOCATION_POLICY_CHOICES)),
+        "disaggregation_decode_retraction_backup" => Some(fixed(choices::DECODE_RETRACTION_BACKUP_CHOICES)),
+        "moe_a2a_backend" => Some(fixed(choices::MOE_A2A_BACKEND_CHOICES)),
+        "decoupled_spec_role" => Some(fixed(choices::DECOUPLED_SPEC_ROLE_CHOICES)),
+        "hicache_storage_backend" => Some(fixed(choices::HICACHE_STORAGE_BACKEND_CHOICES)),
+        "hicache_write_policy" => Some(fixed(choices::HICACHE_WRITE_POLICY_CHOICES)),
+        "pdx_rules" => Some(fixed(&[RuleSet::CHOICES, &[RuleSet::LATEST]].concat())),
         _ => None,
     }
 }
@@ -378,7 +467,10 @@ mod tests {
             let sample = match f.kind {
                 Kind::Bool => "true".to_owned(),
                 Kind::Int | Kind::OptInt => "7".to_owned(),
-                Kind::Str | Kind::OptStr => choices_of(f.name).map_or("x".to_owned(), |c| c.last().unwrap().clone()),
+                // The last choice that reads back as itself (`latest` reads back as the set it names).
+                Kind::Str | Kind::OptStr => choices_of(f.name)
+                    .map_or("x".to_owned(), |c| c.iter().rev().find(|v| *v != RuleSet::LATEST).unwrap().clone()),
+                Kind::Float => "0.25".to_owned(),
             };
             copy.set(f.flags[0], Some(&sample)).unwrap();
             assert_eq!(copy.get(f.name).unwrap().as_deref(), Some(sample.as_str()), "{}", f.name);
@@ -458,7 +550,10 @@ mod tests {
             .set("pdx_rules", Some("2026-08"))
             .unwrap_err()
             .message()
-            .ends_with("'2026-08'; allowed values: default, 2026-07, 2026-09"));
+            .ends_with("'2026-08'; allowed values: default, 2026-07, 2026-09, 2026-10, latest"));
+        // `latest` names the newest set and reads back as its name.
+        a.set("pdx_rules", Some("latest")).unwrap();
+        assert_eq!((a.pdx_rules, a.get("pdx_rules").unwrap().as_deref()), (RuleSet::NEWEST, Some("2026-10")));
         assert_eq!(a.disaggregation_transfer_backend, "mooncake_tcp");
     }
 

@@ -23,7 +23,7 @@
 //! (exact spelling), else the one `args` already has.
 
 use super::args::{lookup, Kind, RuleSet, ServerArgs, FIELDS};
-use super::sglang_flags::{FLAGS_6076066E3, FLAGS_77E0052, FLAGS_D4801BE};
+use super::sglang_flags::{FLAGS_6076066E3, FLAGS_77E0052, FLAGS_D4801BE, FLAGS_SGLANG_0_5_23};
 use crate::error::{Error, Result};
 
 /// Whether argparse would take `token` as an option rather than a value:
@@ -42,6 +42,7 @@ pub fn sglang_options(rules: RuleSet) -> Table {
         RuleSet::Pr26346 => FLAGS_6076066E3,
         RuleSet::Upstream202607 => FLAGS_D4801BE,
         RuleSet::Upstream202609 => FLAGS_77E0052,
+        RuleSet::Upstream202610 => FLAGS_SGLANG_0_5_23,
     }
 }
 

@@ -18,6 +18,52 @@ pub const ENCODER_TRANSFER_BACKEND_CHOICES: &[&str] = &["zmq_to_scheduler", "zmq
 /// `mamba_scheduler_strategy` choices.
 pub const MAMBA_SCHEDULER_STRATEGY_CHOICES: &[&str] = &["auto", "no_buffer", "extra_buffer"];
 
+/// `disaggregation_decode_allocation_policy` choices (sglang 0.5.23).
+pub const DECODE_ALLOCATION_POLICY_CHOICES: &[&str] = &["early", "prefill_complete"];
+
+/// `disaggregation_decode_retraction_backup` choices (sglang 0.5.23).
+pub const DECODE_RETRACTION_BACKUP_CHOICES: &[&str] = &["cpu_tensor", "host_pool", "none"];
+
+/// `moe_a2a_backend` choices (sglang 0.5.23).
+pub const MOE_A2A_BACKEND_CHOICES: &[&str] = &[
+    "none",
+    "deepep",
+    "mooncake",
+    "nixl",
+    "mori",
+    "ascend_fuseep",
+    "flashinfer",
+    "megamoe",
+    "deepep_v2",
+    "pplx",
+    "ascend_tp",
+    "flashinfer_megamoe",
+];
+
+/// `decoupled_spec_role` choices (sglang 0.5.23).
+pub const DECOUPLED_SPEC_ROLE_CHOICES: &[&str] = &["null", "verifier", "drafter"];
+
+/// `hicache_storage_backend` choices (sglang 0.5.23).
+pub const HICACHE_STORAGE_BACKEND_CHOICES: &[&str] = &[
+    "file",
+    "sim",
+    "mooncake",
+    "npu_memcache",
+    "hf3fs",
+    "nixl",
+    "aibrix",
+    "dynamic",
+    "eic",
+    "simm",
+    "mori",
+    "shm",
+    "tensorcast",
+    "seaweedfs",
+];
+
+/// `hicache_write_policy` choices (sglang 0.5.23).
+pub const HICACHE_WRITE_POLICY_CHOICES: &[&str] = &["write_back", "write_through", "write_through_selective"];
+
 /// Backends appended by plugins, after the defaults.
 static EXTRA_BACKENDS: RwLock<Vec<String>> = RwLock::new(Vec::new());
 

@@ -244,7 +244,13 @@ vars! {
     SGLANG_DISAGG_STAGING_BUFFER: Ty::Bool, "false",
         "SGLang's staging-buffer rule of argument normalization.";
     SGLANG_RUST_SERVER: Ty::Bool, "false",
-        "SGLang's Rust server: under the `2026-09` rules a prefill's bootstrap port moves to its api port.";
+        "SGLang's Rust server: under the `2026-09` and `2026-10` rules a prefill's bootstrap port moves to its api port.";
+    SGLANG_MOONCAKE_CUSTOM_MEM_POOL: Ty::Text, "unset",
+        "SGLang's Mooncake custom memory pool (`NVLINK`, `BAREX`, `INTRA_NODE_NVLINK`, `true` = `NVLINK`); NVLINK and BAREX are refused under `efa`.";
+    PYTORCH_CUDA_ALLOC_CONF: Ty::Text, "unset",
+        "PyTorch's allocator settings; `expandable_segments:True` is refused under `efa`.";
+    PYTORCH_ALLOC_CONF: Ty::Text, "unset",
+        "PyTorch's allocator settings (newer name); `expandable_segments:True` is refused under `efa`.";
     PDX_MIN_PORT: PORT, "15000", "Lowest listener port (wins over `MC_MIN_RPC_PORT`).";
     MC_MIN_RPC_PORT: PORT, "15000", "Lowest listener port.";
     MC_MIN_PRC_PORT: PORT, "15000", "Mooncake's misspelt alias of `MC_MIN_RPC_PORT`.";
@@ -325,6 +331,9 @@ pub mod names {
     pub(crate) const SGLANG_DISAGG_STAGING_BUFFER: &str = vars::SGLANG_DISAGG_STAGING_BUFFER.name;
     pub(crate) const SGLANG_RUST_SERVER: &str = vars::SGLANG_RUST_SERVER.name;
     pub(crate) const MOONCAKE_DEVICE: &str = vars::MOONCAKE_DEVICE.name;
+    pub(crate) const SGLANG_MOONCAKE_CUSTOM_MEM_POOL: &str = vars::SGLANG_MOONCAKE_CUSTOM_MEM_POOL.name;
+    pub(crate) const PYTORCH_CUDA_ALLOC_CONF: &str = vars::PYTORCH_CUDA_ALLOC_CONF.name;
+    pub(crate) const PYTORCH_ALLOC_CONF: &str = vars::PYTORCH_ALLOC_CONF.name;
 }
 
 /// The variables read under SGLang's rules (`get_bool`, `get_int`,
@@ -337,6 +346,9 @@ const SGLANG_RULES: &[&str] = &[
     names::SGLANG_DISAGG_STAGING_BUFFER,
     names::SGLANG_RUST_SERVER,
     names::MOONCAKE_DEVICE,
+    names::SGLANG_MOONCAKE_CUSTOM_MEM_POOL,
+    names::PYTORCH_CUDA_ALLOC_CONF,
+    names::PYTORCH_ALLOC_CONF,
 ];
 
 /// A variable's value as its reader understands it, before any range check.

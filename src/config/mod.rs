@@ -8,7 +8,9 @@
 //! - [`engine_options`]: per-engine options (`gpu_id`, `device_source`, settings).
 //! - [`env`]: environment access with SGLang's `environ.py` rules.
 //! - [`file`]: reading a file configuration names (regular, bounded).
-//! - [`rules`]: `handle_pd_disaggregation` in two versions, plus normalization.
+//! - [`rules`]: `handle_pd_disaggregation` in three versions, plus normalization.
+//! - [`rules_2026_10`]: the fourth, sglang 0.5.23's, with its IB-validation placement.
+//! - [`efa`]: sglang 0.5.23's EFA allocator guard.
 //! - [`load_balance`]: SGLang's `_handle_load_balance_method`.
 //! - [`ib_device`]: IB device configuration parsing and validation.
 //! - [`transport`]: protocol / hostname / device resolution.
@@ -19,6 +21,7 @@
 pub mod args;
 pub mod argv;
 pub mod choices;
+pub mod efa;
 pub mod engine_options;
 pub mod env;
 pub mod file;
@@ -28,6 +31,7 @@ pub mod message;
 pub mod net;
 pub mod py;
 pub mod rules;
+pub mod rules_2026_10;
 pub mod sglang_flags;
 pub mod transport;
 

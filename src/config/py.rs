@@ -108,6 +108,66 @@ pub fn parse_int(text: &str) -> Option<i64> {
     i64::try_from(value).ok()
 }
 
+/// Python's `float(text)` for a string: surrounding whitespace, a sign,
+/// decimal or exponent notation, `_` only between digits, and `inf`,
+/// `infinity`, `nan` in any case. `None` where Python raises `ValueError`.
+pub fn parse_float(text: &str) -> Option<f64> {
+    let t = strip(text);
+    let bytes = t.as_bytes();
+    for (i, b) in bytes.iter().enumerate() {
+        if *b == b'_' {
+            let digit = |j: Option<usize>| j.and_then(|j| bytes.get(j)).is_some_and(u8::is_ascii_digit);
+            if !digit(i.checked_sub(1)) || !digit(Some(i + 1)) {
+                return None;
+            }
+        }
+    }
+    let cleaned: String = t.chars().filter(|c| *c != '_').collect();
+    let body = cleaned.trim_start_matches(['+', '-']);
+    if cleaned.len() - body.len() > 1 || body.is_empty() {
+        return None;
+    }
+    let word = body.to_ascii_lowercase();
+    if !matches!(word.as_str(), "inf" | "infinity" | "nan")
+        && !body.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-'))
+    {
+        return None;
+    }
+    cleaned.parse::<f64>().ok()
+}
+
+/// Python's `repr(float)`: the shortest text that reads back as the same
+/// value, fixed notation for exponents -4..16 (`1.0`, `0.0001`), else
+/// scientific with a signed two-digit exponent (`1e-05`, `1.5e+16`).
+pub fn repr_float(x: f64) -> String {
+    if x.is_nan() {
+        return "nan".to_owned();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.to_owned();
+    }
+    if x == 0.0 {
+        return if x.is_sign_negative() { "-0.0" } else { "0.0" }.to_owned();
+    }
+    let sci = format!("{:e}", x.abs());
+    let (mantissa, exp) = sci.split_once('e').expect("LowerExp writes an exponent");
+    let exp: i32 = exp.parse().expect("LowerExp writes a decimal exponent");
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let sign = if x < 0.0 { "-" } else { "" };
+    if (-4..16).contains(&exp) {
+        if exp < 0 {
+            return format!("{sign}0.{}{digits}", "0".repeat((-exp - 1) as usize));
+        }
+        let int_len = exp as usize + 1;
+        if digits.len() <= int_len {
+            return format!("{sign}{digits}{}.0", "0".repeat(int_len - digits.len()));
+        }
+        return format!("{sign}{}.{}", &digits[..int_len], &digits[int_len..]);
+    }
+    let rest = if digits.len() > 1 { format!(".{}", &digits[1..]) } else { String::new() };
+    format!("{sign}{}{rest}e{}{:02}", &digits[..1], if exp < 0 { '-' } else { '+' }, exp.abs())
+}
+
 /// Python's `json.dumps(obj, separators=(",", ":"))` for a string: ASCII
 /// output (`ensure_ascii=True`), `\uXXXX` escapes (surrogate pairs above the
 /// BMP), and the short escapes `\" \\ \n \r \t \b \f`.
@@ -170,6 +230,43 @@ mod tests {
         assert_eq!(parse_int("-9223372036854775808"), Some(i64::MIN));
         for bad in ["", " ", "1_", "_1", "1__0", "0x10", "1.0", "--1", "9223372036854775808", "1 2"] {
             assert_eq!(parse_int(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn float_matches_python() {
+        for (text, want) in [
+            ("1", 1.0),
+            (" 0.5 ", 0.5),
+            ("-1e-3", -0.001),
+            ("1_0.2_5", 10.25),
+            (".5", 0.5),
+            ("5.", 5.0),
+            ("+1E2", 100.0),
+            ("Infinity", f64::INFINITY),
+            ("-inf", f64::NEG_INFINITY),
+        ] {
+            assert_eq!(parse_float(text), Some(want), "{text:?}");
+        }
+        assert!(parse_float("NaN").unwrap().is_nan());
+        for bad in ["", "_1", "1_", "1__0", "1._5", "0x1", "--1", "1 2", "infx", "1e", "e5", "+-1", "1,5"] {
+            assert_eq!(parse_float(bad), None, "{bad:?}");
+        }
+        for (x, want) in [
+            (1.0, "1.0"),
+            (0.5, "0.5"),
+            (-0.0, "-0.0"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (1e16, "1e+16"),
+            (1.5e16, "1.5e+16"),
+            (123456789012345.6, "123456789012345.6"),
+            (0.1 + 0.2, "0.30000000000000004"),
+            (100.0, "100.0"),
+            (f64::NAN, "nan"),
+            (f64::NEG_INFINITY, "-inf"),
+        ] {
+            assert_eq!(repr_float(x), want, "{x}");
         }
     }
 

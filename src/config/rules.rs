@@ -1,5 +1,5 @@
-//! SGLang's `handle_pd_disaggregation` hook in three versions, and
-//! [`normalize`], which runs it together with load-balance defaulting.
+//! SGLang's `handle_pd_disaggregation` hook in three versions (the fourth,
+//! `2026-10`, is [`super::rules_2026_10`]), and [`normalize`], which runs it together with load-balance defaulting.
 //!
 //! Texts are copied byte for byte from SGLang (commits 6076066e3 and
 //! d4801be of `python/sglang/srt/server_args.py`; for `2026-09`,
@@ -11,6 +11,7 @@ use super::env::{self, names, Env};
 use super::load_balance::handle_load_balance_method;
 use super::message::Message;
 use super::py;
+use super::rules_2026_10;
 use crate::error::{Error, Result};
 
 /// INFO line of the `mooncake_tcp` alias (always says `=1`).
@@ -103,6 +104,9 @@ pub struct HookOutcome {
 /// environment through `env`. Mutates `args` in place (also on error, as
 /// SGLang does; [`normalize`] works on a copy).
 pub fn handle_pd_disaggregation(args: &mut ServerArgs, env: &dyn Env, rules: RuleSet) -> Result<HookOutcome> {
+    if rules == RuleSet::Upstream202610 {
+        return rules_2026_10::handle_pd_disaggregation(args, env);
+    }
     let mut out = HookOutcome::default();
 
     // Step 1: the alias, in every mode.
@@ -255,7 +259,8 @@ pub fn set_default_mc_force_tcp(env: &dyn Env) -> Message {
 /// PD arguments, under `args.pdx_rules`:
 ///
 /// - default rules: `_handle_load_balance_method`, then the hook (PR-time order);
-/// - `2026-07` and `2026-09`: the hook, then `_handle_load_balance_method`.
+/// - `2026-07` and `2026-09`: the hook, then `_handle_load_balance_method`;
+/// - `2026-10`: sglang 0.5.23's pipeline ([`rules_2026_10::resolve`]).
 ///
 /// All-or-nothing: the rules run on a copy; on error `args` and the
 /// environment are unchanged and nothing is logged. On success `args` is
@@ -265,6 +270,7 @@ pub fn set_default_mc_force_tcp(env: &dyn Env) -> Message {
 pub fn normalize(args: &mut ServerArgs, env: &dyn Env) -> Result<Vec<Message>> {
     let mut work = args.clone();
     let outcome = match work.pdx_rules {
+        RuleSet::Upstream202610 => rules_2026_10::resolve(&mut work, env)?,
         RuleSet::Pr26346 => {
             handle_load_balance_method(&mut work)?;
             handle_pd_disaggregation(&mut work, env, RuleSet::Pr26346)?

@@ -24,6 +24,7 @@
 //! unchanged; a false-looking value (`0`, `false`, `no`, `n`, `""`) adds a
 //! warning, because it does not turn the forcing off.
 
+use super::efa;
 use super::engine_options::DeviceRule;
 use super::env::{self, names, Env, ProcessEnv};
 use super::ib_device::ib_devices_for_gpu_with_origin;
@@ -86,7 +87,9 @@ pub fn resolve_transport(
 ///
 /// Errors: `UnknownProtocol` (message lists [`KNOWN_PROTOCOLS`]); the IB
 /// configuration errors of `get_ib_devices_for_gpu`, SGLang's texts
-/// unchanged; `Io` when no free port can be found for the Ascend hostname.
+/// unchanged; `Io` when no free port can be found for the Ascend hostname;
+/// under the shared rule with protocol `efa`, the `ValueError`s of sglang
+/// 0.5.23's EFA allocator guard ([`efa::check_allocator_for`]).
 pub fn resolve_transport_for(
     env: &dyn Env,
     hostname: &str,
@@ -201,6 +204,12 @@ pub fn resolve_transport_for(
             ),
             warnings,
         });
+    }
+    if rule == DeviceRule::Shared {
+        // sglang 0.5.23 refuses CUDA VMM allocations under EFA before its KV
+        // manager starts the shared engine; pdx refuses them where that
+        // engine starts.
+        efa::check_allocator_for(env, &requested)?;
     }
     Ok(TransportChoice {
         protocol: requested.clone(),

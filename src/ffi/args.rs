@@ -113,8 +113,9 @@ pub extern "C" fn pdx_args_free(args: *mut pdx_args) {
 /// `key` is a ServerArgs field name (`"disaggregation_transfer_backend"`) or
 /// one of its CLI flags (`"--disaggregation-transfer-backend"`, and the
 /// aliases `--data-parallel-size`, `--decode-context-parallel-size`). The
-/// extra key `"pdx_rules"` (`"default"`, `"2026-07"` or `"2026-09"`) picks
-/// the rule set of `pdx_normalize_args`. The `2026-09` rules also read
+/// extra key `"pdx_rules"` (`"default"`, `"2026-07"`, `"2026-09"`,
+/// `"2026-10"`, or `"latest"` for the newest) picks the rule set of
+/// `pdx_normalize_args` (docs/sglang-rules.md lists each set's fields). The `2026-09` rules also read
 /// `dcp_size` (`--dcp-size`, `--decode-context-parallel-size`, default 1),
 /// `enable_hierarchical_cache` (default false),
 /// `disaggregation_bootstrap_port` (default 8998) and `port` (default 30000).
@@ -343,6 +344,30 @@ pub unsafe extern "C" fn pdx_add_transfer_backend_choice(name: *const c_char) ->
         }
         config::choices::add_transfer_backend_choices(&[name]);
         Ok(())
+    })
+}
+
+/// sglang 0.5.23's EFA allocator guard (`_validate_efa_allocator_compatibility`
+/// as its Mooncake KV manager runs it), against the process environment:
+/// when `protocol` (NULL: `MOONCAKE_PROTOCOL`, default `rdma`) is `efa` in
+/// any case, a custom memory pool `SGLANG_MOONCAKE_CUSTOM_MEM_POOL` of type
+/// NVLINK or BAREX (`true` means NVLINK), then `expandable_segments:True` in
+/// `PYTORCH_CUDA_ALLOC_CONF` or `PYTORCH_ALLOC_CONF`, are refused. Engines
+/// initialized with protocol `efa` run the same check.
+///
+/// Errors: `PDX_ERR_VALUE_ERROR` with SGLang's text; `PDX_ERR_INVALID_UTF8`.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `protocol` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_check_efa_allocator(protocol: *const c_char) -> pdx_status {
+    guard("pdx_check_efa_allocator", || {
+        // SAFETY: the caller passes a NUL-terminated string or NULL.
+        let protocol = unsafe { opt_c_str(protocol, "protocol")? };
+        match protocol {
+            Some(p) => config::efa::check_allocator_for(&ProcessEnv, p),
+            None => config::efa::validate_efa_allocator_compatibility(&ProcessEnv),
+        }
     })
 }
 
