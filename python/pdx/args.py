@@ -38,6 +38,7 @@ _CONFIG_SIGNATURES: list[_Signature] = [
     ("pdx_args_message_count", c_size_t, [c_void_p]),
     ("pdx_args_message", c_char_p, [c_void_p, c_size_t, POINTER(c_int32)]),
     ("pdx_add_transfer_backend_choice", pdx_status, [c_char_p]),
+    ("pdx_check_efa_allocator", pdx_status, [c_char_p]),
     ("pdx_resolve_transport", pdx_status, [c_char_p, c_char_p, c_char_p, c_int32, POINTER(c_void_p)]),
     ("pdx_transport_choice_protocol", c_char_p, [c_void_p]),
     ("pdx_transport_choice_hostname", c_char_p, [c_void_p]),
@@ -152,6 +153,14 @@ class Args(_Handle):
 def add_transfer_backend_choice(name: str) -> None:
     """Allow `name` as --disaggregation-transfer-backend (process-wide)."""
     check(lib.pdx_add_transfer_backend_choice(name.encode()))
+
+
+def check_efa_allocator(protocol: str | None = None) -> None:
+    """sglang 0.5.23's EFA allocator guard against the process environment:
+    under protocol `efa` (None: MOONCAKE_PROTOCOL), raise PdxError
+    (PDX_ERR_VALUE_ERROR, SGLang's text) for an NVLINK/BAREX custom memory
+    pool or expandable_segments:True in PyTorch's allocator settings."""
+    check(lib.pdx_check_efa_allocator(_enc(protocol)))
 
 
 class TransportChoice:

@@ -350,11 +350,20 @@ pub const DEFAULT_BOOTSTRAP_PORT: i64 = 8998;
 /// `pdx_engine_init_with`.
 pub const SHARED_ENGINE_IB_DEVICE: &str = "shared_engine_ib_device";
 
+/// Read-only key: `true` where SGLang validates `disaggregation_ib_device`
+/// for these (normalized) arguments, in `handle_encoder_disaggregation`
+/// after the hook (`mooncake` in prefill or decode, or the `mooncake`
+/// encoder transfer backend); `false` otherwise.
+pub const IB_DEVICE_VALIDATED: &str = "ib_device_validated";
+
 /// The name a readable key is cached under: its field's name, or the
 /// derived key itself.
 pub fn read_name(key: &str) -> Option<&'static str> {
     if key == SHARED_ENGINE_IB_DEVICE {
         return Some(SHARED_ENGINE_IB_DEVICE);
+    }
+    if key == IB_DEVICE_VALIDATED {
+        return Some(IB_DEVICE_VALIDATED);
     }
     lookup(key).map(|spec| spec.name)
 }
@@ -411,6 +420,11 @@ impl ServerArgs {
                 "{SHARED_ENGINE_IB_DEVICE} is read-only: it is disaggregation_ib_device or mooncake_ib_device"
             )));
         }
+        if key == IB_DEVICE_VALIDATED {
+            return Err(Error::invalid_value(format!(
+                "{IB_DEVICE_VALIDATED} is read-only: it says whether SGLang validates disaggregation_ib_device"
+            )));
+        }
         let spec = lookup(key).ok_or_else(|| unknown_key(key))?;
         let invalid = |what: String| Error::invalid_value(format!("invalid value for {}: {what}", label(spec)));
         if let Some(allowed) = choices_of(spec.name) {
@@ -432,6 +446,10 @@ impl ServerArgs {
     pub fn get(&self, key: &str) -> Result<Option<String>> {
         if key == SHARED_ENGINE_IB_DEVICE {
             return Ok(self.shared_engine_ib_device().map(str::to_owned));
+        }
+        if key == IB_DEVICE_VALIDATED {
+            let applies = super::rules_2026_10::ib_validation_applies(self);
+            return Ok(Some(if applies { "true" } else { "false" }.to_owned()));
         }
         let spec = lookup(key).ok_or_else(|| unknown_key(key))?;
         Ok(self.get_field(spec.name))
