@@ -448,7 +448,7 @@ impl ServerArgs {
             return Ok(self.shared_engine_ib_device().map(str::to_owned));
         }
         if key == IB_DEVICE_VALIDATED {
-            let applies = super::rules_2026_10::ib_validation_applies(self);
+            let applies = self.ib_device_validated();
             return Ok(Some(if applies { "true" } else { "false" }.to_owned()));
         }
         let spec = lookup(key).ok_or_else(|| unknown_key(key))?;
@@ -457,6 +457,16 @@ impl ServerArgs {
 
     /// SGLang's `disaggregation_ib_device or mooncake_ib_device`: Python's
     /// `or`, so an empty first value falls through to the second.
+    /// Whether SGLang validates `disaggregation_ib_device` for these
+    /// (normalized) arguments: `handle_encoder_disaggregation` does, after
+    /// the hook, for the `mooncake` backend in prefill or decode, or the
+    /// `mooncake` encoder transfer backend (the same in every rule set).
+    pub fn ib_device_validated(&self) -> bool {
+        (self.disaggregation_transfer_backend == "mooncake"
+            && matches!(self.disaggregation_mode.as_str(), "prefill" | "decode"))
+            || self.encoder_transfer_backend == "mooncake"
+    }
+
     pub fn shared_engine_ib_device(&self) -> Option<&str> {
         match self.disaggregation_ib_device.as_deref() {
             Some(d) if !d.is_empty() => Some(d),

@@ -8,6 +8,7 @@
 //! - [`engine_options`]: per-engine options (`gpu_id`, `device_source`, settings).
 //! - [`env`]: environment access with SGLang's `environ.py` rules.
 //! - [`file`]: reading a file configuration names (regular, bounded).
+//! - [`hook_texts`]: the hook's texts, shared by every rule set.
 //! - [`rules`]: `handle_pd_disaggregation` in three versions, plus normalization.
 //! - [`rules_2026_10`]: the fourth, sglang 0.5.23's, with its IB-validation placement.
 //! - [`efa`]: sglang 0.5.23's EFA allocator guard.
@@ -25,6 +26,7 @@ pub mod efa;
 pub mod engine_options;
 pub mod env;
 pub mod file;
+pub mod hook_texts;
 pub mod ib_device;
 pub mod load_balance;
 pub mod message;

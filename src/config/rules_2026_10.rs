@@ -11,13 +11,13 @@
 
 use super::args::{ServerArgs, DEFAULT_BOOTSTRAP_PORT};
 use super::env::{self, names, Env};
-use super::load_balance::handle_load_balance_method;
-use super::message::Message;
-use super::py;
-use super::rules::{
+use super::hook_texts::{
     rust_server_port_conflict_error, rust_server_port_info, staging_error, HookOutcome, DCP_PREFILL_WARNING,
     MOONCAKE_TCP_INFO, PREFILL_FAKE, RADIX_DP_WARNING, RADIX_ENABLED_WARNING, RADIX_FAKE, RADIX_HISPARSE,
 };
+use super::load_balance::handle_load_balance_method;
+use super::message::Message;
+use super::py;
 use crate::error::{Error, Result};
 
 /// WARNING: decode without the radix cache (0.5.23's text; earlier sets say
@@ -338,12 +338,9 @@ pub fn resolve(args: &mut ServerArgs, env: &dyn Env) -> Result<HookOutcome> {
 }
 
 /// Whether 0.5.23 validates the IB device (`handle_encoder_disaggregation`,
-/// after the hook): the `mooncake` backend in prefill or decode, or the
-/// `mooncake` encoder transfer backend.
+/// after the hook): [`ServerArgs::ib_device_validated`].
 pub fn ib_validation_applies(args: &ServerArgs) -> bool {
-    (args.disaggregation_transfer_backend == "mooncake"
-        && matches!(args.disaggregation_mode.as_str(), "prefill" | "decode"))
-        || args.encoder_transfer_backend == "mooncake"
+    args.ib_device_validated()
 }
 
 #[cfg(test)]
