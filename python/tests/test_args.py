@@ -128,7 +128,7 @@ def test_decode_radix_cache_rejects_fake_backend(rules, message):
     assert (e.value.status, e.value.message) == (pdx.PDX_ERR_VALUE_ERROR, message)
 
 
-@pytest.mark.parametrize("rules", ["default", "2026-07", "2026-09"])
+@pytest.mark.parametrize("rules", ["default", "2026-07", "2026-09", "2026-10", "latest"])
 def test_decode_radix_cache_allows_mooncake_tcp(rules):
     a = pdx.Args(pdx_rules=rules, disaggregation_mode="decode", disaggregation_transfer_backend="mooncake_tcp",
                  disaggregation_decode_enable_radix_cache=True)
@@ -265,3 +265,35 @@ def test_every_config_function_is_declared():
         fn = getattr(pdx.lib, name)
         assert fn.argtypes == argtypes and fn.restype == restype
     assert all(sig in pdx._SIGNATURES for sig in pdx._CONFIG_SIGNATURES)
+
+
+def test_rules_2026_10_decode_text_and_latest():
+    a = pdx.Args(pdx_rules="latest", disaggregation_mode="decode", dp_size=4, enable_dp_attention=True,
+                 max_running_requests=64)
+    assert a.get("pdx_rules") == "2026-10"
+    assert a.normalize() == [(pdx.PDX_LOG_WARNING, "Radix cache is disabled for decode server")]
+    assert (a["dp_size"], a["attn_dp_size"], a["disaggregation_decode_extra_slots"]) == ("1", "4", "32")
+    assert a["ib_device_validated"] == "true"
+    a = pdx.Args(["--pdx-rules", "2026-10", "--disaggregation-decode-host-receive-threshold", "2"])
+    with pytest.raises(pdx.PdxError) as e:
+        a.normalize()
+    assert e.value.message == "--disaggregation-decode-host-receive-threshold must be between 0 and 1"
+
+
+def test_check_efa_allocator(monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.delenv("SGLANG_MOONCAKE_CUSTOM_MEM_POOL", raising=False)
+    monkeypatch.delenv("MOONCAKE_PROTOCOL", raising=False)
+    monkeypatch.delenv("MC_FORCE_TCP", raising=False)  # it would make the engine tcp
+    pdx.check_efa_allocator()  # rdma by default: nothing to check
+    with pytest.raises(pdx.PdxError) as e:
+        pdx.check_efa_allocator("EFA")
+    assert e.value.name == "PDX_ERR_VALUE_ERROR"
+    assert e.value.message.startswith("PYTORCH_CUDA_ALLOC_CONF enables expandable_segments, which is incompatible")
+    monkeypatch.setenv("MOONCAKE_PROTOCOL", "efa")
+    monkeypatch.setenv("SGLANG_MOONCAKE_CUSTOM_MEM_POOL", "barex")
+    with pytest.raises(pdx.PdxError):
+        pdx.check_efa_allocator()  # 'barex' is not BAREX: the allocator rule still fires
+    with pytest.raises(pdx.PdxError) as e:
+        pdx.resolve_transport("127.0.0.1", "efa")
+    assert "expandable_segments" in e.value.message

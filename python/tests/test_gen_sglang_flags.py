@@ -106,14 +106,80 @@ def sources(tmp_path):
     old.write_text(textwrap.dedent(EXPLICIT))
     new.write_text(textwrap.dedent(DATACLASS))
     sep.write_text(textwrap.dedent(DATACLASS).replace('"--config"', '"--config-file"'))
-    return {"6076066e3": old, "d4801be": new, "77e0052": sep}
+    return {"6076066e3": old, "d4801be": new, "77e0052": sep, "release": release_package(tmp_path)}
+
+
+def release_package(tmp_path, version="0.5.23"):
+    """A stand-in for an installed sglang 0.5.23: fields in namespace classes
+    under srt/arg_groups/fields/, assembled by server_args.py."""
+    pkg = tmp_path / "site" / "sglang"
+    fields = pkg / "srt" / "arg_groups" / "fields"
+    fields.mkdir(parents=True)
+    (pkg / "_version.py").write_text(f"__version__: str\n__version__ = version = {version!r}\n")
+    (pkg / "srt" / "arg_groups" / "field_order.py").write_text('POSITIONAL_FIELD_ORDER = ("model_path", "tp_size")\n')
+    (fields / "one.py").write_text(textwrap.dedent("""
+        import msgspec
+        class One(msgspec.Struct):
+            _NS_PATH = "one"
+            port: A[int, "The port."] = 30000
+            hidden: A[bool, Arg(no_cli=True)] = False
+            tp_size: A[int, Arg(help="TP.", aliases=["--tensor-parallel-size"])] = 1
+        """))
+    (fields / "two.py").write_text(textwrap.dedent("""
+        import msgspec
+        class Two(msgspec.Struct):
+            _NS_PATH = "two"
+            model_path: A[str, "The model."] = ""
+            flag: A[bool, Arg(action=argparse.BooleanOptionalAction)] = False
+        """))
+    (pkg / "srt" / "server_args.py").write_text(textwrap.dedent("""
+        from sglang.srt.arg_groups.fields.one import (
+            One,
+        )
+        from sglang.srt.arg_groups.fields.two import Two
+        class ServerArgs:
+            def __post_init__(self):
+                pass
+            @staticmethod
+            def add_cli_args(parser):
+                add_cli_args_from_dataclass(parser, ServerArgs)
+                parser.add_argument("--enable-dp-attention", action=DeprecatedStoreTrueAction)
+        _INPUT_NAMESPACES = [One, Two]
+        """))
+    return pkg
 
 
 def run_args(given):
     out = [sys.executable, str(SCRIPT)]
     for commit, path in given.items():
-        out += ["--server-args", f"{commit}={path}"]
+        if commit == "release":
+            out += ["--sglang-package", str(path)]
+        else:
+            out += ["--server-args", f"{commit}={path}"]
     return out
+
+
+def test_release_fields_follow_the_positional_order_then_the_namespaces(tmp_path):
+    out = tmp_path / "flags.rs"
+    subprocess.run([*run_args(sources(tmp_path)), "--out", str(out)], check=True, capture_output=True)
+    table = out.read_text().split("pub const FLAGS_SGLANG_0_5_23")[1]
+    assert [line.strip() for line in table.split("];")[0].strip().splitlines()[1:]] == [
+        '&["-h", "--help"],',
+        '&["--model-path"],',
+        '&["--tp-size", "--tensor-parallel-size"],',
+        '&["--port"],',
+        '&["--flag", "--no-flag"],',
+        '&["--enable-dp-attention"],',
+    ]
+    assert "at sglang 0.5.23 as released on PyPI" in out.read_text()
+    assert "/// Read from 4 `Annotated` fields, then 1 explicit `add_argument` calls." in out.read_text()
+
+
+def test_release_of_another_version_is_refused(tmp_path):
+    given = sources(tmp_path)
+    given["release"] = release_package(tmp_path / "other", version="0.5.24")
+    done = subprocess.run([*run_args(given), "--out", str(tmp_path / "f.rs")], capture_output=True, text=True)
+    assert done.returncode != 0 and "is sglang 0.5.24, not 0.5.23" in done.stderr
 
 
 def test_check_reports_a_difference_and_exits_1(tmp_path):

@@ -30,7 +30,6 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -330,3 +329,14 @@ def test_generated_cases_cover_every_outcome():
     assert any(c["fields"]["disaggregation_decode_allocation_policy"] == "prefill_complete" for c in cases)
     assert any(c["fields"]["enable_pd_role_switch"] for c in cases)
     assert any(c["env"].get("SGLANG_RUST_SERVER") == "1" for c in cases)
+
+
+def test_committed_option_table_is_the_installed_release(oracle_python):
+    """src/config/sglang_flags.rs's 2026-10 table is what the generator reads
+    from the installed package (a new pin shows its option drift here)."""
+    site = subprocess.run([oracle_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    package = Path(site) / "sglang"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen-sglang-flags.py"), "--sglang-package",
+                           str(package), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
