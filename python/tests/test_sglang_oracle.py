@@ -10,7 +10,8 @@ warnings), whether the IB device is validated, and the IB and EFA helpers.
 Skipped, saying why, where the environment cannot be built (no network).
 `SGLANG_ORACLE_VERSION=0.5.24` runs it against another release to show the
 drift; `PDX_SGLANG_ORACLE_CASES` sets the number of generated cases
-(default 800).
+(default 800); `PDX_SGLANG_ORACLE_RULES=2026-09` holds another rule set
+against the release.
 
 Documented differences (docs/sglang-rules.md), not counted:
 - pdx's own first message when the `mooncake_tcp` alias sets MC_FORCE_TCP
@@ -223,7 +224,7 @@ def error_of(e):
 
 def run_pdx(case):
     set_env(case["env"])
-    a = pdx.Args(pdx_rules="2026-10")
+    a = pdx.Args(pdx_rules=os.environ.get("PDX_SGLANG_ORACLE_RULES", "2026-10"))
     for key, value in case["fields"].items():
         a.set(key, text(value) if not isinstance(value, float) else repr(value))
     try:
