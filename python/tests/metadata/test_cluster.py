@@ -78,7 +78,7 @@ def test_engines_start_and_register_while_the_leader_is_killed(etcd_cluster: Etc
         took.append(time.monotonic() - t0)
         started[segment] = engine
 
-    threads = [threading.Thread(target=start) for _ in range(3)]
+    threads = [threading.Thread(target=start) for _ in range(5)]
     for t in threads:
         t.start()
     # A register during the election: its descriptor must reach the store.
@@ -228,13 +228,16 @@ def test_a_newcomer_facing_a_paused_holder_waits_for_its_answer(etcd: Etcd) -> N
 
         def claim() -> None:
             try:
-                outcome.append(pdx.Engine(segment, "tcp", metadata_server=etcd.endpoint))
+                # Its probe gives up after 1 s, well before the holder wakes:
+                # the holder's lease, not one probe, says whether it lives.
+                engine = pdx.Engine(segment, "tcp", metadata_server=etcd.endpoint, handshake_timeout_ms=1000)
+                outcome.append(engine)
             except PdxError as e:
                 outcome.append(e)
 
         newcomer = threading.Thread(target=claim)
         newcomer.start()
-        time.sleep(2)
+        time.sleep(2.5)
         holder.proc.send_signal(signal.SIGCONT)
         newcomer.join(60)
         assert len(outcome) == 1 and isinstance(outcome[0], PdxError), outcome
