@@ -495,7 +495,8 @@ impl<S: Store> StoreDirectory<S> {
     fn held(&self, segment: &str, addr: &SessionAddr, rpc_key: &str, how: &str) -> Error {
         Error::invalid_argument(format!(
             "segment name {segment} is held by a live engine at {}:{} ({rpc_key} in {}{how}); choose another name or \
-             stop that engine",
+             stop that engine (through a metadata server each engine needs its own name: a resolvable host and a \
+             port, the port only part of the name)",
             addr.host,
             addr.port,
             self.store.describe()
