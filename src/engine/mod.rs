@@ -333,11 +333,6 @@ impl Engine {
         }
     }
 
-    /// How this engine's entry in its directory stands.
-    pub fn directory_standing(&self) -> directory::Standing {
-        self.inner.peers.dialer().directory.standing()
-    }
-
     /// Let peers read and write `[addr, addr+len)` (its location detected,
     /// see [`register_batch_at`](Self::register_batch_at)). Refuses zero
     /// lengths and overlaps with registered regions.

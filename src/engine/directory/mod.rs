@@ -424,11 +424,24 @@ pub struct StoreDirectory<S: Store> {
     /// Held through every write of this engine's keys, so that a background
     /// publish never lands after [`Directory::withdraw`].
     state: Mutex<State>,
+    /// A copy of the state's figures, for readers that must not wait for a
+    /// write in flight (a metrics scrape).
+    shown: Mutex<Standing>,
 }
 
 impl<S: Store> StoreDirectory<S> {
     pub fn new(store: S, keys: Keys, limits: Limits) -> Self {
-        StoreDirectory { store, keys, limits, state: Mutex::default() }
+        StoreDirectory { store, keys, limits, state: Mutex::default(), shown: Mutex::default() }
+    }
+
+    /// Show `state`'s figures to [`Directory::standing`].
+    fn show(&self, state: &State) {
+        *self.shown.lock() = Standing {
+            behind: state.behind,
+            name_lost: state.name_lost,
+            publish_failures: state.failures,
+            last_error: state.last_error.clone(),
+        };
     }
 
     fn not_published(&self, segment: &str, key: &str) -> Error {
@@ -531,7 +544,8 @@ impl<S: Store> Directory for StoreDirectory<S> {
         let pairs = [(rpc_key.as_str(), own_rpc.as_slice()), (desc_key.as_str(), descriptor.as_bytes())];
         let mut state = self.state.lock();
         let mut waited_since: Option<Instant> = None;
-        for _ in 0..MAX_CLAIM_ROUNDS {
+        let mut compare_failures = 0;
+        while compare_failures < MAX_CLAIM_ROUNDS {
             let entry = self.store.read(&rpc_key, MAX_RPC_META_LEN)?;
             let guard = match &entry {
                 None => Guard::Absent,
@@ -581,7 +595,10 @@ impl<S: Store> Directory for StoreDirectory<S> {
                                     let how = "; it does not answer but keeps its lease alive";
                                     return Err(self.held(segment, &addr, &rpc_key, how));
                                 }
-                                std::thread::sleep(Duration::from_millis(100));
+                                // A probe that failed early (a reset): wait
+                                // towards the lease's end before reading again.
+                                let rest = by.map_or(Duration::ZERO, |by| by.saturating_duration_since(Instant::now()));
+                                std::thread::sleep(rest.clamp(Duration::from_millis(100), Duration::from_secs(1)));
                                 continue;
                             }
                         }
@@ -594,9 +611,11 @@ impl<S: Store> Directory for StoreDirectory<S> {
                     rpc: own_rpc,
                     descriptor: descriptor.as_bytes().to_vec(),
                 });
+                self.show(&state);
                 return Ok(());
             }
             // Another engine wrote the key since it was read: read again.
+            compare_failures += 1;
         }
         Err(Error::new(
             ErrorKind::Busy,
@@ -612,7 +631,9 @@ impl<S: Store> Directory for StoreDirectory<S> {
         let mut state = self.state.lock();
         let Some(own) = state.own.as_mut() else { return Ok(()) };
         own.descriptor = descriptor.as_bytes().to_vec();
-        self.publish(&mut state)
+        let outcome = self.publish(&mut state);
+        self.show(&state);
+        outcome
     }
 
     fn withdraw(&self, _: &str) {
@@ -628,6 +649,7 @@ impl<S: Store> Directory for StoreDirectory<S> {
             }
         }
         state.behind = false;
+        self.show(&state);
         self.store.release();
     }
 
@@ -652,9 +674,12 @@ impl<S: Store> Directory for StoreDirectory<S> {
             }
         }
         if !state.behind || state.name_lost {
+            self.show(&state);
             return every;
         }
-        match self.publish(&mut state) {
+        let outcome = self.publish(&mut state);
+        self.show(&state);
+        match outcome {
             Ok(()) => every,
             Err(e) => {
                 state.retries = state.retries.saturating_add(1);
@@ -670,13 +695,7 @@ impl<S: Store> Directory for StoreDirectory<S> {
     }
 
     fn standing(&self) -> Standing {
-        let state = self.state.lock();
-        Standing {
-            behind: state.behind,
-            name_lost: state.name_lost,
-            publish_failures: state.failures,
-            last_error: state.last_error.clone(),
-        }
+        self.shown.lock().clone()
     }
 }
 
