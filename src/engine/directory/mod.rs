@@ -374,7 +374,7 @@ const MAX_HOLDER_WAIT: Duration = Duration::from_secs(60);
 /// the key between our read and our write).
 const MAX_CLAIM_ROUNDS: usize = 16;
 /// Longest text taken from a store into an error or a log line.
-pub const MAX_STORE_TEXT: usize = 200;
+pub(crate) const MAX_STORE_TEXT: usize = 200;
 
 /// A text from a store, fit for an error or a log line: at most
 /// [`MAX_STORE_TEXT`] bytes (a cut is marked `…`), control characters escaped.
