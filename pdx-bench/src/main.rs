@@ -70,7 +70,8 @@ struct TargetOpts {
     #[arg(long, default_value = "tcp")]
     protocol: String,
     /// Where peers find each other (PDX_METADATA_SERVER): P2PHANDSHAKE,
-    /// http://host:port/metadata, etcd://host:port or host:port (etcd).
+    /// http://host:port/metadata, etcd://h:p[,h:p] (`;` also separates
+    /// endpoints) or a bare h:p (etcd).
     #[arg(long)]
     metadata: Option<String>,
     /// Where the served buffer lives: cpu:N, or cuda:N (device memory from
@@ -294,6 +295,22 @@ fn start_engine(host: &str, protocol: &str) -> Result<Box<dyn TransferBackend>, 
         false => host.to_owned(),
     };
     pdx::backend::start(&name, Some(protocol), None).map_err(|e| e.to_string())
+}
+
+/// The metadata string the engine runs through, as it describes it.
+fn metadata_mode(engine: &dyn TransferBackend) -> String {
+    let own = engine.peer_info(engine.session_id()).ok();
+    let mode = own.as_ref().and_then(|v| v["directory"]["metadata"].as_str().map(str::to_owned));
+    mode.unwrap_or_else(|| "P2PHANDSHAKE".to_owned())
+}
+
+/// How the engine finds peers, in words.
+fn found_how(engine: &dyn TransferBackend) -> &'static str {
+    match metadata_mode(engine) {
+        m if m == "P2PHANDSHAKE" => "by asking each peer on its handshake port",
+        m if m.starts_with("http://") => "through Mooncake's HTTP metadata server",
+        _ => "through etcd",
+    }
 }
 
 /// Control messages ride on pdx notifications with this name.
@@ -529,6 +546,7 @@ fn initiator(
     remote_len: usize,
 ) -> Result<Vec<report::Row>, String> {
     let engine = start_engine(&opts.host, &opts.protocol)?;
+    println!("metadata: {} (peers found {})", metadata_mode(engine.as_ref()), found_how(engine.as_ref()));
     let ctx = run::Context { engine: engine.as_ref(), session, remote_addr, remote_len, opts };
     let mut rows = Vec::new();
     if matches!(opts.workload, Workload::Blocks | Workload::All) {

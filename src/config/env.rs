@@ -312,13 +312,13 @@ vars! {
     PDX_TCP_RAILS: Ty::Text, "unset (one address)",
         "`auto`: every interface that is up, not loopback and has an address carries lanes to pdx peers that advertise rails; or a comma list of interface names or local addresses (see docs/real-traffic.md).";
     PDX_METADATA_SERVER: Ty::Text, "P2PHANDSHAKE",
-        "Where peers are found: `P2PHANDSHAKE`, Mooncake's HTTP metadata server (`http://host:port/metadata`), or etcd (`etcd://h:p[,h:p]` or a bare `h:p`).";
+        "Where peers are found: `P2PHANDSHAKE`, Mooncake's HTTP metadata server (`http://host:port/metadata`), or etcd (`etcd://h:p[,h:p]` or a bare `h:p[,h:p]`; `;` separates endpoints too, as in Mooncake).";
     MC_METADATA_CLUSTER_ID: Ty::Text, "unset",
         "Namespace of the metadata keys: `mooncake/<id>/…` instead of `mooncake/…` (HTTP and etcd modes).";
     PDX_METADATA_LEASE_TTL_S: Ty::Int { min: 2, max: 300 }, "8",
         "etcd mode: seconds a killed engine's keys outlive it (the lease's time to live; kept alive every third of it).";
     PDX_METADATA_TIMEOUT_MS: Ty::Millis { min: 100, max: 60_000 }, "3000",
-        "Bound on each request to the metadata server (HTTP and etcd modes).";
+        "Bound on each metadata operation (HTTP and etcd modes): connects, answers and the retries of an etcd cluster's passing answers (an election) together.";
 }
 
 /// The names SGLang's rules use (the declarations' names).

@@ -153,6 +153,21 @@ fn open_directory(settings: &Settings) -> Result<Arc<dyn directory::Directory>> 
     Ok(Arc::from(directory::open(&mode, keys, limits)?))
 }
 
+/// What a probe's outcome says of a name's holder: any answer (a refusal
+/// by authentication or a malformed reply included) is an engine alive;
+/// a refused connection is nothing listening; anything else is silence.
+fn liveness(outcome: Result<Vec<u8>>) -> directory::Liveness {
+    let Err(e) = outcome else { return directory::Liveness::Answers };
+    let text = e.message().to_ascii_lowercase();
+    match e.kind() {
+        ErrorKind::Timeout => directory::Liveness::Silent,
+        _ if text.contains("authentication") => directory::Liveness::Answers,
+        ErrorKind::Protocol => directory::Liveness::Answers,
+        ErrorKind::PeerUnreachable if text.contains("connection refused") => directory::Liveness::Gone,
+        _ => directory::Liveness::Silent,
+    }
+}
+
 impl Engine {
     /// Start an engine on `hostname` (a name or IP literal; any `:port` is
     /// ignored as Mooncake does in P2P mode) with settings from the
@@ -275,32 +290,38 @@ impl Engine {
         let own_addr = own.address();
         // The holder of the name answers a probe; this engine (already
         // listening, perhaps at the dead holder's address) does not count.
-        let alive = |addr: &crate::transfer::host::SessionAddr| {
-            *addr != own_addr && dialer.exchange_json(addr, FrameType::Probe, "{}").is_ok()
+        let probe = |addr: &crate::transfer::host::SessionAddr, by: Option<Instant>| {
+            if *addr == own_addr {
+                return directory::Liveness::Gone;
+            }
+            liveness(dialer.exchange_by(addr, FrameType::Probe, "{}", by))
         };
         directory
-            .claim(&id.session_id, &dialer.own_descriptor(), &own, &alive)
+            .claim(&id.session_id, &dialer.own_descriptor(), &own, &probe)
             .map_err(|e| e.context(format!("cannot publish segment {} in {}", id.session_id, directory.describe())))?;
-        let Some(first) = directory.upkeep() else {
+        let Some(first) = directory.upkeep_every() else {
             return Ok(());
         };
+        // One thread per engine keeps its lease alive and puts again what a
+        // failed publish left behind.
         let inner2 = inner.clone();
-        let keep_alive = move || {
+        let keep = move || {
             let mut every = first;
             while !inner2.peers.wait_unless_stopping(every) {
-                every = directory.upkeep().unwrap_or(first);
+                every = directory.upkeep();
             }
         };
         inner
             .registry
-            .spawn("pdx-metadata-lease".to_owned(), keep_alive)
-            .map_err(|e| Error::io(format!("cannot start the metadata lease's thread: {e}")))?;
+            .spawn("pdx-metadata-keeper".to_owned(), keep)
+            .map_err(|e| Error::io(format!("cannot start the metadata keeper's thread: {e}")))?;
         Ok(())
     }
 
-    /// Publish the descriptor again after the registrations changed (a
-    /// failure is logged: the regions stay registered, and peers that read
-    /// the older descriptor are refused what lies outside it).
+    /// Publish the descriptor again after the registrations changed. A
+    /// failure is logged and leaves the directory behind: the keeper thread
+    /// puts the latest descriptor again until it lands (peers that read the
+    /// older one meanwhile are refused what lies outside it).
     fn republish(&self) {
         let dialer = self.inner.peers.dialer();
         if dialer.directory.is_p2p() {
@@ -308,7 +329,7 @@ impl Engine {
         }
         let name = &self.inner.identity.session_id;
         if let Err(e) = dialer.directory.republish(name, &dialer.own_descriptor()) {
-            log::warn!("could not publish segment {name}'s new descriptor: {e}");
+            log::warn!("could not publish segment {name}'s new descriptor (retried in the background): {e}");
         }
     }
 
@@ -529,8 +550,18 @@ impl TransferBackend for Engine {
         Ok(desc.buffers.first().map_or(0, |b| b.addr))
     }
 
+    /// A peer's figures; for this engine's own name, how its entry in the
+    /// directory stands (`"directory"`).
     fn peer_info(&self, session: &str) -> Result<Value> {
-        observe::peer_info(&self.inner.figures(), session)
+        let figures = observe::peer_info(&self.inner.figures(), session);
+        if session != self.inner.identity.session_id {
+            return figures;
+        }
+        let mut info = figures.unwrap_or_else(|_| serde_json::json!({ "session": session }));
+        if let Some(map) = info.as_object_mut() {
+            map.insert("directory".to_owned(), observe::directory_info(self.inner.peers.dialer().directory.as_ref()));
+        }
+        Ok(info)
     }
 
     /// Take every notification received so far, oldest first.

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use serde_json::{json, Map, Value};
 
+use super::directory::Directory;
 use super::initiator::peers::Peers;
 use super::registry::Registry;
 use super::server::Notifications;
@@ -44,6 +45,10 @@ pub(super) fn metrics(from: &Sources<'_>) -> MetricsSnapshot {
     m.lanes_open = from.peers.lanes_open();
     m.tasks_queued = s.tasks_queued.load(Relaxed);
     m.rails = from.peers.rail_samples();
+    let standing = from.peers.dialer().directory.standing();
+    m.directory_behind = u64::from(standing.behind);
+    m.directory_name_lost = u64::from(standing.name_lost);
+    m.directory_publish_failures = standing.publish_failures;
     if from.per_peer {
         m.peers = Some(s.peers.snapshots());
     }
@@ -103,6 +108,21 @@ pub(super) fn peer_info(from: &Sources<'_>, session: &str) -> Result<Value> {
         map.insert("rails".to_owned(), rails);
     }
     Ok(info)
+}
+
+/// How this engine's entry in its directory stands, for `pdx_peer_info` of
+/// its own name: the metadata mode, whether the store lacks its latest keys
+/// (`behind`, put again in the background), whether another engine took
+/// its name, and the failed publishes.
+pub(super) fn directory_info(directory: &dyn Directory) -> Value {
+    let s = directory.standing();
+    json!({
+        "metadata": directory.describe(),
+        "behind": s.behind,
+        "name_lost": s.name_lost,
+        "publish_failures": s.publish_failures,
+        "last_error": s.last_error,
+    })
 }
 
 /// Log the metrics line of engine `session` every `interval` until

@@ -82,7 +82,7 @@ pub struct Settings {
     pub metadata_cluster_id: Option<String>,
     /// etcd mode: the lease's time to live.
     pub metadata_lease_ttl: Duration,
-    /// Bound on each request to the metadata server.
+    /// Bound on each metadata operation, retries included.
     pub metadata_timeout: Duration,
 }
 

@@ -38,6 +38,12 @@ pub struct MetricsSnapshot {
     /// Rails of multi-rail TCP (`PDX_TCP_RAILS`), as `(local->remote,
     /// up, bytes confirmed)`; empty without rails (no series then).
     pub rails: Vec<(String, bool, u64)>,
+    /// The metadata directory: whether the store lacks this engine's latest
+    /// keys (1: a publish failed and is retried), whether another engine
+    /// took its name (1), and the publishes that failed.
+    pub directory_behind: u64,
+    pub directory_name_lost: u64,
+    pub directory_publish_failures: u64,
 }
 
 /// Most rails the scrape names (the busiest).
@@ -59,6 +65,9 @@ impl MetricsSnapshot {
             tasks_queued: 0,
             peers: None,
             rails: Vec::new(),
+            directory_behind: 0,
+            directory_name_lost: 0,
+            directory_publish_failures: 0,
         }
     }
 }
@@ -225,6 +234,24 @@ pub fn render(m: &MetricsSnapshot) -> String {
     );
     t.single("pdx_lanes_open", "gauge", "Data connections to peers open now (idle or in use).", m.lanes_open);
     t.single("pdx_tasks_queued", "gauge", "Tasks submitted and not yet finished.", m.tasks_queued);
+    t.single(
+        "pdx_directory_behind",
+        "gauge",
+        "1 while the metadata store lacks this engine's latest keys (a publish failed; retried in the background).",
+        m.directory_behind,
+    );
+    t.single(
+        "pdx_directory_name_lost",
+        "gauge",
+        "1 when another engine took this engine's name in the metadata store (it no longer publishes).",
+        m.directory_name_lost,
+    );
+    t.single(
+        "pdx_directory_publish_failures_total",
+        "counter",
+        "Publishes of this engine's keys to the metadata store that failed.",
+        m.directory_publish_failures,
+    );
 
     t.family(
         "pdx_task_latency_seconds",

@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from servers import Etcd, HttpMetadata, free_port, wait_until  # noqa: E402
+from servers import Etcd, EtcdCluster, HttpMetadata, free_port, wait_until  # noqa: E402
 
 
 @pytest.fixture
@@ -66,3 +66,19 @@ def etcd() -> Iterator[Etcd]:
             yield server
         finally:
             server.stop()
+
+
+@pytest.fixture
+def etcd_cluster() -> Iterator[EtcdCluster]:
+    exe = shutil.which("etcd")
+    if exe is None:
+        pytest.skip("etcd (Debian's etcd-server) is not installed")
+    with tempfile.TemporaryDirectory(prefix="pdx-etcd-cluster-") as data:
+        cluster = EtcdCluster(exe, data)
+        try:
+            for i in range(3):
+                cluster.start(i)
+            cluster.wait_healthy()
+            yield cluster
+        finally:
+            cluster.stop()

@@ -165,3 +165,120 @@ class Node:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+class EtcdCluster:
+    """Three etcd members on loopback (free ports, temporary data
+    directories): kill, freeze (SIGSTOP), thaw and restart a member, find
+    the leader, read keys through any member that answers."""
+
+    def __init__(self, exe: str, data: str, size: int = 3):
+        self.exe, self.data = exe, data
+        self.names = [f"m{i}" for i in range(size)]
+        self.clients = [free_port() for _ in range(size)]
+        self.peers = [free_port() for _ in range(size)]
+        self.procs: list[subprocess.Popen | None] = [None] * size
+        self.token = f"pdx-{os.getpid()}-{self.clients[0]}"
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [f"127.0.0.1:{p}" for p in self.clients]
+
+    def start(self, i: int) -> None:
+        cluster = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peers))
+        self.procs[i] = subprocess.Popen(
+            [
+                self.exe,
+                f"--name={self.names[i]}",
+                f"--data-dir={self.data}/{self.names[i]}",
+                f"--listen-client-urls=http://127.0.0.1:{self.clients[i]}",
+                f"--advertise-client-urls=http://127.0.0.1:{self.clients[i]}",
+                f"--listen-peer-urls=http://127.0.0.1:{self.peers[i]}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{self.peers[i]}",
+                f"--initial-cluster={cluster}",
+                f"--initial-cluster-token={self.token}",
+                "--initial-cluster-state=new",
+                "--log-level=error",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def _post(self, i: int, path: str, body: dict, timeout: float = 2) -> dict:
+        req = urllib.request.Request(
+            f"http://{self.endpoints[i]}{path}", data=json.dumps(body).encode(), method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def leader(self) -> int | None:
+        """The member that leads now, as a live member says (None: none yet)."""
+        for i, proc in enumerate(self.procs):
+            if proc is None or proc.poll() is not None:
+                continue
+            try:
+                status = self._post(i, "/v3/maintenance/status", {}, timeout=1)
+            except (OSError, ValueError):
+                continue
+            leader = status.get("leader")
+            if leader and leader != "0":
+                for j in range(len(self.procs)):
+                    try:
+                        if self._post(j, "/v3/maintenance/status", {}, timeout=1)["header"]["member_id"] == leader:
+                            return j
+                    except (OSError, ValueError, KeyError):
+                        continue
+        return None
+
+    def wait_healthy(self, seconds: float = 30) -> int:
+        found: list[int] = []
+
+        def check() -> bool:
+            leader = self.leader()
+            if leader is None:
+                return False
+            found.append(leader)
+            return self.get("probe") is None
+
+        wait_until(check, seconds, "an etcd leader")
+        return found[-1]
+
+    def get(self, key: str) -> bytes | None:
+        kv = self.get_kv(key)
+        return base64.b64decode(kv.get("value", "")) if kv else None
+
+    def get_kv(self, key: str) -> dict | None:
+        last: Exception | None = None
+        for i, proc in enumerate(self.procs):
+            if proc is None or proc.poll() is not None:
+                continue
+            try:
+                reply = self._post(i, "/v3/kv/range", {"key": base64.b64encode(key.encode()).decode()})
+            except (OSError, ValueError) as e:
+                last = e
+                continue
+            kvs = reply.get("kvs") or []
+            return kvs[0] if kvs else None
+        raise OSError(f"no etcd member answered: {last}")
+
+    def kill(self, i: int) -> None:
+        proc = self.procs[i]
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def freeze(self, i: int) -> None:
+        proc = self.procs[i]
+        assert proc is not None
+        proc.send_signal(19)  # SIGSTOP
+
+    def thaw(self, i: int) -> None:
+        proc = self.procs[i]
+        assert proc is not None
+        proc.send_signal(18)  # SIGCONT
+
+    def stop(self) -> None:
+        for i, proc in enumerate(self.procs):
+            if proc is not None and proc.poll() is None:
+                self.thaw(i)
+                self.kill(i)

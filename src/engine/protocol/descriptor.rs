@@ -169,6 +169,13 @@ pub fn parse_descriptor(text: &[u8], session_name: &str, session_host: &str) -> 
             }
         })
         .collect::<Result<Vec<_>>>()?;
+    // A host from a store or a peer reaches log lines and errors: no
+    // control characters or spaces, no longer than a DNS name.
+    if let Some(h) = &d.tcp_data_host {
+        if h.len() > 255 || h.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(corrupted("\"tcp_data_host\" is not a host name"));
+        }
+    }
     let instance = match d.pdx_instance {
         Some(i) if !i.is_empty() && i.len() <= 64 && i.bytes().all(|b| b.is_ascii_hexdigit()) => Some(i),
         Some(_) => return Err(corrupted("\"pdx_instance\" is not 1 to 64 hex digits")),
@@ -239,6 +246,13 @@ mod tests {
         assert_eq!(d.data_host, "127.0.0.1");
         assert_eq!(d.notify_name, "127.0.0.1:16559");
         assert_eq!(d.buffers, vec![AdvertisedBuffer { addr: 139730510393360, length: 1048576 }]);
+    }
+
+    #[test]
+    fn a_data_host_with_control_characters_is_refused() {
+        let split = CAPTURED.replace(r#""tcp_data_host":"127.0.0.1""#, r#""tcp_data_host":"127.0.0.1\r\nX""#);
+        let e = parse_descriptor(split.as_bytes(), "a:1", "a").err().unwrap();
+        assert!(e.message().contains("tcp_data_host"), "{e}");
     }
 
     #[test]
