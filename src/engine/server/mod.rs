@@ -45,6 +45,8 @@ pub(super) use access::Access;
 pub(super) use budget::{fd_limit, total_for, Budget, Plane};
 pub(super) use listen::{bind_in_range, wake_listener};
 pub(super) use notify::Notifications;
+#[cfg(test)]
+pub(super) use pool::FIRST_REQUEST_BOUND;
 
 /// How long an accept loop waits at most for evicted connections to be
 /// closed before it takes the next one anyway (see
@@ -151,6 +153,30 @@ struct AdmittedHandshake {
     stream: std::net::TcpStream,
 }
 
+/// How long an accepted handshake connection waits at most for a place
+/// when the one the accept loop waited for was taken back (the stalled
+/// handshake it would have shed made progress again).
+const HANDSHAKE_ROOM_WAIT: Duration = Duration::from_secs(1);
+
+/// Admit a handshake connection, waiting (bounded) for room rather than
+/// shedding a handshake that makes progress; `None` (it is closed) only if
+/// no room came in time, or from a peer address at its cap.
+fn admit_handshake(serving: &Serving, ip: std::net::IpAddr, stream: &std::net::TcpStream) -> Option<budget::Ticket> {
+    let until = Instant::now() + HANDSHAKE_ROOM_WAIT;
+    loop {
+        if let Some(ticket) = serving.budget.admit(Plane::Handshake, ip, stream.as_raw_fd()) {
+            return Some(ticket);
+        }
+        if serving.registry.stopping() || Instant::now() >= until || !serving.budget.wait_for_handshake_room(until) {
+            log::debug!("handshake connection from {ip} closed: no room for it");
+            return None;
+        }
+        // Room on the plane, none for this address or in total: a place
+        // there frees as a handshake ends, soon.
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Accept connections until the engine stops (see [`budget`] for
 /// the caps and eviction): a handshake connection goes to the readiness
 /// loop of [`handshake`], a data connection to the pool of [`pool`] (either,
@@ -176,6 +202,15 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
     loop {
         // Evicted connections are closed by their owners: accept no faster.
         serving.budget.wait_for_closing(Instant::now() + CLOSING_WAIT);
+        if plane == Plane::Handshake {
+            // At the cap, only a stalled handshake may give way: until one
+            // does, peers wait in the backlog (see [`budget`]).
+            while !serving.budget.wait_for_handshake_room(Instant::now() + CLOSING_WAIT) {
+                if serving.registry.stopping() {
+                    break;
+                }
+            }
+        }
         let accepted = listener.accept();
         if serving.registry.stopping() {
             if let Some(pool) = &pool {
@@ -215,7 +250,7 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
         if let (Some(shakes), Plane::Handshake) = (&shakes, plane) {
             // Admitted here (the oldest evicted at the cap), then assembled
             // and answered on the loop: no thread per connection.
-            let Some(ticket) = serving.budget.admit(plane, from.ip(), stream.as_raw_fd()) else { continue };
+            let Some(ticket) = admit_handshake(&serving, from.ip(), &stream) else { continue };
             shakes.admit(ticket, stream);
             continue;
         }
@@ -226,7 +261,7 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
                 // threads alive at once are bounded by the cap
                 // (`PDX_MAX_HANDSHAKE_CONNECTIONS`: the oldest is evicted and
                 // its thread leaves) however many peers connect at once.
-                let Some(ticket) = serving.budget.admit(plane, from.ip(), stream.as_raw_fd()) else { continue };
+                let Some(ticket) = admit_handshake(&serving, from.ip(), &stream) else { continue };
                 let admitted = AdmittedHandshake { ticket, stream };
                 serving.registry.spawn(name.to_owned(), move || {
                     let _open = OpenConnection::new(&serving2.stats);
