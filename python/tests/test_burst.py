@@ -49,5 +49,6 @@ def test_1024_engines_starting_together_lose_nothing():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mooncake") is None, reason="the Mooncake wheel is not installed")
-def test_64_mooncake_initiators_starting_together_against_a_pdx_target_lose_nothing():
-    _check(_burst(33, ["--engines", "64", "--callers", "1", "--rounds", "8", "--initiator", "mooncake"], 600))
+def test_160_mooncake_initiators_starting_together_against_a_pdx_target_lose_nothing():
+    # More than the handshake cap (64): on main 41f4f8a, 1975 of 2560 failed.
+    _check(_burst(33, ["--engines", "160", "--callers", "1", "--rounds", "8", "--initiator", "mooncake"], 600))
