@@ -203,3 +203,60 @@ fn two_hundred_fifty_six_half_headers_from_one_address_hold_no_thread_and_are_cl
 fn a_thousand_half_headers_do_not_delay_an_authenticated_write() {
     authenticated_write_past_trickles(1024, 256, None);
 }
+
+/// A handshake port that closes the first `closes` connections after
+/// reading their request, before any reply (as a target shedding
+/// handshakes did), then answers probes; returns its port and how many
+/// connections it took.
+fn closing_target(closes: usize) -> (u16, Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let taken = Arc::new(AtomicUsize::new(0));
+    let counted = taken.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { return };
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut prefix = [0u8; 8];
+            if c.read_exact(&mut prefix).is_err() {
+                continue;
+            }
+            let mut body = vec![0u8; u64::from_le_bytes(prefix) as usize];
+            if c.read_exact(&mut body).is_err() || n < closes {
+                continue; // closed before any reply
+            }
+            let _ = c.write_all(&wire::encode_frame(FrameType::Probe, r#"{"status": "success"}"#));
+        }
+    });
+    (port, taken)
+}
+
+/// A probe whose handshake connection the target closes before any reply
+/// is asked again (a short pause, within its bound) and answered.
+#[test]
+fn a_handshake_closed_before_any_reply_is_asked_again() {
+    let (port, taken) = closing_target(2);
+    let engine = Engine::start_with("127.0.0.1", Settings::from_env()).expect("engine starts");
+    let t0 = Instant::now();
+    engine.probe(&format!("127.0.0.1:{port}")).expect("answered at the third try");
+    assert_eq!(taken.load(Ordering::SeqCst), 3);
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
+/// A target that always closes before any reply: the probe fails after
+/// its tries, within its bound, and the error names each try.
+#[test]
+fn a_handshake_always_closed_fails_naming_every_try() {
+    let (port, taken) = closing_target(usize::MAX);
+    let engine = Engine::start_with("127.0.0.1", Settings::from_env()).expect("engine starts");
+    let t0 = Instant::now();
+    let e = engine.probe(&format!("127.0.0.1:{port}")).unwrap_err();
+    let took = t0.elapsed();
+    println!("{e} (after {took:?})");
+    let tries = super::initiator::dialer::HANDSHAKE_TRIES;
+    assert_eq!(taken.load(Ordering::SeqCst), tries);
+    assert!(e.message().contains(&format!("{tries} tries (try 1: ")), "{e}");
+    assert!(e.message().contains(&format!("try {tries}: ")), "{e}");
+    assert!(took < engine.inner.settings.handshake_timeout, "{took:?}");
+}
