@@ -27,7 +27,7 @@ mod pool;
 
 use std::io;
 use std::net::TcpListener;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -153,26 +153,28 @@ struct AdmittedHandshake {
     stream: std::net::TcpStream,
 }
 
-/// How long an accepted handshake connection waits at most for a place
-/// when the one the accept loop waited for was taken back (the stalled
-/// handshake it would have shed made progress again).
-const HANDSHAKE_ROOM_WAIT: Duration = Duration::from_secs(1);
+/// How long an accepted connection waits at most for a place when none can
+/// be made at once (every connection on its plane is making progress).
+const ROOM_WAIT: Duration = Duration::from_secs(1);
 
-/// Admit a handshake connection, waiting (bounded) for room rather than
-/// shedding a handshake that makes progress; `None` (it is closed) only if
-/// no room came in time, or from a peer address at its cap.
-fn admit_handshake(serving: &Serving, ip: std::net::IpAddr, stream: &std::net::TcpStream) -> Option<budget::Ticket> {
-    let until = Instant::now() + HANDSHAKE_ROOM_WAIT;
+/// Admit a connection on `plane`, waiting (bounded) for room rather than
+/// shedding a connection that makes progress (a handshake answering, a
+/// new lane sending its hello); `None` (it is closed) only if no room
+/// came in time.
+fn admit_with_room(serving: &Serving, plane: Plane, ip: std::net::IpAddr, fd: RawFd) -> Option<budget::Ticket> {
+    let until = Instant::now() + ROOM_WAIT;
     loop {
-        if let Some(ticket) = serving.budget.admit(Plane::Handshake, ip, stream.as_raw_fd()) {
+        if let Some(ticket) = serving.budget.admit(plane, ip, fd) {
             return Some(ticket);
         }
-        if serving.registry.stopping() || Instant::now() >= until || !serving.budget.wait_for_handshake_room(until) {
-            log::debug!("handshake connection from {ip} closed: no room for it");
+        if serving.registry.stopping() || Instant::now() >= until {
+            log::debug!("{plane:?} connection from {ip} closed: no room for it");
             return None;
         }
-        // Room on the plane, none for this address or in total: a place
-        // there frees as a handshake ends, soon.
+        if plane == Plane::Handshake && !serving.budget.wait_for_handshake_room(until) {
+            continue;
+        }
+        // A place frees as a connection ends or becomes stalled, soon.
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -242,7 +244,7 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
         if let (Some(pool), Plane::Data) = (&pool, plane) {
             let t = serving.settings.progress_timeout;
             let Ok(conn) = Conn::new(stream, t, t) else { continue };
-            let Some(ticket) = serving.budget.admit(plane, from.ip(), conn.raw_fd()) else { continue };
+            let Some(ticket) = admit_with_room(&serving, plane, from.ip(), conn.raw_fd()) else { continue };
             let Some(tracked) = serving.registry.track_owned(conn.stream()) else { continue };
             pool.admit(conn, ticket, tracked);
             continue;
@@ -250,7 +252,7 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
         if let (Some(shakes), Plane::Handshake) = (&shakes, plane) {
             // Admitted here (the oldest evicted at the cap), then assembled
             // and answered on the loop: no thread per connection.
-            let Some(ticket) = admit_handshake(&serving, from.ip(), &stream) else { continue };
+            let Some(ticket) = admit_with_room(&serving, plane, from.ip(), stream.as_raw_fd()) else { continue };
             shakes.admit(ticket, stream);
             continue;
         }
@@ -261,7 +263,7 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
                 // threads alive at once are bounded by the cap
                 // (`PDX_MAX_HANDSHAKE_CONNECTIONS`: the oldest is evicted and
                 // its thread leaves) however many peers connect at once.
-                let Some(ticket) = admit_handshake(&serving, from.ip(), &stream) else { continue };
+                let Some(ticket) = admit_with_room(&serving, plane, from.ip(), stream.as_raw_fd()) else { continue };
                 let admitted = AdmittedHandshake { ticket, stream };
                 serving.registry.spawn(name.to_owned(), move || {
                     let _open = OpenConnection::new(&serving2.stats);
