@@ -275,7 +275,7 @@ vars! {
     MC_TRANSFER_TIMEOUT: Ty::Seconds { min: 5.0, max: 1e6 }, "30",
         "How long a transfer may wait: the native engine's lane wait, the Mooncake backend's sync deadline.";
     MC_TCP_PROTO: Ty::Choice(&["1", "2"]), "2", "`1`: initiate with data protocol v1.";
-    PDX_MAX_DATA_CONNECTIONS: Ty::Int { min: 1, max: 65536 }, "512", "Inbound data connections served at once.";
+    PDX_MAX_DATA_CONNECTIONS: Ty::Int { min: 1, max: 65536 }, "4096", "Inbound data connections held at once (at most a quarter of RLIMIT_NOFILE in all).";
     PDX_MAX_HANDSHAKE_CONNECTIONS: Ty::Int { min: 1, max: 4096 }, "64", "Inbound handshake connections served at once.";
     PDX_MAX_QUEUED_NOTIFICATIONS: Ty::Int { min: 1, max: 1 << 24 }, "65536", "Received notifications kept until drained.";
     PDX_WORKERS: Ty::Int { min: 1, max: 256 }, "8", "Worker threads for asynchronous and multi-lane work.";

@@ -41,6 +41,8 @@ pub use protocol::{descriptor, wire};
 #[cfg(test)]
 mod auth_tests;
 #[cfg(test)]
+mod burst_tests;
+#[cfg(test)]
 mod fuzz_tests;
 #[cfg(test)]
 mod hardening_tests;

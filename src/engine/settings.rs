@@ -128,7 +128,7 @@ impl Settings {
                 .unwrap_or(4),
             lane_wait_timeout: timeout(&[PDX_LANE_WAIT_TIMEOUT_MS, MC_TRANSFER_TIMEOUT], 30),
             default_handshake_port: read(env, &MC_HANDSHAKE_PORT).unwrap_or(12001),
-            max_data_connections: read(env, &PDX_MAX_DATA_CONNECTIONS).unwrap_or(512),
+            max_data_connections: read(env, &PDX_MAX_DATA_CONNECTIONS).unwrap_or(4096),
             max_handshake_connections: read(env, &PDX_MAX_HANDSHAKE_CONNECTIONS).unwrap_or(64),
             max_queued_notifications: read(env, &PDX_MAX_QUEUED_NOTIFICATIONS).unwrap_or(65536),
             workers: read(env, &PDX_WORKERS).unwrap_or(8),

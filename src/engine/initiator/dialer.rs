@@ -91,6 +91,19 @@ pub fn connect_by(settings: &Settings, host: &str, port: u16, by: Option<Instant
     Err(e)
 }
 
+/// Tries a repeatable handshake exchange gets when the target closes it
+/// before any reply (see [`Dialer::exchange_by`]).
+pub const HANDSHAKE_TRIES: usize = 6;
+
+/// The error of the last of several tries, naming each try and why it failed.
+fn tries_error(last: Error, failures: &[String]) -> Error {
+    if failures.len() < 2 {
+        return last;
+    }
+    let each: Vec<String> = failures.iter().enumerate().map(|(i, why)| format!("try {}: {why}", i + 1)).collect();
+    Error::new(last.kind(), format!("{} tries ({})", failures.len(), each.join("; ")))
+}
+
 /// Dials peers' handshake ports for one engine.
 pub(crate) struct Dialer {
     pub settings: Settings,
@@ -157,32 +170,45 @@ impl Dialer {
     /// handshake timeout or `by` if sooner. The connection is closed at once
     /// (Mooncake serves handshakes one at a time, so lingering would stall its
     /// other clients).
+    ///
+    /// A request that may be repeated (metadata, probe, connection) whose
+    /// connection the target closed before any reply (a target shedding
+    /// handshakes under a burst, or restarting) is sent again, up to
+    /// [`HANDSHAKE_TRIES`] tries in all, after random pauses growing from
+    /// tens to hundreds of milliseconds, all within the exchange's bound; the
+    /// final error names every try and why it failed. A target that refuses
+    /// for a reason (authentication, a malformed or wrong reply, a timeout)
+    /// is not asked again.
     pub fn exchange_by(&self, addr: &SessionAddr, kind: FrameType, json: &str, by: Option<Instant>) -> Result<Vec<u8>> {
-        // A target closes the oldest handshake connections when more arrive
-        // than it serves at once (hundreds of peers starting together): a
-        // request that may be repeated (metadata, probe) whose connection was
-        // closed before the reply is sent again, up to 3 more times, after
-        // random pauses growing from tens to hundreds of milliseconds, all
-        // within the exchange's bound.
-        let repeatable = matches!(kind, FrameType::Metadata | FrameType::Probe);
+        let repeatable = matches!(kind, FrameType::Metadata | FrameType::Probe | FrameType::Connection);
         let bound = Instant::now() + self.settings.handshake_timeout;
         let bound = by.map_or(bound, |by| by.min(bound));
         let mut pause_ms = 20;
-        for _ in 0..3 {
-            match self.exchange_once(addr, kind, json, by) {
-                Err((e, true)) if repeatable && !self.registry.stopping() => {
-                    let pause = Duration::from_millis(fastrand::u64(pause_ms / 4..=pause_ms));
-                    if Instant::now() + pause >= bound {
-                        return Err(e);
+        let mut failures: Vec<String> = Vec::new();
+        loop {
+            let (e, closed) = match self.exchange_once(addr, kind, json, Some(bound)) {
+                Ok(reply) => {
+                    if !failures.is_empty() {
+                        log::debug!(target: LOG_TARGET, "{}:{}: answered at try {}", addr.host, addr.port, failures.len() + 1);
                     }
-                    log::debug!(target: LOG_TARGET, "{e}; asking again in {pause:?}");
-                    std::thread::sleep(pause);
-                    pause_ms *= 4;
+                    return Ok(reply);
                 }
-                other => return other.map_err(|(e, _)| e),
+                Err(failed) => failed,
+            };
+            failures.push(e.message().to_owned());
+            let pause = Duration::from_millis(fastrand::u64(pause_ms / 2..=pause_ms));
+            let again = closed
+                && repeatable
+                && failures.len() < HANDSHAKE_TRIES
+                && !self.registry.stopping()
+                && Instant::now() + pause < bound;
+            if !again {
+                return Err(tries_error(e, &failures));
             }
+            log::debug!(target: LOG_TARGET, "{e}; asking again in {pause:?}");
+            std::thread::sleep(pause);
+            pause_ms = (pause_ms * 2).min(400);
         }
-        self.exchange_once(addr, kind, json, by).map_err(|(e, _)| e)
     }
 
     /// One [`exchange_by`](Self::exchange_by); the error says whether the
@@ -225,7 +251,13 @@ impl Dialer {
         match &self.secret {
             // Mutual proof of the peer secret first (see [`super::super::protocol::auth`]).
             Some(secret) => super::super::protocol::auth::client_handshake(&mut bounded, secret, &frame, &where_)
-                .map_err(|e| (e, false))?,
+                .map_err(|e| {
+                    // Closed before any reply: as without a secret, but the
+                    // kind the caller sees stays the one it always was.
+                    let closed = e.kind() == ErrorKind::ConnectionLost;
+                    let kind = if closed { ErrorKind::PeerUnreachable } else { e.kind() };
+                    (Error::new(kind, e.message()), closed && !self.registry.stopping())
+                })?,
             None => bounded.write_all(&frame).map_err(io_err)?,
         }
         let mut prefix = [0u8; 8];

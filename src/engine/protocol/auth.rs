@@ -145,6 +145,12 @@ fn read_auth_frame(stream: &mut impl Read, what: &str) -> Result<AuthBody> {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
             Error::timeout(format!("{what}: no answer to the authentication challenge in time"))
         }
+        // Closed before any reply: a target shedding handshakes, or one
+        // without the secret; the caller may ask again (ConnectionLost).
+        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => Error::new(
+            ErrorKind::ConnectionLost,
+            refused(&format!("it closed the connection at the challenge ({e})")).message(),
+        ),
         _ => refused(&format!("it closed the connection at the challenge ({e})")),
     })?;
     let len = u64::from_le_bytes(prefix);
@@ -165,7 +171,12 @@ pub(crate) fn client_handshake<S: Read + Write>(
     request: &[u8],
     what: &str,
 ) -> Result<()> {
-    let io = |e: std::io::Error| Error::new(ErrorKind::PeerUnreachable, format!("{what}: {e}"));
+    let io = |e: std::io::Error| {
+        // The target closed before reading the hello (ConnectionLost: the
+        // caller may ask again).
+        let closed = matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset);
+        Error::new(if closed { ErrorKind::ConnectionLost } else { ErrorKind::PeerUnreachable }, format!("{what}: {e}"))
+    };
     let cn = nonce();
     let hello = AuthBody { client_nonce: Some(cn.clone()), ..AuthBody::default() };
     stream.write_all(&encode_frame(&hello)).map_err(io)?;

@@ -3,14 +3,19 @@
 //! Every inbound connection is admitted against caps: in total (derived from
 //! `RLIMIT_NOFILE`, leaving most descriptors to the host), per listener, and
 //! per peer address. When a cap is reached the engine makes room instead of
-//! refusing the newcomer: a handshake connection evicts the oldest handshake
-//! connection (a real exchange takes milliseconds; the oldest one is the
-//! slowest), a data connection evicts the least recently used *idle* data
-//! connection (never one with a request in flight). Eviction shuts the
-//! socket down; its thread sees that and leaves. So a connected peer's probe,
-//! notify or new lane is never refused because of strangers' connections,
-//! and eviction happens only under pressure (an evicted Mooncake initiator's
-//! next request on it fails once).
+//! refusing the newcomer: a data connection evicts the least recently used
+//! *idle* data connection (never one with a request in flight); a handshake
+//! connection evicts only a handshake that is *stalled* (see
+//! [`HANDSHAKE_IDLE`], [`HANDSHAKE_SLOW`]): already answered, or with
+//! nothing waiting in its socket and no progress for a while; a new data
+//! connection is likewise never shed while its first request arrives. A healthy
+//! peer in a burst is never shed: while every handshake is making progress
+//! the accept loop waits ([`Budget::wait_for_handshake_room`]) and new
+//! connections wait in the kernel's backlog, which costs nothing. Eviction
+//! shuts the socket down; its owner sees that and closes it. So a connected
+//! peer's probe, notify or new lane is never refused because of strangers'
+//! connections, and eviction happens only under pressure (an evicted
+//! Mooncake initiator's next request on an idle lane fails once).
 //!
 //! Handshake frame bytes are charged to one engine-wide budget *after* they
 //! arrive, never as announced, so a connection holds only what it really
@@ -28,6 +33,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+
+use super::super::protocol::wire::HEADER_LEN;
+
+/// A handshake with nothing waiting in its socket and no progress (bytes
+/// either way) for this long is stalled: a real peer sends its frame in one
+/// write, so only a trickler, an idle connection, or a peer that stopped
+/// answering waits this long with nothing queued.
+pub const HANDSHAKE_IDLE: Duration = Duration::from_millis(100);
+
+/// A handshake not answered this long after it was admitted is slow (an
+/// exchange takes milliseconds), unless bytes wait in its socket (the
+/// kernel's word that the peer sends and the engine is behind).
+pub const HANDSHAKE_SLOW: Duration = Duration::from_secs(1);
 
 /// Which listener a connection came in on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +75,11 @@ struct Entry {
     ip: IpAddr,
     plane: Plane,
     opened: Instant,
+    /// Last progress of a handshake: bytes in or out, or its admission.
+    progress: Instant,
+    /// A handshake answered (only draining its close): shed first, losing
+    /// nothing. A data connection that had a request (or hello) served.
+    settled: bool,
     /// Last use (a tick of `State::clock`), for least-recently-used order.
     used: u64,
     busy: bool,
@@ -71,6 +94,40 @@ impl Entry {
     fn rate(&self, now: Instant) -> f64 {
         let age = now.saturating_duration_since(self.opened).max(Duration::from_millis(1));
         self.charged as f64 / age.as_secs_f64()
+    }
+
+    /// Whether this handshake may be shed to make room (see
+    /// [`HANDSHAKE_IDLE`], [`HANDSHAKE_SLOW`]): answered, or idle or slow
+    /// with nothing waiting in its socket.
+    fn stalled(&self, now: Instant) -> bool {
+        if self.settled {
+            return true;
+        }
+        let idle = now.saturating_duration_since(self.progress) >= HANDSHAKE_IDLE;
+        let slow = now.saturating_duration_since(self.opened) >= HANDSHAKE_SLOW;
+        (idle || slow) && queued_bytes(self.fd) == 0
+    }
+
+    /// Whether this data connection may be shed to make room: served
+    /// before (then idle, least recently used first), or new and, after
+    /// [`HANDSHAKE_IDLE`], still without a whole request header in its
+    /// socket (a lane opening in a burst has sent its hello at once).
+    fn sheddable_data(&self, now: Instant) -> bool {
+        self.settled
+            || (now.saturating_duration_since(self.opened) >= HANDSHAKE_IDLE && queued_bytes(self.fd) < HEADER_LEN)
+    }
+}
+
+/// Bytes waiting to be read on socket `fd` (`FIONREAD`; 0 on error).
+fn queued_bytes(fd: RawFd) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: a listed descriptor is open (tickets drop, under the budget's
+    // lock, before their socket closes); FIONREAD writes one int.
+    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+    if rc == 0 {
+        usize::try_from(n).unwrap_or(0)
+    } else {
+        0
     }
 }
 
@@ -102,16 +159,32 @@ impl State {
     }
 
     /// Shut down the best victim on `want`'s plane (from `ip` only, if
-    /// given): the oldest handshake, or the least recently used idle data
-    /// connection. Busy connections are never chosen.
+    /// given): a stalled handshake (answered ones first, then the one
+    /// without progress longest), or the least recently used idle data
+    /// connection. Busy connections, and handshakes making progress, are
+    /// never chosen.
     fn evict(&mut self, want: Plane, ip: Option<IpAddr>) -> bool {
+        let victim = self.victim(want, ip, Instant::now());
+        victim.is_some_and(|id| self.evict_id(id))
+    }
+
+    /// The connection [`State::evict`] would shut down.
+    fn victim(&self, want: Plane, ip: Option<IpAddr>, now: Instant) -> Option<u64> {
         let candidates =
             self.entries.iter().filter(|(_, e)| !e.evicted && !e.busy && e.plane == want && ip.is_none_or_eq(e.ip));
-        let victim = match want {
-            Plane::Handshake => candidates.min_by_key(|(_, e)| e.opened).map(|(id, _)| *id),
-            Plane::Data => candidates.min_by_key(|(_, e)| e.used).map(|(id, _)| *id),
-        };
-        victim.is_some_and(|id| self.evict_id(id))
+        match want {
+            Plane::Handshake => candidates
+                .filter(|(_, e)| e.stalled(now))
+                .min_by_key(|(_, e)| (!e.settled, e.progress))
+                .map(|(id, _)| *id),
+            // A new connection still sending its first request (a lane
+            // opening in a burst) is never shed; one that sends nothing is
+            // shed first, then the least recently used idle one.
+            Plane::Data => candidates
+                .filter(|(_, e)| e.sheddable_data(now))
+                .min_by_key(|(_, e)| (e.settled, e.used))
+                .map(|(id, _)| *id),
+        }
     }
 
     /// Shut down the connection `id` (if listed and not evicted yet).
@@ -243,7 +316,19 @@ impl Budget {
         st.clock += 1;
         let used = st.clock;
         let opened = Instant::now();
-        st.entries.insert(id, Entry { fd, ip, plane, opened, used, busy: false, evicted: false, charged: 0 });
+        let entry = Entry {
+            fd,
+            ip,
+            plane,
+            opened,
+            progress: opened,
+            settled: false,
+            used,
+            busy: false,
+            evicted: false,
+            charged: 0,
+        };
+        st.entries.insert(id, entry);
         st.live[p] += 1;
         *st.per_ip.entry(ip).or_default() += 1;
         drop(st);
@@ -272,6 +357,29 @@ impl Budget {
         while st.closing >= self.closing_cap() {
             if self.changed.wait_until(&mut st, deadline).timed_out() {
                 return;
+            }
+        }
+    }
+
+    /// Wait, until `deadline` at the latest, while the handshake cap is
+    /// reached and every handshake is making progress; true once one more
+    /// can be admitted (a place is free, or a stalled handshake can be
+    /// shed). Under a burst of healthy peers the accept loop waits here
+    /// and new connections wait in the kernel's backlog instead of shedding
+    /// a peer whose frame is on its way.
+    pub fn wait_for_handshake_room(&self, deadline: Instant) -> bool {
+        let p = slot(Plane::Handshake);
+        let mut st = self.state.lock();
+        loop {
+            let now = Instant::now();
+            if st.live[p] < self.per_plane[p] || st.victim(Plane::Handshake, None, now).is_some() {
+                return true;
+            }
+            // A handshake becomes stalled with time, not only when one
+            // leaves (which wakes us): look again soon.
+            let until = deadline.min(now + HANDSHAKE_IDLE / 4);
+            if self.changed.wait_until(&mut st, until).timed_out() && Instant::now() >= deadline {
+                return false;
             }
         }
     }
@@ -354,6 +462,7 @@ impl Ticket {
             st.handshake_bytes = wanted;
             if let Some(me) = st.entries.get_mut(&self.id) {
                 me.charged += n;
+                me.progress = Instant::now();
             }
             return Charge::Charged;
         }
@@ -386,8 +495,25 @@ impl Ticket {
         }
     }
 
-    /// A request is in flight (`true`) or done; busy connections are never
-    /// evicted, and finishing one makes it the most recently used.
+    /// A handshake moved bytes (either way): it is not stalled.
+    pub fn note_progress(&self) {
+        if let Some(e) = self.budget.state.lock().entries.get_mut(&self.id) {
+            e.progress = Instant::now();
+        }
+    }
+
+    /// A handshake was answered: shedding it loses nothing.
+    pub fn settle(&self) {
+        let mut st = self.budget.state.lock();
+        if let Some(e) = st.entries.get_mut(&self.id) {
+            e.settled = true;
+        }
+        drop(st);
+        self.budget.changed.notify_all(); // an accept loop may wait for room
+    }
+
+    /// A request (or hello) is in flight (`true`) or done; busy connections
+    /// are never evicted, and finishing one makes it the most recently used.
     pub fn set_busy(&self, busy: bool) {
         let mut st = self.budget.state.lock();
         st.clock += 1;
@@ -395,6 +521,7 @@ impl Ticket {
         if let Some(e) = st.entries.get_mut(&self.id) {
             e.busy = busy;
             e.used = clock;
+            e.settled = true;
         }
     }
 }
@@ -413,6 +540,9 @@ impl Drop for Ticket {
                 st.live[slot(e.plane)] -= 1;
                 if let Some(n) = st.per_ip.get_mut(&e.ip) {
                     *n -= 1;
+                }
+                if e.plane == Plane::Handshake {
+                    self.budget.changed.notify_all(); // the accept loop may wait for room
                 }
             }
             if st.per_ip.get(&e.ip) == Some(&0) {
@@ -435,23 +565,33 @@ mod tests {
     }
 
     #[test]
-    fn full_caps_evict_the_oldest_handshake_and_the_lru_idle_data_connection() {
+    fn full_caps_evict_a_stalled_handshake_and_the_lru_idle_data_connection() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let b = Arc::new(Budget::new(100, 2, 3, 100, 1 << 20));
         let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let conns: Vec<_> = (0..6).map(|_| pair(&l)).collect();
         let fd = |i: usize| conns[i].1.as_raw_fd();
         let h0 = b.admit(Plane::Handshake, ip, fd(0)).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        let _h1 = b.admit(Plane::Handshake, ip, fd(1)).unwrap();
+        let h1 = b.admit(Plane::Handshake, ip, fd(1)).unwrap();
+        // Both make progress: a newcomer waits, nobody is shed.
+        assert!(b.admit(Plane::Handshake, ip, fd(2)).is_none(), "a handshake making progress was shed");
+        assert!(!b.wait_for_handshake_room(Instant::now() + Duration::from_millis(20)));
+        std::thread::sleep(HANDSHAKE_IDLE + Duration::from_millis(20));
+        h1.note_progress();
+        // h0 is idle past the bound with nothing queued: it gives way.
+        assert!(b.wait_for_handshake_room(Instant::now()));
         let _h2 = b.admit(Plane::Handshake, ip, fd(2)).unwrap(); // evicts h0
         let mut byte = [0u8; 1];
-        assert_eq!((&conns[0].0).read(&mut byte).unwrap(), 0, "the oldest handshake was shut down");
+        assert_eq!((&conns[0].0).read(&mut byte).unwrap(), 0, "the stalled handshake was shut down");
+        conns[1].0.set_nonblocking(true).unwrap();
+        assert!((&conns[1].0).read(&mut byte).is_err(), "the one making progress is still open");
         drop(h0);
         let d3 = b.admit(Plane::Data, ip, fd(3)).unwrap();
         let d4 = b.admit(Plane::Data, ip, fd(4)).unwrap();
+        d4.set_busy(false); // served once, idle now
         d3.set_busy(true);
-        let _d5 = b.admit(Plane::Data, ip, fd(5)).unwrap();
+        let d5 = b.admit(Plane::Data, ip, fd(5)).unwrap();
+        d5.set_busy(false);
         // Full: the idle d4 goes, never the busy d3.
         let extra = pair(&l);
         let _d6 = b.admit(Plane::Data, ip, extra.1.as_raw_fd()).unwrap();
@@ -472,7 +612,14 @@ mod tests {
         let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let conns: Vec<_> = (0..12).map(|_| pair(&l)).collect();
         // Four fill the data cap; each of the next eight evicts one.
-        let tickets: Vec<Ticket> = conns.iter().map(|c| b.admit(Plane::Data, ip, c.1.as_raw_fd()).unwrap()).collect();
+        let tickets: Vec<Ticket> = conns
+            .iter()
+            .map(|c| {
+                let t = b.admit(Plane::Data, ip, c.1.as_raw_fd()).unwrap();
+                t.set_busy(false); // served once, idle now: may be evicted
+                t
+            })
+            .collect();
         assert_eq!(b.state.lock().closing, 8);
         let t0 = Instant::now();
         b.wait_for_closing(t0 + Duration::from_millis(200));

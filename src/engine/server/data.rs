@@ -4,6 +4,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::super::net::conn::{Conn, MAX_IO_CHUNK};
 use super::super::protocol::hello;
@@ -15,6 +16,10 @@ use super::local::{is_same_host_frame, serve_frame, LocalServing};
 use super::Serving;
 use crate::transfer::stats::Stats;
 use crate::transfer::Direction;
+
+/// How long a data connection's hello may wait for the initiator's proof
+/// of the peer secret (an initiator sends it as soon as it has our reply).
+const PROOF_WAIT: Duration = Duration::from_secs(2);
 
 /// Marks a data connection idle again when its request is done.
 struct IdleAgain<'a>(&'a super::budget::Ticket);
@@ -62,8 +67,14 @@ fn answer_hello(inner: &Serving, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> 
         answer
     };
     if let (Some(secret), true) = (&inner.access.secret, for_us) {
-        // Nothing of an offer is checked before the peer proves the secret.
-        return match hello::serve_data_hello(conn, secret, own, request, &mut check) {
+        // Nothing of an offer is checked before the peer proves the secret,
+        // which it sends at once: a stranger that does not holds this
+        // thread for a short bound only.
+        let _ = conn.stream().set_read_timeout(Some(PROOF_WAIT));
+        let proven = hello::serve_data_hello(conn, secret, own, request, &mut check);
+        let t = inner.settings.progress_timeout.max(Duration::from_millis(1));
+        let _ = conn.stream().set_read_timeout(Some(t));
+        return match proven {
             Ok(()) => AfterHello::Serve(link),
             Err(why) => {
                 refused_unauthenticated(inner, conn, why);
@@ -137,7 +148,11 @@ pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::budge
             // Only a connection's first request may be a hello.
             Ok(Some(h)) if first && hello::is_hello(&h) => {
                 first = false;
-                match answer_hello(inner, conn, &h) {
+                // In flight, then served: never evicted as a stranger again.
+                ticket.set_busy(true);
+                let hello = answer_hello(inner, conn, &h);
+                ticket.set_busy(false);
+                match hello {
                     AfterHello::Serve(link) => {
                         same_host = link.clone();
                         conn.set_same_host_peer(link);

@@ -68,6 +68,7 @@ pub(super) fn serve_handshake(serving: &Serving, stream: &mut TcpStream, ticket:
         return;
     }
     Stats::bump(&serving.stats.handshakes);
+    ticket.settle();
     // Half-close, then let the client close first (bounded by the deadline).
     let _ = stream.inner().shutdown(Shutdown::Write);
     let mut sink = [0u8; 64];
@@ -329,6 +330,7 @@ impl HandshakePlane {
                     Ok(0) => return Next::Close,
                     Ok(n) => {
                         *got += n;
+                        c.ticket.note_progress();
                         if *got == prefix.len() {
                             let Ok(length) = wire::check_frame_length(*prefix, self.serving.settings.handshake_max_len)
                             else {
@@ -397,7 +399,10 @@ impl HandshakePlane {
                 }
                 Stage::Send { out, sent, then } => {
                     match c.stream.write(&out[*sent..]) {
-                        Ok(n) => *sent += n,
+                        Ok(n) => {
+                            *sent += n;
+                            c.ticket.note_progress();
+                        }
                         Err(e) if e.kind() == ErrorKind::WouldBlock => return Next::Write,
                         Err(e) if e.kind() == ErrorKind::Interrupted => {}
                         Err(_) => return Next::Close,
@@ -410,6 +415,7 @@ impl HandshakePlane {
                                 // Half-close, then let the client close first
                                 // (bounded by the deadline).
                                 let _ = c.stream.shutdown(Shutdown::Write);
+                                c.ticket.settle();
                                 c.stage = Stage::Drain;
                             }
                             AfterSend::Close => return Next::Close,

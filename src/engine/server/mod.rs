@@ -27,7 +27,7 @@ mod pool;
 
 use std::io;
 use std::net::TcpListener;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,6 +45,8 @@ pub(super) use access::Access;
 pub(super) use budget::{fd_limit, total_for, Budget, Plane};
 pub(super) use listen::{bind_in_range, wake_listener};
 pub(super) use notify::Notifications;
+#[cfg(test)]
+pub(super) use pool::FIRST_REQUEST_BOUND;
 
 /// How long an accept loop waits at most for evicted connections to be
 /// closed before it takes the next one anyway (see
@@ -151,6 +153,32 @@ struct AdmittedHandshake {
     stream: std::net::TcpStream,
 }
 
+/// How long an accepted connection waits at most for a place when none can
+/// be made at once (every connection on its plane is making progress).
+const ROOM_WAIT: Duration = Duration::from_secs(1);
+
+/// Admit a connection on `plane`, waiting (bounded) for room rather than
+/// shedding a connection that makes progress (a handshake answering, a
+/// new lane sending its hello); `None` (it is closed) only if no room
+/// came in time.
+fn admit_with_room(serving: &Serving, plane: Plane, ip: std::net::IpAddr, fd: RawFd) -> Option<budget::Ticket> {
+    let until = Instant::now() + ROOM_WAIT;
+    loop {
+        if let Some(ticket) = serving.budget.admit(plane, ip, fd) {
+            return Some(ticket);
+        }
+        if serving.registry.stopping() || Instant::now() >= until {
+            log::debug!("{plane:?} connection from {ip} closed: no room for it");
+            return None;
+        }
+        if plane == Plane::Handshake && !serving.budget.wait_for_handshake_room(until) {
+            continue;
+        }
+        // A place frees as a connection ends or becomes stalled, soon.
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Accept connections until the engine stops (see [`budget`] for
 /// the caps and eviction): a handshake connection goes to the readiness
 /// loop of [`handshake`], a data connection to the pool of [`pool`] (either,
@@ -176,6 +204,15 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
     loop {
         // Evicted connections are closed by their owners: accept no faster.
         serving.budget.wait_for_closing(Instant::now() + CLOSING_WAIT);
+        if plane == Plane::Handshake {
+            // At the cap, only a stalled handshake may give way: until one
+            // does, peers wait in the backlog (see [`budget`]).
+            while !serving.budget.wait_for_handshake_room(Instant::now() + CLOSING_WAIT) {
+                if serving.registry.stopping() {
+                    break;
+                }
+            }
+        }
         let accepted = listener.accept();
         if serving.registry.stopping() {
             if let Some(pool) = &pool {
@@ -207,7 +244,7 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
         if let (Some(pool), Plane::Data) = (&pool, plane) {
             let t = serving.settings.progress_timeout;
             let Ok(conn) = Conn::new(stream, t, t) else { continue };
-            let Some(ticket) = serving.budget.admit(plane, from.ip(), conn.raw_fd()) else { continue };
+            let Some(ticket) = admit_with_room(&serving, plane, from.ip(), conn.raw_fd()) else { continue };
             let Some(tracked) = serving.registry.track_owned(conn.stream()) else { continue };
             pool.admit(conn, ticket, tracked);
             continue;
@@ -215,7 +252,7 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
         if let (Some(shakes), Plane::Handshake) = (&shakes, plane) {
             // Admitted here (the oldest evicted at the cap), then assembled
             // and answered on the loop: no thread per connection.
-            let Some(ticket) = serving.budget.admit(plane, from.ip(), stream.as_raw_fd()) else { continue };
+            let Some(ticket) = admit_with_room(&serving, plane, from.ip(), stream.as_raw_fd()) else { continue };
             shakes.admit(ticket, stream);
             continue;
         }
@@ -226,7 +263,7 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
                 // threads alive at once are bounded by the cap
                 // (`PDX_MAX_HANDSHAKE_CONNECTIONS`: the oldest is evicted and
                 // its thread leaves) however many peers connect at once.
-                let Some(ticket) = serving.budget.admit(plane, from.ip(), stream.as_raw_fd()) else { continue };
+                let Some(ticket) = admit_with_room(&serving, plane, from.ip(), stream.as_raw_fd()) else { continue };
                 let admitted = AdmittedHandshake { ticket, stream };
                 serving.registry.spawn(name.to_owned(), move || {
                     let _open = OpenConnection::new(&serving2.stats);

@@ -30,6 +30,8 @@ use parking_lot::Mutex;
 use polling::{Event, Events, Poller};
 
 use super::super::net::conn::Conn;
+use super::super::protocol::hello;
+use super::super::protocol::wire::HEADER_LEN;
 use super::super::registry::OwnedSocketGuard;
 use super::budget::Ticket;
 use super::Serving;
@@ -61,6 +63,57 @@ const LINGER_SLICE: Duration = Duration::from_millis(2);
 
 /// The most pool threads, however many requests trickle.
 const HARD_MAX_THREADS: usize = 256;
+
+/// How long a new data connection may take to send its first complete
+/// request (a pdx hello with its body, or a Mooncake peer's first request)
+/// before it is closed. Until then its bytes wait in its socket, held by
+/// no thread: see [`DataPlane::take_ready`].
+pub(crate) const FIRST_REQUEST_BOUND: Duration = Duration::from_secs(5);
+
+/// `SO_RCVLOWAT` on `fd`: readiness (and a blocking receive) waits for
+/// `bytes` queued, or the end of the stream.
+fn set_rcvlowat(fd: std::os::fd::RawFd, bytes: usize) -> std::io::Result<()> {
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the descriptor is an open socket owned by the caller; the
+    // option value is one int read for the call.
+    let rc =
+        unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVLOWAT, (&v as *const libc::c_int).cast(), len) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Bytes queued to be read on `fd` (`FIONREAD`; 0 on error).
+fn queued_bytes(fd: std::os::fd::RawFd) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: the descriptor is an open socket owned by the caller; FIONREAD writes one int.
+    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+    if rc == 0 {
+        usize::try_from(n).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
+/// Whether the peer of `fd` has closed its side, or the socket has an error.
+fn peer_closed(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLRDHUP, revents: 0 };
+    // SAFETY: one valid pollfd for the call; the socket is open (owned by the caller).
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
+/// What a parked connection that the readiness loop saw ready needs next.
+enum Readiness {
+    /// A complete request (or hello with its body), or the end of the
+    /// stream: a thread serves it.
+    Serve,
+    /// Not enough yet: parked again, waiting for this many bytes.
+    Wait(usize),
+}
 
 /// The pool's cap: twice the cores, at least 8, at most 32 (past it, see
 /// [`STUCK`]).
@@ -97,6 +150,14 @@ pub(super) struct Served {
     registered: bool,
     /// When it was last parked.
     since: Instant,
+    /// When it was admitted.
+    opened: Instant,
+    /// No thread has served it yet: its first request (maybe a hello) is
+    /// still coming (bounded by [`FIRST_REQUEST_BOUND`]).
+    first: bool,
+    /// Its socket's `SO_RCVLOWAT` now, and the one it is parked with.
+    lowat: usize,
+    want_lowat: usize,
 }
 
 /// The waiter's state (held by the thread waiting for readiness).
@@ -229,6 +290,10 @@ impl DataPlane {
             conn,
             registered: false,
             since: Instant::now(),
+            opened: Instant::now(),
+            first: true,
+            lowat: 1,
+            want_lowat: HEADER_LEN,
         };
         self.park(served);
     }
@@ -241,6 +306,14 @@ impl DataPlane {
         }
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
         let fd = s.conn.raw_fd();
+        if s.lowat != s.want_lowat {
+            // Parked, it wakes for a whole header (or hello) only: bytes
+            // that trickle in wait in the socket, held by no thread.
+            match set_rcvlowat(fd, s.want_lowat) {
+                Ok(()) => s.lowat = s.want_lowat,
+                Err(e) => log::debug!("data connection: SO_RCVLOWAT: {e}"),
+            }
+        }
         s.since = Instant::now();
         let was_registered = s.registered;
         s.registered = true;
@@ -419,16 +492,38 @@ impl DataPlane {
     }
 
     /// Move the connections the last wait reported from the map to the
-    /// ready queue; true if there were any.
+    /// ready queue (those with a whole request or hello to serve; the
+    /// others are parked again to wait for the rest); true if there were any.
     fn take_ready(&self, lead: &mut Lead) -> bool {
         let keys: Vec<usize> = lead.events.iter().map(|e| e.key).collect();
         if keys.is_empty() {
             return false;
         }
         let mut parked = self.parked.lock();
-        for key in keys {
-            if let Some(s) = parked.remove(&key) {
-                lead.ready.push_back(s);
+        let woken: Vec<Served> = keys.iter().filter_map(|key| parked.remove(key)).collect();
+        drop(parked);
+        for mut s in woken {
+            match readiness(&s) {
+                Readiness::Serve => {
+                    if s.lowat != 1 {
+                        // Served: a receive waits for what it asks, not a header.
+                        match set_rcvlowat(s.conn.raw_fd(), 1) {
+                            Ok(()) => s.lowat = 1,
+                            Err(e) => {
+                                log::debug!("data connection: SO_RCVLOWAT: {e}");
+                                self.close(s);
+                                continue;
+                            }
+                        }
+                    }
+                    s.first = false;
+                    s.want_lowat = HEADER_LEN;
+                    lead.ready.push_back(s);
+                }
+                Readiness::Wait(bytes) => {
+                    s.want_lowat = bytes;
+                    self.park(s);
+                }
             }
         }
         true
@@ -451,12 +546,17 @@ impl DataPlane {
         }
     }
 
-    /// Close the connections parked longer than the idle timeout.
+    /// Close the connections parked longer than the idle timeout, and
+    /// new ones that have not sent their first request within
+    /// [`FIRST_REQUEST_BOUND`].
     fn close_idle(&self, now: Instant) {
         let idle = self.serving.settings.idle_timeout;
         let mut parked = self.parked.lock();
-        let old: Vec<usize> =
-            parked.iter().filter(|(_, s)| now.saturating_duration_since(s.since) >= idle).map(|(k, _)| *k).collect();
+        let late = |s: &Served| {
+            now.saturating_duration_since(s.since) >= idle
+                || (s.first && now.saturating_duration_since(s.opened) >= FIRST_REQUEST_BOUND)
+        };
+        let old: Vec<usize> = parked.iter().filter(|(_, s)| late(s)).map(|(k, _)| *k).collect();
         let closing: Vec<Served> = old.iter().filter_map(|k| parked.remove(k)).collect();
         drop(parked);
         if !closing.is_empty() {
@@ -543,6 +643,37 @@ impl DataPlane {
             }
         }
     }
+}
+
+/// What a parked connection seen ready needs: a thread only for a whole
+/// request header, or a whole hello with its body (the socket's
+/// `SO_RCVLOWAT` makes readiness wait for them; the kernel holds the
+/// bytes meanwhile), or the end of the stream.
+fn readiness(s: &Served) -> Readiness {
+    let fd = s.conn.raw_fd();
+    let mut head = [0u8; HEADER_LEN];
+    // SAFETY: `head` is writable for its length; the socket is open (owned by `s`).
+    let n = unsafe { libc::recv(fd, head.as_mut_ptr().cast(), HEADER_LEN, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    let Ok(n) = usize::try_from(n) else {
+        let e = std::io::Error::last_os_error();
+        return match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Readiness::Wait(s.want_lowat),
+            _ => Readiness::Serve, // its thread sees the error and closes it
+        };
+    };
+    if n < HEADER_LEN {
+        // Woken with less than a header: only the end of the stream (or
+        // an error) does that; a thread sees it and closes the connection.
+        return if n == 0 || peer_closed(fd) { Readiness::Serve } else { Readiness::Wait(HEADER_LEN) };
+    }
+    if s.first && hello::is_hello(&head) {
+        if let Some(len) = hello::request_body_len(&head) {
+            if queued_bytes(fd) < HEADER_LEN + len && !peer_closed(fd) {
+                return Readiness::Wait(HEADER_LEN + len);
+            }
+        }
+    }
+    Readiness::Serve
 }
 
 /// How often the waiter looks for idle connections: a quarter of the idle
