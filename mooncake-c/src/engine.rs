@@ -145,10 +145,10 @@ impl McEngine {
         options.set("metadata_server", Some(&self.metadata))?;
         let base = ProcessEnv;
         let choice = pdx::backend::choose(&base, &self.host, Some(protocol), None, &options)?;
-        let serving = pdx::backend::serving(&choice.protocol, &pdx::config::engine_options::OptionsEnv {
-            base: &base,
-            options: &options,
-        })?;
+        let serving = pdx::backend::serving(
+            &choice.protocol,
+            &pdx::config::engine_options::OptionsEnv { base: &base, options: &options },
+        )?;
         let native = serving.engine == "native";
         if !native {
             check_mooncake_library(&choice.protocol)?;
@@ -173,7 +173,9 @@ impl McEngine {
                 *slot = None;
                 Ok(())
             }
-            Some(t) => Err(McError::invalid(format!("{protocol:?} is not installed (this engine runs {:?})", t.protocol))),
+            Some(t) => {
+                Err(McError::invalid(format!("{protocol:?} is not installed (this engine runs {:?})", t.protocol)))
+            }
             None => Err(McError::invalid(format!("{protocol:?} is not installed (no transport is)"))),
         }
     }
@@ -344,7 +346,9 @@ impl McEngine {
             let direction = match r.opcode {
                 OPCODE_READ => Direction::Read,
                 OPCODE_WRITE => Direction::Write,
-                op => return Err(McError::invalid(format!("entry {i}: opcode {op} is neither READ (0) nor WRITE (1)"))),
+                op => {
+                    return Err(McError::invalid(format!("entry {i}: opcode {op} is neither READ (0) nor WRITE (1)")))
+                }
             };
             if known != Some(r.target_id) {
                 if r.target_id != LOCAL_SEGMENT && !self.segments.lock().by_id.contains_key(&r.target_id) {
@@ -372,7 +376,11 @@ impl McEngine {
                     ));
                 }
             }
-            out.push(Entry { segment: r.target_id, direction, request: Request { local, remote: r.target_offset, len } });
+            out.push(Entry {
+                segment: r.target_id,
+                direction,
+                request: Request { local, remote: r.target_offset, len },
+            });
         }
         pdx::transfer::Request::validate_all(&out.iter().map(|e| e.request).collect::<Vec<_>>())?;
         Ok(out)
@@ -382,7 +390,12 @@ impl McEngine {
     ///
     /// # Safety
     /// The local memory of every entry stays valid until its task is finished.
-    pub unsafe fn submit(&self, batch: u64, reqs: &[TransferRequest], notify: Option<(String, String)>) -> McResult<()> {
+    pub unsafe fn submit(
+        &self,
+        batch: u64,
+        reqs: &[TransferRequest],
+        notify: Option<(String, String)>,
+    ) -> McResult<()> {
         let b = self.batch(batch)?;
         if notify.is_some() && reqs.is_empty() {
             return Err(McError::invalid("entries must not be empty when a notification rides on them"));
@@ -434,9 +447,10 @@ impl McEngine {
     pub fn task_status(&self, batch: u64, task: usize) -> McResult<(TaskState, u64)> {
         let b = self.batch(batch)?;
         let backend = self.backend()?;
-        let slot = b.lock().task(task).map_err(|n| {
-            McError::invalid(format!("task {task} is out of range (batch {batch:#x} has {n} tasks)"))
-        })?;
+        let slot = b
+            .lock()
+            .task(task)
+            .map_err(|n| McError::invalid(format!("task {task} is out of range (batch {batch:#x} has {n} tasks)")))?;
         let Some((id, index)) = slot else {
             pdx::ffi::set_last_error(&format!("task {task} of batch {batch:#x} never started: its submit failed"));
             return Ok((TaskState::Failed, 0));
@@ -459,9 +473,10 @@ impl McEngine {
             if b.deferred.is_none() || b.has_unstarted() {
                 return;
             }
-            let all = b.subs().iter().all(|id| {
-                backend.batch_summary(*id).is_ok_and(|s| s.completed == s.total && s.failed == 0)
-            });
+            let all = b
+                .subs()
+                .iter()
+                .all(|id| backend.batch_summary(*id).is_ok_and(|s| s.completed == s.total && s.failed == 0));
             if !all {
                 return;
             }
@@ -532,7 +547,9 @@ impl McEngine {
         let session = i32::try_from(segment).ok().and_then(|id| self.session_of(id)).ok_or_else(|| {
             McError::new(Code::Metadata, format!("segment {segment} is not open (openSegment it first)"))
         })?;
-        backend.notify(&session, name, msg).map_err(|e| McError::from(e.clone()).with_context(format!("notify {session}")))
+        backend
+            .notify(&session, name, msg)
+            .map_err(|e| McError::from(e.clone()).with_context(format!("notify {session}")))
     }
 
     // ---------------------------------------------------------- reporting
@@ -568,7 +585,12 @@ impl McEngine {
         }
         let mut text = format!("{} over {}\n", backend.session_id(), backend.protocol());
         for p in &peers {
-            text.push_str(&format!("segment {} {}: {}\n", p["segment_id"], p["name"].as_str().unwrap_or(""), p["peer"]));
+            text.push_str(&format!(
+                "segment {} {}: {}\n",
+                p["segment_id"],
+                p["name"].as_str().unwrap_or(""),
+                p["peer"]
+            ));
         }
         Ok(text)
     }
@@ -641,9 +663,7 @@ pub fn discovered_protocol(env: &dyn Env) -> String {
 /// which must be named by a path (its file name is this library's own), and
 /// must not be this library.
 fn check_mooncake_library(protocol: &str) -> McResult<()> {
-    let unsupported = |why: String| {
-        McError::new(Code::NotSupportedTransport, format!("protocol {protocol:?}: {why}"))
-    };
+    let unsupported = |why: String| McError::new(Code::NotSupportedTransport, format!("protocol {protocol:?}: {why}"));
     let Some(path) = env::read::<String>(&ProcessEnv, &vars::PDX_MOONCAKE_LIB).filter(|p| p.contains('/')) else {
         return Err(unsupported(
             "pdx's libtransfer_engine.so serves tcp itself; other protocols run on Mooncake's own library, named by \

@@ -87,18 +87,23 @@ pub unsafe extern "C" fn createTransferEngine(
     rpc_port: u64,
     auto_discover: c_int,
 ) -> Engine {
-    guard("createTransferEngine", |_| std::ptr::null_mut(), || {
-        // SAFETY: the caller's contract.
-        let (metadata, name) =
-            unsafe { (c_str(metadata_conn_string, "metadata_conn_string")?, c_str(local_server_name, "local_server_name")?) };
-        let ip = if ip_or_host_name.is_null() {
-            ""
-        } else {
+    guard(
+        "createTransferEngine",
+        |_| std::ptr::null_mut(),
+        || {
             // SAFETY: the caller's contract.
-            unsafe { c_str(ip_or_host_name, "ip_or_host_name")? }
-        };
-        insert_engine(McEngine::create(metadata, name, ip, rpc_port, auto_discover != 0)?)
-    })
+            let (metadata, name) = unsafe {
+                (c_str(metadata_conn_string, "metadata_conn_string")?, c_str(local_server_name, "local_server_name")?)
+            };
+            let ip = if ip_or_host_name.is_null() {
+                ""
+            } else {
+                // SAFETY: the caller's contract.
+                unsafe { c_str(ip_or_host_name, "ip_or_host_name")? }
+            };
+            insert_engine(McEngine::create(metadata, name, ip, rpc_port, auto_discover != 0)?)
+        },
+    )
 }
 
 /// Destroy an engine: its transport stops (after in-flight batches finish,
@@ -106,12 +111,16 @@ pub unsafe extern "C" fn createTransferEngine(
 /// ignored.
 #[no_mangle]
 pub extern "C" fn destroyTransferEngine(engine: Engine) {
-    guard("destroyTransferEngine", |_| (), || {
-        if let Some(e) = remove_engine(engine) {
-            e.shutdown();
-        }
-        Ok(())
-    })
+    guard(
+        "destroyTransferEngine",
+        |_| (),
+        || {
+            if let Some(e) = remove_engine(engine) {
+                e.shutdown();
+            }
+            Ok(())
+        },
+    )
 }
 
 /// Topology discovery: nothing to discover for pdx's TCP engine; 0 for a
@@ -146,13 +155,17 @@ pub unsafe extern "C" fn getLocalIpAndPort(engine: Engine, buf_out: *mut c_char,
 #[no_mangle]
 pub unsafe extern "C" fn installTransport(engine: Engine, proto: *const c_char, args: *mut *mut c_void) -> *mut c_void {
     let _ = args;
-    guard("installTransport", |_| std::ptr::null_mut(), || {
-        let e = live(engine)?;
-        // SAFETY: the caller's contract.
-        let proto = unsafe { c_str(proto, "proto")? };
-        e.install(proto)?;
-        Ok((engine as usize | 0x100) as *mut c_void)
-    })
+    guard(
+        "installTransport",
+        |_| std::ptr::null_mut(),
+        || {
+            let e = live(engine)?;
+            // SAFETY: the caller's contract.
+            let proto = unsafe { c_str(proto, "proto")? };
+            e.install(proto)?;
+            Ok((engine as usize | 0x100) as *mut c_void)
+        },
+    )
 }
 
 /// Stop the transport `proto`; 0.
@@ -296,7 +309,8 @@ pub unsafe extern "C" fn registerLocalMemoryBatch(
     guard("registerLocalMemoryBatch", neg, || {
         let e = live(engine)?;
         // SAFETY: the caller's contract.
-        let (list, location) = unsafe { (c_slice(buffer_list, buffer_len, "buffer_list")?, c_str(location, "location")?) };
+        let (list, location) =
+            unsafe { (c_slice(buffer_list, buffer_len, "buffer_list")?, c_str(location, "location")?) };
         let regions: Vec<(u64, u64)> = list.iter().map(|b| (b.addr as u64, b.length as u64)).collect();
         e.register(&regions, location)?;
         Ok(0)
@@ -308,7 +322,11 @@ pub unsafe extern "C" fn registerLocalMemoryBatch(
 /// # Safety
 /// `addr_list` holds `addr_len` entries.
 #[no_mangle]
-pub unsafe extern "C" fn unregisterLocalMemoryBatch(engine: Engine, addr_list: *mut *mut c_void, addr_len: usize) -> c_int {
+pub unsafe extern "C" fn unregisterLocalMemoryBatch(
+    engine: Engine,
+    addr_list: *mut *mut c_void,
+    addr_len: usize,
+) -> c_int {
     guard("unregisterLocalMemoryBatch", neg, || {
         let e = live(engine)?;
         // SAFETY: the caller's contract.
@@ -341,7 +359,9 @@ unsafe fn submit(
     let notify = match notify {
         None => None,
         // SAFETY: the caller's contract.
-        Some(n) => Some(unsafe { (c_str(n.name, "notify_msg.name")?.to_owned(), c_str(n.msg, "notify_msg.msg")?.to_owned()) }),
+        Some(n) => {
+            Some(unsafe { (c_str(n.name, "notify_msg.name")?.to_owned(), c_str(n.msg, "notify_msg.msg")?.to_owned()) })
+        }
     };
     // SAFETY: the caller keeps the local memory valid until the tasks finish.
     unsafe { e.submit(batch_id, reqs, notify)? };
@@ -431,33 +451,40 @@ pub extern "C" fn freeBatchID(engine: Engine, batch_id: BatchId) -> c_int {
 /// `size` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn getNotifsFromEngine(engine: Engine, size: *mut c_int) -> *mut NotifyMsg {
-    guard("getNotifsFromEngine", |_| std::ptr::null_mut(), || {
-        if size.is_null() || !size.is_aligned() {
-            return Err(McError::invalid("size is NULL or misaligned"));
-        }
-        // SAFETY: checked; writable by the caller's contract.
-        unsafe { *size = 0 };
-        let e = live(engine)?;
-        let mut notes = e.take_notifications()?;
-        if notes.is_empty() {
-            return Ok(std::ptr::null_mut());
-        }
-        let n = notes.len().min(c_int::MAX as usize);
-        let rest = notes.split_off(n);
-        match malloc_notes(&notes) {
-            Some(array) => {
-                e.put_back(rest);
-                // SAFETY: as above.
-                unsafe { *size = n as c_int };
-                Ok(array)
+    guard(
+        "getNotifsFromEngine",
+        |_| std::ptr::null_mut(),
+        || {
+            if size.is_null() || !size.is_aligned() {
+                return Err(McError::invalid("size is NULL or misaligned"));
             }
-            None => {
-                notes.extend(rest);
-                e.put_back(notes);
-                Err(McError::new(mooncake_sys::Code::Memory, "out of memory for the notifications (kept for the next call)"))
+            // SAFETY: checked; writable by the caller's contract.
+            unsafe { *size = 0 };
+            let e = live(engine)?;
+            let mut notes = e.take_notifications()?;
+            if notes.is_empty() {
+                return Ok(std::ptr::null_mut());
             }
-        }
-    })
+            let n = notes.len().min(c_int::MAX as usize);
+            let rest = notes.split_off(n);
+            match malloc_notes(&notes) {
+                Some(array) => {
+                    e.put_back(rest);
+                    // SAFETY: as above.
+                    unsafe { *size = n as c_int };
+                    Ok(array)
+                }
+                None => {
+                    notes.extend(rest);
+                    e.put_back(notes);
+                    Err(McError::new(
+                        mooncake_sys::Code::Memory,
+                        "out of memory for the notifications (kept for the next call)",
+                    ))
+                }
+            }
+        },
+    )
 }
 
 /// `notes` as a `malloc`ed array of `malloc`ed C strings (each cut at its
@@ -542,7 +569,8 @@ pub unsafe extern "C" fn genNotifyInEngine(engine: Engine, target_id: u64, notif
     guard("genNotifyInEngine", neg, || {
         let e = live(engine)?;
         // SAFETY: the caller's contract.
-        let (name, msg) = unsafe { (c_str(notify_msg.name, "notify_msg.name")?, c_str(notify_msg.msg, "notify_msg.msg")?) };
+        let (name, msg) =
+            unsafe { (c_str(notify_msg.name, "notify_msg.name")?, c_str(notify_msg.msg, "notify_msg.msg")?) };
         e.notify(target_id, name, msg)?;
         Ok(0)
     })
@@ -559,35 +587,43 @@ pub unsafe extern "C" fn genNotifyInEngine(engine: Engine, target_id: u64, notif
 /// `stats` is writable for `*count` entries; `count` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn getNicLoadStats(engine: Engine, stats: *mut NicLoadStat, count: *mut usize) -> c_int {
-    guard("getNicLoadStats", |e| if e.code == mooncake_sys::Code::InvalidArgument { -1 } else { pos(e) }, || {
-        if engine.is_null() || stats.is_null() || count.is_null() || !stats.is_aligned() || !count.is_aligned() {
-            return Err(McError::invalid("engine, stats or count is NULL or misaligned"));
-        }
-        let e = live(engine)?;
-        let rails = e.nic_rails()?;
-        // SAFETY: checked; the caller's contract.
-        let room = unsafe { *count };
-        for (i, (name, _bytes)) in rails.iter().take(room).enumerate() {
-            let mut entry = NicLoadStat { device_name: [0; 64], inflight_bytes: 0, ewma_bandwidth_bps: 0.0 };
-            for (d, s) in entry.device_name.iter_mut().zip(name.bytes().take(63)) {
-                *d = s as c_char;
+    guard(
+        "getNicLoadStats",
+        |e| if e.code == mooncake_sys::Code::InvalidArgument { -1 } else { pos(e) },
+        || {
+            if engine.is_null() || stats.is_null() || count.is_null() || !stats.is_aligned() || !count.is_aligned() {
+                return Err(McError::invalid("engine, stats or count is NULL or misaligned"));
             }
-            // SAFETY: `i < *count`, writable by the caller's contract.
-            unsafe { stats.add(i).write(entry) };
-        }
-        // SAFETY: as above.
-        unsafe { *count = rails.len() };
-        Ok(0)
-    })
+            let e = live(engine)?;
+            let rails = e.nic_rails()?;
+            // SAFETY: checked; the caller's contract.
+            let room = unsafe { *count };
+            for (i, (name, _bytes)) in rails.iter().take(room).enumerate() {
+                let mut entry = NicLoadStat { device_name: [0; 64], inflight_bytes: 0, ewma_bandwidth_bps: 0.0 };
+                for (d, s) in entry.device_name.iter_mut().zip(name.bytes().take(63)) {
+                    *d = s as c_char;
+                }
+                // SAFETY: `i < *count`, writable by the caller's contract.
+                unsafe { stats.add(i).write(entry) };
+            }
+            // SAFETY: as above.
+            unsafe { *count = rails.len() };
+            Ok(0)
+        },
+    )
 }
 
 /// Make `destroyTransferEngine` wait (30 s at most) for in-flight batches.
 #[no_mangle]
 pub extern "C" fn enableGracefulShutdown(engine: Engine) {
-    guard("enableGracefulShutdown", |_| (), || {
-        live(engine)?.enable_graceful_shutdown();
-        Ok(())
-    })
+    guard(
+        "enableGracefulShutdown",
+        |_| (),
+        || {
+            live(engine)?.enable_graceful_shutdown();
+            Ok(())
+        },
+    )
 }
 
 /// This engine and its open segments with pdx's figures for each peer, as
