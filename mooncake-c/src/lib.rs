@@ -358,9 +358,10 @@ unsafe fn submit(
     let reqs = unsafe { c_slice(entries, count, "entries")? };
     let notify = match notify {
         None => None,
-        // SAFETY: the caller's contract.
         Some(n) => {
-            Some(unsafe { (c_str(n.name, "notify_msg.name")?.to_owned(), c_str(n.msg, "notify_msg.msg")?.to_owned()) })
+            // SAFETY: the caller's contract.
+            let (name, msg) = unsafe { (c_str(n.name, "notify_msg.name")?, c_str(n.msg, "notify_msg.msg")?) };
+            Some((name.to_owned(), msg.to_owned()))
         }
     };
     // SAFETY: the caller keeps the local memory valid until the tasks finish.
