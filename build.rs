@@ -15,7 +15,12 @@ fn main() {
     let abi = if major == "0" { format!("0.{minor}") } else { major };
     // ELF targets only: Mach-O and PE name their libraries differently.
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    // `rustc-link-arg` rather than `rustc-cdylib-link-arg`: Cargo passes a
+    // dependency's cdylib link arguments on to the cdylibs built on it
+    // (mooncake-c's libtransfer_engine.so would be named libpdx too); the
+    // plain form stays with this package (its test and demo executables get
+    // the name as well, which the loader ignores).
     if !matches!(os.as_str(), "macos" | "ios" | "windows") {
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libpdx.so.{abi}");
+        println!("cargo:rustc-link-arg=-Wl,-soname,libpdx.so.{abi}");
     }
 }

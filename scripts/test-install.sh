@@ -70,6 +70,20 @@ needed "$exe" | grep -qx "$soname" || fail "c_shared does not record NEEDED $son
 [ "$(runpath "$exe")" = "$libdir" ] || fail "c_shared run path is '$(runpath "$exe")'"
 "$exe"
 
+echo "== Mooncake's C API: <libdir>/pdx/mooncake/libtransfer_engine.so"
+mcdir=$libdir/pdx/mooncake
+mchdr=$(pkg-config --variable=includedir pdx)/mooncake
+[ -f "$mcdir/libtransfer_engine.so" ] || fail "no libtransfer_engine.so in $mcdir"
+[ -f "$mchdr/transfer_engine_c.h" ] || fail "no transfer_engine_c.h in $mchdr"
+[ ! -e "$libdir/libtransfer_engine.so" ] || fail "libtransfer_engine.so shadows Mooncake's in $libdir"
+got=$(readelf -d "$mcdir/libtransfer_engine.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+[ "$got" = libtransfer_engine.so ] || fail "libtransfer_engine.so has SONAME '$got'"
+exe=$tmp/c_mooncake
+"$cc" "${cflags[@]}" "$src/c_tests/consumers/mooncake_c_api.c" -o "$exe" -I"$mchdr" -L"$mcdir" -ltransfer_engine \
+  -Wl,-rpath,"$mcdir"
+needed "$exe" | grep -qx libtransfer_engine.so || fail "c_mooncake does not record NEEDED libtransfer_engine.so"
+RUST_LOG=off "$exe"
+
 echo "== C, pkg-config --static, static-only prefix"
 sprefix=$tmp/static-prefix
 cmake --install "$build" --prefix "$sprefix" --component Static >/dev/null

@@ -19,3 +19,10 @@ pub mod transport;
 pub mod version;
 
 pub use status::*;
+
+/// Record `message` as the calling thread's last error, the text
+/// `pdx_last_error_message` returns: for C front ends built on this crate
+/// (`mooncake-c`, Mooncake's C API) that report through pdx's last error.
+pub fn set_last_error(message: &str) {
+    boundary::set_last_error(message);
+}

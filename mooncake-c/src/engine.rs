@@ -1,0 +1,703 @@
+//! One engine of Mooncake's C API over a pdx transfer backend: the state
+//! Mooncake keeps above its transports (the transport installed, the
+//! segments opened and their ids, the memory registered, the batches and
+//! their task ids, the notifications not yet handed out), and the calls in
+//! Rust terms. Everything that moves bytes or speaks the wire is pdx's
+//! backend, reached through `pdx::transfer::TransferBackend` as pdx's own C
+//! ABI reaches it.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::c_void;
+use std::net::ToSocketAddrs;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mooncake_sys::Code;
+use parking_lot::{Mutex, RwLock};
+use pdx::config::engine_options::EngineOptions;
+use pdx::config::env::{self, vars, Env, ProcessEnv};
+use pdx::transfer::location::Requested;
+use pdx::transfer::regions::RegionMap;
+use pdx::transfer::{Direction, Request, TaskState, TransferBackend};
+use pdx::ErrorKind;
+
+use crate::batches::{group, Deferred, McBatch};
+use crate::codes::{McError, McResult};
+use crate::types::{SegmentId, TransferRequest, LOCAL_SEGMENT, OPCODE_READ, OPCODE_WRITE};
+
+/// Most segments one engine keeps open.
+const MAX_SEGMENTS: usize = 1 << 16;
+/// Most batches one engine keeps allocated.
+const MAX_BATCHES: usize = 1 << 16;
+/// How long `destroyTransferEngine` waits for in-flight batches after
+/// `enableGracefulShutdown`.
+const GRACEFUL_WAIT: Duration = Duration::from_secs(30);
+/// The handshake port of a segment name without one (Mooncake's default).
+const DEFAULT_HANDSHAKE_PORT: u16 = 12001;
+
+/// Batch ids are unique in the process (an id of one engine is unknown to
+/// another), never 0 and never `INVALID_BATCH`.
+static NEXT_BATCH: AtomicU64 = AtomicU64::new(1);
+
+/// The transport an engine runs.
+pub struct Installed {
+    pub protocol: String,
+    pub backend: Arc<dyn TransferBackend>,
+    /// pdx's native engine (else Mooncake's own library behind pdx).
+    pub native: bool,
+}
+
+#[derive(Default)]
+struct Segments {
+    by_name: HashMap<String, SegmentId>,
+    by_id: HashMap<SegmentId, String>,
+    next: SegmentId,
+}
+
+/// A request checked and converted, with the key of its pdx batch.
+struct Entry {
+    segment: SegmentId,
+    direction: Direction,
+    request: Request,
+}
+
+pub struct McEngine {
+    metadata: String,
+    host: String,
+    rpc_port: u64,
+    transport: RwLock<Option<Installed>>,
+    segments: Mutex<Segments>,
+    /// What this engine registered, to refuse unregistered local memory
+    /// before anything starts (as Mooncake's transports do).
+    regions: RwLock<RegionMap<()>>,
+    batches: Mutex<HashMap<u64, Arc<Mutex<McBatch>>>>,
+    /// pdx batches whose Mooncake batch was freed while their notification
+    /// was still on its way: freed once it is.
+    orphans: Mutex<Vec<u64>>,
+    /// Notifications drained from the backend, not yet handed to C.
+    inbox: Mutex<VecDeque<(String, String)>>,
+    graceful: AtomicBool,
+}
+
+impl McEngine {
+    /// An engine for `createTransferEngine`: with `auto_discover` it installs
+    /// its transport now (see [`discovered_protocol`]).
+    pub fn create(metadata: &str, local_server_name: &str, ip: &str, rpc_port: u64, auto: bool) -> McResult<McEngine> {
+        let named = if local_server_name.trim().is_empty() { ip } else { local_server_name };
+        let host = pdx::transfer::host::engine_host(named)?;
+        let metadata = if metadata.trim().is_empty() { "P2PHANDSHAKE" } else { metadata.trim() };
+        let e = McEngine {
+            metadata: metadata.to_owned(),
+            host,
+            rpc_port,
+            transport: RwLock::new(None),
+            segments: Mutex::new(Segments { next: 1, ..Default::default() }),
+            regions: RwLock::new(RegionMap::default()),
+            batches: Mutex::new(HashMap::new()),
+            orphans: Mutex::new(Vec::new()),
+            inbox: Mutex::new(VecDeque::new()),
+            graceful: AtomicBool::new(false),
+        };
+        if auto {
+            e.install(&discovered_protocol(&ProcessEnv))?;
+        }
+        Ok(e)
+    }
+
+    /// The installed transport's backend, or why there is none.
+    fn backend(&self) -> McResult<Arc<dyn TransferBackend>> {
+        self.installed().map(|(b, _)| b)
+    }
+
+    /// The installed transport's backend and whether it is pdx's native engine.
+    fn installed(&self) -> McResult<(Arc<dyn TransferBackend>, bool)> {
+        match &*self.transport.read() {
+            Some(t) => Ok((t.backend.clone(), t.native)),
+            None => Err(McError::new(
+                Code::NotSupportedTransport,
+                "no transport is installed: create the engine with auto_discover or call installTransport(engine, \
+                 \"tcp\", NULL) first",
+            )),
+        }
+    }
+
+    /// `installTransport`: `tcp` is pdx's native engine; another protocol
+    /// runs on Mooncake's own library, which must be named by path
+    /// (`PDX_MOONCAKE_LIB`), since its file name is this library's. One
+    /// transport per engine; installing the installed one again is a no-op.
+    pub fn install(&self, protocol: &str) -> McResult<()> {
+        let protocol = protocol.trim();
+        let mut slot = self.transport.write();
+        if let Some(t) = &*slot {
+            if t.protocol == protocol {
+                return Ok(());
+            }
+            return Err(McError::new(
+                Code::NotSupportedTransport,
+                format!(
+                    "this engine already runs {:?}; pdx serves one transport per engine (uninstallTransport it first)",
+                    t.protocol
+                ),
+            ));
+        }
+        let mut options = EngineOptions::new();
+        options.set("metadata_server", Some(&self.metadata))?;
+        let base = ProcessEnv;
+        let choice = pdx::backend::choose(&base, &self.host, Some(protocol), None, &options)?;
+        let serving = pdx::backend::serving(
+            &choice.protocol,
+            &pdx::config::engine_options::OptionsEnv { base: &base, options: &options },
+        )?;
+        let native = serving.engine == "native";
+        if !native {
+            check_mooncake_library(&choice.protocol)?;
+        }
+        let (backend, choice) = pdx::backend::start_with(&self.host, Some(protocol), None, &options)?;
+        log::info!(
+            "{} serves Mooncake's C API over {} ({})",
+            backend.session_id(),
+            backend.protocol(),
+            if native { "pdx's native engine" } else { "Mooncake's library" }
+        );
+        *slot = Some(Installed { protocol: choice.protocol, backend: Arc::from(backend), native });
+        Ok(())
+    }
+
+    /// `uninstallTransport`: stop the transport named `protocol`.
+    pub fn uninstall(&self, protocol: &str) -> McResult<()> {
+        let mut slot = self.transport.write();
+        match &*slot {
+            Some(t) if t.protocol == protocol.trim() => {
+                t.backend.stop();
+                *slot = None;
+                Ok(())
+            }
+            Some(t) => {
+                Err(McError::invalid(format!("{protocol:?} is not installed (this engine runs {:?})", t.protocol)))
+            }
+            None => Err(McError::invalid(format!("{protocol:?} is not installed (no transport is)"))),
+        }
+    }
+
+    /// `getLocalIpAndPort`: `host:rpc_port`, the name peers open this
+    /// engine's segment by.
+    pub fn local_name(&self) -> String {
+        match &*self.transport.read() {
+            Some(t) => t.backend.session_id().to_owned(),
+            None => format!("{}:{}", self.host, self.rpc_port),
+        }
+    }
+
+    pub fn protocol(&self) -> Option<String> {
+        self.transport.read().as_ref().map(|t| t.protocol.clone())
+    }
+
+    // ------------------------------------------------------------ segments
+
+    /// Reach `name` once: fetch its descriptor (the native engine), or open
+    /// it in Mooncake's engine.
+    fn reach(&self, name: &str) -> McResult<()> {
+        let (backend, native) = self.installed()?;
+        let reached = if native { backend.first_buffer_address(name).map(drop) } else { backend.probe(name) };
+        reached.map_err(|e| {
+            let mut err = McError::from(e.clone());
+            if e.kind() == ErrorKind::PeerUnreachable && !resolves(name) {
+                err.code = Code::Dns;
+            }
+            err.message = format!("cannot open segment {name:?}: {}", e.message());
+            err
+        })
+    }
+
+    /// `openSegment` (`refresh`: `openSegmentNoCache`): the segment's id,
+    /// the same for the same name as long as it is open; 0 for this
+    /// engine's own name.
+    pub fn open_segment(&self, name: &str, refresh: bool) -> McResult<SegmentId> {
+        let name = name.trim_start_matches('/');
+        if name.is_empty() {
+            return Err(McError::invalid("segment name is empty"));
+        }
+        if name == self.local_name() {
+            return Ok(LOCAL_SEGMENT);
+        }
+        if !refresh {
+            if let Some(id) = self.segments.lock().by_name.get(name) {
+                return Ok(*id);
+            }
+        }
+        // The handshake runs unlocked; a concurrent open of the same name
+        // takes the id the first one to finish assigned.
+        self.reach(name)?;
+        let mut s = self.segments.lock();
+        if let Some(id) = s.by_name.get(name) {
+            return Ok(*id);
+        }
+        if s.by_name.len() >= MAX_SEGMENTS {
+            return Err(McError::new(
+                Code::TooManyRequests,
+                format!("{MAX_SEGMENTS} segments are open: close some (closeSegment)"),
+            ));
+        }
+        let id = s.next;
+        s.next = s.next.checked_add(1).ok_or_else(|| McError::new(Code::TooManyRequests, "segment ids exhausted"))?;
+        s.by_name.insert(name.to_owned(), id);
+        s.by_id.insert(id, name.to_owned());
+        Ok(id)
+    }
+
+    /// The session name behind an open segment id (0: this engine).
+    fn session_of(&self, id: SegmentId) -> Option<String> {
+        if id == LOCAL_SEGMENT {
+            return Some(self.local_name());
+        }
+        self.segments.lock().by_id.get(&id).cloned()
+    }
+
+    pub fn close_segment(&self, id: SegmentId) -> McResult<()> {
+        if id == LOCAL_SEGMENT {
+            return Ok(());
+        }
+        let mut s = self.segments.lock();
+        let name = s.by_id.remove(&id).ok_or_else(|| McError::invalid(format!("segment {id} is not open")))?;
+        s.by_name.remove(&name);
+        Ok(())
+    }
+
+    /// `syncSegmentCache`: reach every open segment again; the first
+    /// failure is the result (the others are still tried and logged).
+    pub fn sync_segments(&self) -> McResult<()> {
+        let names: Vec<String> = self.segments.lock().by_name.keys().cloned().collect();
+        let mut first = None;
+        for name in names {
+            if let Err(e) = self.reach(&name) {
+                log::warn!("syncSegmentCache: {}", e.message);
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    // -------------------------------------------------------------- memory
+
+    /// `registerLocalMemory(Batch)`: all or none.
+    pub fn register(&self, regions: &[(u64, u64)], location: &str) -> McResult<()> {
+        for &(addr, len) in regions {
+            if addr == 0 {
+                return Err(McError::invalid("cannot register memory at address NULL"));
+            }
+            if len == 0 {
+                return Err(McError::invalid(format!("cannot register zero bytes at {addr:#x}")));
+            }
+        }
+        let at = Requested::parse(location)?;
+        let backend = self.backend()?;
+        let mut mine = self.regions.write();
+        mine.check_new(regions)?;
+        backend.register_batch_at(regions, at)?;
+        mine.insert_all(regions, |_, _| ())?;
+        Ok(())
+    }
+
+    /// `unregisterLocalMemory(Batch)`: all or none; an address that starts
+    /// no registered region is "address not registered".
+    pub fn unregister(&self, addrs: &[u64]) -> McResult<()> {
+        let backend = self.backend()?;
+        let mut mine = self.regions.write();
+        mine.check_starts(addrs).map_err(|e| McError::new(Code::AddressNotRegistered, e.message()))?;
+        backend.unregister_batch(addrs)?;
+        mine.remove_all(addrs)?;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------- batches
+
+    /// `allocateBatchID`.
+    pub fn allocate_batch(&self, capacity: usize) -> McResult<u64> {
+        let max = self.transport.read().as_ref().map_or(1 << 20, |t| t.backend.max_batch_entries());
+        if capacity > max {
+            return Err(McError::invalid(format!("a batch of {capacity} entries is over the limit of {max}")));
+        }
+        self.reap_orphans();
+        let mut batches = self.batches.lock();
+        if batches.len() >= MAX_BATCHES {
+            return Err(McError::new(
+                Code::TooManyRequests,
+                format!("{MAX_BATCHES} batches are allocated: free finished ones (freeBatchID)"),
+            ));
+        }
+        let id = NEXT_BATCH.fetch_add(1, Ordering::Relaxed);
+        batches.insert(id, Arc::new(Mutex::new(McBatch::new(capacity))));
+        Ok(id)
+    }
+
+    fn batch(&self, id: u64) -> McResult<Arc<Mutex<McBatch>>> {
+        self.batches.lock().get(&id).cloned().ok_or_else(|| {
+            McError::invalid(format!("batch {id:#x} is not a batch of this engine (never allocated, or freed)"))
+        })
+    }
+
+    /// Check every entry before anything starts.
+    fn check_entries(&self, reqs: &[TransferRequest]) -> McResult<Vec<Entry>> {
+        let regions = self.regions.read();
+        let mut out = Vec::with_capacity(reqs.len());
+        let mut known: Option<SegmentId> = None;
+        for (i, r) in reqs.iter().enumerate() {
+            let direction = match r.opcode {
+                OPCODE_READ => Direction::Read,
+                OPCODE_WRITE => Direction::Write,
+                op => {
+                    return Err(McError::invalid(format!("entry {i}: opcode {op} is neither READ (0) nor WRITE (1)")))
+                }
+            };
+            if known != Some(r.target_id) {
+                if r.target_id != LOCAL_SEGMENT && !self.segments.lock().by_id.contains_key(&r.target_id) {
+                    return Err(McError::invalid(format!(
+                        "entry {i}: segment {} is not open (openSegment it first)",
+                        r.target_id
+                    )));
+                }
+                known = Some(r.target_id);
+            }
+            let len = usize::try_from(r.length)
+                .map_err(|_| McError::invalid(format!("entry {i}: length {} is too large", r.length)))?;
+            let local = r.source as usize;
+            if len > 0 {
+                if local == 0 {
+                    return Err(McError::invalid(format!("entry {i}: source is NULL")));
+                }
+                if regions.containing(local as u64, len as u64).is_none() {
+                    return Err(McError::new(
+                        Code::AddressNotRegistered,
+                        format!(
+                            "entry {i}: local range {local:#x}+{len} is not inside one registered region \
+                             (registerLocalMemory it first)"
+                        ),
+                    ));
+                }
+            }
+            out.push(Entry {
+                segment: r.target_id,
+                direction,
+                request: Request { local, remote: r.target_offset, len },
+            });
+        }
+        pdx::transfer::Request::validate_all(&out.iter().map(|e| e.request).collect::<Vec<_>>())?;
+        Ok(out)
+    }
+
+    /// `submitTransfer` / `submitTransferWithNotify` (`notify`: name, msg).
+    ///
+    /// # Safety
+    /// The local memory of every entry stays valid until its task is finished.
+    pub unsafe fn submit(
+        &self,
+        batch: u64,
+        reqs: &[TransferRequest],
+        notify: Option<(String, String)>,
+    ) -> McResult<()> {
+        let b = self.batch(batch)?;
+        if notify.is_some() && reqs.is_empty() {
+            return Err(McError::invalid("entries must not be empty when a notification rides on them"));
+        }
+        let backend = self.backend()?;
+        let entries = self.check_entries(reqs)?;
+        let mut b = b.lock();
+        if entries.len() > b.room() {
+            return Err(McError::new(
+                Code::TooManyRequests,
+                format!("{} entries do not fit: the batch has room for {} more", entries.len(), b.room()),
+            ));
+        }
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let groups = group(entries.iter().map(|e| (e.segment, e.direction)));
+        // One pdx batch that is all of this Mooncake batch carries the
+        // notification itself (sent once every byte landed); otherwise this
+        // layer sends it when every task has completed, as Mooncake does.
+        let mut ride = None;
+        if let Some((name, msg)) = notify {
+            if b.is_empty() && groups.len() == 1 {
+                ride = Some((name, msg));
+            } else {
+                let session = self
+                    .session_of(entries[0].segment)
+                    .ok_or_else(|| McError::invalid(format!("segment {} is not open", entries[0].segment)))?;
+                b.deferred = Some(Deferred { session, name, msg });
+            }
+        }
+        let base = b.open_submit(entries.len());
+        for ((segment, direction), positions) in groups {
+            let session = self
+                .session_of(segment)
+                .ok_or_else(|| McError::invalid(format!("segment {segment} was closed during the submit")))?;
+            let reqs: Vec<Request> = positions.iter().map(|p| entries[*p].request).collect();
+            // SAFETY: the caller keeps the local memory valid until the tasks finish.
+            let id = unsafe { backend.submit(&session, direction, reqs, ride.take()) }
+                .map_err(|e| McError::from(e.clone()).with_context(format!("submit to {session}")))?;
+            b.started(base, id, &positions);
+        }
+        Ok(())
+    }
+
+    /// `getTransferStatus`: the task's state as Mooncake numbers it and the
+    /// bytes it moved; a completed task whose batch is all completed sends
+    /// the batch's notification if this layer holds it.
+    pub fn task_status(&self, batch: u64, task: usize) -> McResult<(TaskState, u64)> {
+        let b = self.batch(batch)?;
+        let backend = self.backend()?;
+        let slot = b
+            .lock()
+            .task(task)
+            .map_err(|n| McError::invalid(format!("task {task} is out of range (batch {batch:#x} has {n} tasks)")))?;
+        let Some((id, index)) = slot else {
+            pdx::ffi::set_last_error(&format!("task {task} of batch {batch:#x} never started: its submit failed"));
+            return Ok((TaskState::Failed, 0));
+        };
+        let t = backend.task_summary(id, index)?;
+        if let Some(e) = &t.error {
+            pdx::ffi::set_last_error(&format!("task {task} of batch {batch:#x} failed: {}", e.message()));
+        }
+        if t.state == TaskState::Completed {
+            self.send_deferred(&b, &*backend);
+        }
+        Ok((t.state, t.bytes))
+    }
+
+    /// Send the batch's notification if this layer holds it and every task
+    /// has completed (once; a failure is logged, the transfers stand).
+    fn send_deferred(&self, b: &Mutex<McBatch>, backend: &dyn TransferBackend) {
+        let deferred = {
+            let mut b = b.lock();
+            if b.deferred.is_none() || b.has_unstarted() {
+                return;
+            }
+            let all = b
+                .subs()
+                .iter()
+                .all(|id| backend.batch_summary(*id).is_ok_and(|s| s.completed == s.total && s.failed == 0));
+            if !all {
+                return;
+            }
+            b.deferred.take()
+        };
+        if let Some(d) = deferred {
+            if let Err(e) = backend.notify(&d.session, &d.name, &d.msg) {
+                log::error!("notification {:?} to {} failed: {}", d.msg, d.session, e.message());
+            }
+        }
+    }
+
+    /// `freeBatchID`: "batch busy" while a task is in flight.
+    pub fn free_batch(&self, batch: u64) -> McResult<()> {
+        let b = self.batch(batch)?;
+        let backend = self.backend()?;
+        let subs: Vec<u64> = b.lock().subs().to_vec();
+        for id in &subs {
+            if backend.batch_summary(*id).is_ok_and(|s| s.in_flight() > 0) {
+                return Err(McError::new(
+                    Code::BatchBusy,
+                    format!("batch {batch:#x} cannot be freed until all its tasks are done"),
+                ));
+            }
+        }
+        self.send_deferred(&b, &*backend);
+        if self.batches.lock().remove(&batch).is_none() {
+            return Err(McError::invalid(format!("batch {batch:#x} was freed by another thread")));
+        }
+        let mut orphans = self.orphans.lock();
+        for id in subs {
+            if let Err(e) = backend.batch_free(id) {
+                if e.kind() == ErrorKind::Busy {
+                    orphans.push(id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Free the pdx batches whose notification has gone out since.
+    fn reap_orphans(&self) {
+        let Ok(backend) = self.backend() else { return };
+        self.orphans.lock().retain(|id| backend.batch_free(*id).is_err_and(|e| e.kind() == ErrorKind::Busy));
+    }
+
+    // ------------------------------------------------------- notifications
+
+    /// Every notification received so far, oldest first, out of the backend
+    /// and into this engine's inbox; `take` hands them over (`put_back`
+    /// returns them when they could not be delivered).
+    pub fn take_notifications(&self) -> McResult<VecDeque<(String, String)>> {
+        let backend = self.backend()?;
+        let mut inbox = self.inbox.lock();
+        inbox.extend(backend.drain_notifications());
+        Ok(std::mem::take(&mut *inbox))
+    }
+
+    pub fn put_back(&self, mut notes: VecDeque<(String, String)>) {
+        let mut inbox = self.inbox.lock();
+        notes.append(&mut inbox);
+        *inbox = notes;
+    }
+
+    /// `genNotifyInEngine`: a notification with no transfer.
+    pub fn notify(&self, segment: u64, name: &str, msg: &str) -> McResult<()> {
+        let backend = self.backend()?;
+        let session = i32::try_from(segment).ok().and_then(|id| self.session_of(id)).ok_or_else(|| {
+            McError::new(Code::Metadata, format!("segment {segment} is not open (openSegment it first)"))
+        })?;
+        backend
+            .notify(&session, name, msg)
+            .map_err(|e| McError::from(e.clone()).with_context(format!("notify {session}")))
+    }
+
+    // ---------------------------------------------------------- reporting
+
+    /// `getNicLoadStats`: the rails of multi-rail TCP, if any (name, bytes
+    /// confirmed); none otherwise, as Mooncake's TCP transport has none.
+    pub fn nic_rails(&self) -> McResult<Vec<(String, u64)>> {
+        let backend = self.backend()?;
+        Ok(backend.metrics().rails.into_iter().filter(|r| r.1).map(|r| (r.0, r.2)).collect())
+    }
+
+    /// `showLinks`: this engine, its transport, and every open segment with
+    /// what pdx knows of the peer.
+    pub fn links(&self, json: bool) -> McResult<String> {
+        let backend = self.backend()?;
+        let mut segments: Vec<(SegmentId, String)> =
+            self.segments.lock().by_id.iter().map(|(id, name)| (*id, name.clone())).collect();
+        segments.sort();
+        let peers: Vec<serde_json::Value> = segments
+            .iter()
+            .map(|(id, name)| {
+                let info = backend.peer_info(name).unwrap_or(serde_json::Value::Null);
+                serde_json::json!({"segment_id": id, "name": name, "peer": info})
+            })
+            .collect();
+        if json {
+            let v = serde_json::json!({
+                "local": backend.session_id(),
+                "protocol": backend.protocol(),
+                "segments": peers,
+            });
+            return Ok(v.to_string());
+        }
+        let mut text = format!("{} over {}\n", backend.session_id(), backend.protocol());
+        for p in &peers {
+            text.push_str(&format!(
+                "segment {} {}: {}\n",
+                p["segment_id"],
+                p["name"].as_str().unwrap_or(""),
+                p["peer"]
+            ));
+        }
+        Ok(text)
+    }
+
+    pub fn enable_graceful_shutdown(&self) {
+        self.graceful.store(true, Ordering::Relaxed);
+    }
+
+    /// `destroyTransferEngine`: after `enableGracefulShutdown`, in-flight
+    /// batches finish first (30 s at most); then the transport stops.
+    pub fn shutdown(&self) {
+        let Some(t) = self.transport.write().take() else { return };
+        if self.graceful.load(Ordering::Relaxed) {
+            let deadline = Instant::now() + GRACEFUL_WAIT;
+            let batches: Vec<Arc<Mutex<McBatch>>> = self.batches.lock().values().cloned().collect();
+            for b in batches {
+                let subs = b.lock().subs().to_vec();
+                for id in subs {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if let Err(e) = t.backend.batch_wait(id, left) {
+                        log::warn!("destroyTransferEngine: {}", e.message());
+                    }
+                }
+            }
+        }
+        t.backend.stop();
+    }
+}
+
+impl McError {
+    fn with_context(mut self, what: impl std::fmt::Display) -> McError {
+        self.message = format!("{what}: {}", self.message);
+        self
+    }
+}
+
+/// Whether a segment name's host resolves (telling "no such host" from
+/// "not reachable", as Mooncake's DNS and socket errors do).
+fn resolves(name: &str) -> bool {
+    match pdx::transfer::host::parse_session(name, DEFAULT_HANDSHAKE_PORT) {
+        Ok(a) => (a.host.as_str(), a.port).to_socket_addrs().is_ok_and(|mut it| it.next().is_some()),
+        Err(_) => false,
+    }
+}
+
+/// The transport `createTransferEngine(..., auto_discover)` installs, as
+/// Mooncake's discovery picks it: `tcp` when `MC_FORCE_TCP` is set or the
+/// machine has no RDMA device; `rdma` when it has one and Mooncake's own
+/// library is named (`PDX_MOONCAKE_LIB`) to run it. With devices but no
+/// library named it serves `tcp` and says so in the log.
+pub fn discovered_protocol(env: &dyn Env) -> String {
+    if env.var(vars::MC_FORCE_TCP.name).is_some() {
+        return "tcp".to_owned();
+    }
+    let devices = std::fs::read_dir(pdx::config::ib_device::DEFAULT_SYSFS_ROOT).map(|d| d.count()).unwrap_or(0);
+    if devices == 0 {
+        return "tcp".to_owned();
+    }
+    if env::read::<String>(env, &vars::PDX_MOONCAKE_LIB).is_some_and(|p| p.contains('/')) {
+        return "rdma".to_owned();
+    }
+    log::warn!(
+        "{devices} RDMA device(s) found, but pdx's libtransfer_engine.so serves tcp itself and no Mooncake library \
+         is named for rdma (PDX_MOONCAKE_LIB=<path>); serving tcp (set MC_FORCE_TCP=1 to choose it explicitly)"
+    );
+    "tcp".to_owned()
+}
+
+/// A protocol pdx does not serve itself runs on Mooncake's own library,
+/// which must be named by a path (its file name is this library's own), and
+/// must not be this library.
+fn check_mooncake_library(protocol: &str) -> McResult<()> {
+    let unsupported = |why: String| McError::new(Code::NotSupportedTransport, format!("protocol {protocol:?}: {why}"));
+    let Some(path) = env::read::<String>(&ProcessEnv, &vars::PDX_MOONCAKE_LIB).filter(|p| p.contains('/')) else {
+        return Err(unsupported(
+            "pdx's libtransfer_engine.so serves tcp itself; other protocols run on Mooncake's own library, named by \
+             its path in PDX_MOONCAKE_LIB (e.g. /opt/mooncake/lib/libtransfer_engine.so)"
+                .to_owned(),
+        ));
+    };
+    let real = std::fs::canonicalize(&path).map_err(|e| unsupported(format!("PDX_MOONCAKE_LIB={path}: {e}")))?;
+    if own_path().is_some_and(|own| own == real) {
+        return Err(unsupported(format!(
+            "PDX_MOONCAKE_LIB={path} is pdx's own libtransfer_engine.so; name Mooncake's library instead"
+        )));
+    }
+    Ok(())
+}
+
+/// The file this library was loaded from.
+fn own_path() -> Option<std::path::PathBuf> {
+    let mut info: libc::Dl_info = empty_dl_info();
+    let here = own_path as *const c_void;
+    // SAFETY: dladdr only reads the address and fills `info`.
+    if unsafe { libc::dladdr(here, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr gives a NUL-terminated name owned by the loader.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_str().ok()?;
+    std::fs::canonicalize(name).ok()
+}
+
+fn empty_dl_info() -> libc::Dl_info {
+    libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    }
+}
