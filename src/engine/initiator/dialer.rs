@@ -93,7 +93,7 @@ pub fn connect_by(settings: &Settings, host: &str, port: u16, by: Option<Instant
 
 /// Tries a repeatable handshake exchange gets when the target closes it
 /// before any reply (see [`Dialer::exchange_by`]).
-pub const HANDSHAKE_TRIES: usize = 6;
+pub(crate) const HANDSHAKE_TRIES: usize = 6;
 
 /// The error of the last of several tries, naming each try and why it failed.
 fn tries_error(last: Error, failures: &[String]) -> Error {
