@@ -249,19 +249,33 @@ pub(crate) fn confirm(
     Ok(answer)
 }
 
+/// How long a target waits for the initiator's reply to its challenge.
+const CHALLENGE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The target's side of a same-host challenge on `conn`: send `nonce` (in
 /// a reply that also names this engine's instance `own`) and wait for the
 /// initiator's `same_host_written`; `Err` says why it did not come.
 pub(crate) fn challenge(conn: &mut Conn, own: &str, nonce: &str) -> std::result::Result<(), String> {
     let reply = Body { instance: Some(own.to_owned()), same_host_challenge: Some(nonce.to_owned()), ..Body::default() };
     conn.send_all(&encode_reply_body(&reply)).map_err(|e| format!("sending it: {e}"))?;
+    // The reply needs a round trip: wait through the socket's receive
+    // slices (a loaded initiator may take longer than one), up to a bound.
+    let by = std::time::Instant::now() + CHALLENGE_WAIT;
+    let mut recv_by = |out: &mut [u8]| loop {
+        match conn.recv_exact(out) {
+            Err(e)
+                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+                    && std::time::Instant::now() < by => {}
+            r => return r,
+        }
+    };
     let mut header = [0u8; HEADER_LEN];
-    conn.recv_exact(&mut header).map_err(|e| format!("waiting for the reply: {e}"))?;
+    recv_by(&mut header).map_err(|e| format!("waiting for the reply: {e}"))?;
     let Some(len) = is_hello(&header).then(|| request_body_len(&header)).flatten() else {
         return Err("a request came instead of the reply".to_owned());
     };
     let mut body = vec![0u8; len];
-    conn.recv_exact(&mut body).map_err(|e| format!("its reply was cut short: {e}"))?;
+    recv_by(&mut body).map_err(|e| format!("its reply was cut short: {e}"))?;
     match decode(&body) {
         Some(b) if b.same_host_written => Ok(()),
         _ => Err("its reply does not say it wrote the nonce".to_owned()),
