@@ -93,6 +93,10 @@ exe=$tmp/c_static
 "$cc" "${cflags[@]}" "$src/c_tests/consumers/loopback.c" -o "$exe" \
   $(PKG_CONFIG_PATH=$(dirname "$(find "$sprefix" -name pdx.pc)") pkg-config --static --cflags --libs pdx)
 needed "$exe" | grep -q libpdx && fail "c_static still needs libpdx.so"
+# The README's static-link list is what the installed pdx.pc prints.
+static_libs=$(PKG_CONFIG_PATH=$(dirname "$(find "$sprefix" -name pdx.pc)") pkg-config --static --libs-only-l pdx | xargs)
+grep -qF -- "\`$static_libs\`" "$src/README.md" ||
+  fail "README.md's static-link list differs from pkg-config --static --libs-only-l: $static_libs"
 "$exe"
 
 echo "== C++17, find_package(pdx)"

@@ -130,7 +130,9 @@ struct InitiatorOpts {
     /// Block sizes to sweep (comma list).
     #[arg(long, value_delimiter = ',', default_values = ["4K", "64K", "1M", "16M", "64M"], value_parser = report::parse_bytes)]
     block: Vec<usize>,
-    /// Entries per batch call (1 = single requests).
+    /// Entries per batch call: 0 (the default) picks by block size (256 up
+    /// to 64 KiB, as KV pages travel; 16 up to 1 MiB; single requests
+    /// above); 1 = single requests.
     #[arg(long, default_value_t = 0)]
     batch: usize,
     /// Bytes to move per block size (the run stops at this or --duration).

@@ -14,10 +14,25 @@ and a bystander process whose memory the attacker must never reach:
 - `setuid-exec`: a root attacker is granted the link; the child then execs a
   set-uid (uid 1000) program that keeps the sockets and the pid.
 
+(In these three the root attacker answers the target's challenge for its
+child by writing the nonce into the child's memory through /proc: root may.)
+
 For each, two granted-or-not connections send one same-host read (region to
 bystander) and one same-host write (bystander to region), and the scenario
 reports what the target answered, whether the bystander's secret reached the
 region and whether the bystander's memory changed.
+
+Three more, where the process named is the one whose memory is at stake:
+
+- `inherited-socket`: a root process connects to the data port and forks;
+  the child drops to uid 65534, keeps the socket and offers the link naming
+  its parent (the probe address and bytes it knows from the fork), while
+  the parent writes a secret after the fork. The child cannot write the
+  target's nonce into its parent's memory.
+- `scm-rights`: the same, but the uid-65534 process gets the socket from
+  the root process over a Unix socket (SCM_RIGHTS), not by inheritance.
+- `same-uid-control`: a process that names itself and writes the nonce into
+  its own memory, as pdx does: granted, and its copies work.
 """
 
 from __future__ import annotations
@@ -41,20 +56,56 @@ OP_HELLO, OP_LOCAL_READ, OP_LOCAL_WRITE = 0x50, 0x52, 0x53
 REPLY_MAGIC, STATUS_MAGIC = 0x50445848, 0x4D435456
 SECRET_LEN = 64
 
-# The attacker: speaks the data port's protocol itself. Commands arrive as
-# JSON lines on stdin; results go out as JSON lines on stdout.
-ATTACKER = r'''
+# The data port's hello, as an attacker speaks it (docs/wire.md): `hello`
+# sends one request and reads one reply; `offer_link` sends an offer and
+# returns the target's answer, meeting a challenge with `write_nonce(bytes)`
+# (which returns whether it wrote them) and "written" either way.
+HELLO = r'''
 import ctypes, json, os, signal, socket, struct, sys, time
-port, claimed_uid, exec_argv = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
-def out(**kw):
-    print(json.dumps(kw), flush=True)
 def hello(sock, body):
     raw = json.dumps(body).encode()
     sock.sendall(struct.pack("<Q", len(raw)) + b"pdxhello" + bytes([0x50]) + bytes(7) + raw)
     prefix = recv_exact(sock, 8)
+    if prefix is None or len(prefix) < 8:
+        return None
     word = struct.unpack("<Q", prefix)[0]
     assert word >> 32 == 0x50445848, prefix
     return json.loads(recv_exact(sock, word & 0xffffffff))
+def offer_link(sock, instance, offer, write_nonce):
+    reply = hello(sock, {"instance": instance, "same_host": dict(offer, nonce_proof=True)})
+    challenged = reply is not None and "same_host_challenge" in reply
+    wrote = None
+    if challenged:
+        wrote = write_nonce(bytes.fromhex(reply["same_host_challenge"]))
+        raw = json.dumps({"same_host_written": True}).encode()
+        sock.sendall(struct.pack("<Q", len(raw)) + b"pdxhello" + bytes([0x50]) + bytes(7) + raw)
+        prefix = recv_exact(sock, 8)
+        reply = None if prefix is None else json.loads(recv_exact(sock, struct.unpack("<Q", prefix)[0] & 0xffffffff))
+    answer = None if reply is None else reply.get("same_host_answer")
+    return dict(answer or {"accepted": False, "reason": "closed"}, challenged=challenged, wrote=wrote)
+def write_mem(pid, addr, data):
+    try:
+        with open(f"/proc/{pid}/mem", "r+b", buffering=0) as f:
+            f.seek(addr)
+            f.write(data)
+        return True
+    except OSError:
+        return False
+def instance_of(port):
+    first = socket.create_connection(("127.0.0.1", port))
+    instance = hello(first, {"instance": "0" * 32})["instance"]
+    first.close()
+    return instance
+def frames(sock, todo):
+    results = []
+    for op, remote, size, local in todo:
+        try:
+            sock.sendall(struct.pack("<QQB7xQ", size, remote, op, local))
+            status = recv_exact(sock, 8)
+        except OSError:
+            status = None
+        results.append(None if status is None or len(status) < 8 else struct.unpack("<Q", status)[0])
+    return results
 def recv_exact(sock, n):
     got = b""
     while len(got) < n:
@@ -63,9 +114,15 @@ def recv_exact(sock, n):
             return None if not got else got
         got += part
     return got
-first = socket.create_connection(("127.0.0.1", port))
-instance = hello(first, {"instance": "0" * 32})["instance"]
-first.close()
+def out(**kw):
+    print(json.dumps(kw), flush=True)
+'''
+
+# The attacker: speaks the data port's protocol itself. Commands arrive as
+# JSON lines on stdin; results go out as JSON lines on stdout.
+ATTACKER = HELLO + r'''
+port, claimed_uid, exec_argv = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+instance = instance_of(port)
 probe = ctypes.create_string_buffer(os.urandom(16), 16)
 conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
 for c in conns:
@@ -90,7 +147,9 @@ offer = {
     "probe_addr": ctypes.addressof(probe),
     "probe": probe.raw.hex(),
 }
-answers = [hello(c, {"instance": instance, "same_host": offer}).get("same_host_answer") for c in conns]
+# Root may write into its child's memory (the child has the probe at the
+# same address, copied by fork): the named process "answers".
+answers = [offer_link(c, instance, offer, lambda n: write_mem(child, ctypes.addressof(probe), n)) for c in conns]
 out(answers=answers, child=child)
 for line in sys.stdin:
     cmd = json.loads(line)
@@ -102,18 +161,87 @@ for line in sys.stdin:
         os.waitpid(child, 0)
         out(freed=child)
     elif cmd["do"] == "frames":
-        results = []
-        for c, (op, remote, size, local) in zip(conns, cmd["frames"]):
-            c.sendall(struct.pack("<QQB7xQ", size, remote, op, local))
-            status = recv_exact(c, 8)
-            results.append(None if status is None else struct.unpack("<Q", status)[0])
-        out(statuses=results)
+        out(statuses=[frames(c, [f])[0] for c, f in zip(conns, cmd["frames"])])
     elif cmd["do"] == "exit":
         try:
             os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
         break
+'''
+
+# The process whose memory is at stake names itself (by its child, or by a
+# process it hands the socket to); argv: port, region base, mode
+# ("inherited-socket", "scm-rights" or "same-uid-control"). It prints one
+# JSON line: the answer and statuses the speaker saw, its secret (drawn after
+# the fork) and that secret's bytes at the end.
+VICTIM = HELLO + r'''
+port, base, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+instance = instance_of(port)
+probe = ctypes.create_string_buffer(os.urandom(16), 16)
+secret = ctypes.create_string_buffer(64)
+me = os.getpid()
+offer = {
+    "host": {
+        "boot_id": open("/proc/sys/kernel/random/boot_id").read().strip(),
+        "pid_ns": os.stat("/proc/self/ns/pid").st_ino,
+        "pid": me,
+        "uid": os.geteuid(),
+    },
+    "probe_addr": ctypes.addressof(probe),
+    "probe": probe.raw.hex(),
+}
+todo = [(0x53, base + 4096, 64, ctypes.addressof(secret)), (0x52, base, 64, ctypes.addressof(secret))]
+def speak(sock, write_nonce):
+    answer = offer_link(sock, instance, offer, write_nonce)
+    return {"answer": answer, "statuses": frames(sock, todo)}
+if mode == "same-uid-control":
+    secret.raw = os.urandom(64)
+    sock = socket.create_connection(("127.0.0.1", port))
+    def own(n):
+        ctypes.memmove(ctypes.addressof(probe), n, len(n))
+        return True
+    drawn = secret.raw.hex()
+    got = speak(sock, own)
+    out(secret=drawn, now=secret.raw.hex(), **got)
+    sys.exit(0)
+inherited = mode == "inherited-socket"
+sock = socket.create_connection(("127.0.0.1", port)) if inherited else None
+unix_a, unix_b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+go_r, go_w = os.pipe()
+child = os.fork()
+if child == 0:
+    unix_a.close()
+    os.close(go_w)
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+    if not inherited:
+        _, fds, _, _ = socket.recv_fds(unix_b, 1, 1)
+        sock = socket.socket(fileno=fds[0])
+    os.read(go_r, 1)  # the parent's secret is in place
+    # The best such a process can do: try to write the nonce into the
+    # parent (the kernel refuses: another user), and claim it did.
+    got = speak(sock, lambda n: write_mem(me, ctypes.addressof(probe), n))
+    unix_b.sendall(json.dumps(got).encode() + b"\n")
+    os._exit(0)
+unix_b.close()
+os.close(go_r)
+if not inherited:
+    sock = socket.create_connection(("127.0.0.1", port))
+    socket.send_fds(unix_a, [b"x"], [sock.fileno()])
+secret.raw = os.urandom(64)  # after the fork: the child never saw it
+drawn = secret.raw.hex()
+os.write(go_w, b"x")
+line = b""
+while not line.endswith(b"\n"):
+    part = unix_a.recv(65536)
+    if not part:
+        break
+    line += part
+os.waitpid(child, 0)
+got = json.loads(line) if line else {"answer": None, "statuses": []}
+out(secret=drawn, now=secret.raw.hex(), **got)
 '''
 
 # The bystander: holds a secret of its own at an address it reports.
@@ -246,6 +374,31 @@ def scenario(name: str, pdx, tmp: Path) -> dict:
     }
 
 
+def victim_scenario(name: str, pdx) -> dict:
+    """A root process whose memory is at stake (see VICTIM) against a root target."""
+    engine = pdx.Engine("127.0.0.1", "tcp")
+    region = bytearray(b"R" * (1 << 20))
+    base = engine.register(region)
+    port = _data_port(engine)
+    p = subprocess.run([SYSTEM_PYTHON, "-c", VICTIM, str(port), str(base), name], capture_output=True, text=True,
+                       timeout=60, cwd="/")
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    engine.close()
+    secret = bytes.fromhex(got["secret"])
+    return {
+        "scenario": name,
+        "answers": [got["answer"]],
+        "statuses": [None if s is None else {"magic_ok": s >> 32 == STATUS_MAGIC, "code": s & 0xffffffff}
+                     for s in got["statuses"]],
+        "secret_reached_region": secret in bytes(region),
+        "bystander_changed": bytes.fromhex(got["now"]) != secret,
+    }
+
+
+VICTIM_SCENARIOS = ["inherited-socket", "scm-rights", "same-uid-control"]
+
+
 def _send_exit(attacker: subprocess.Popen) -> None:
     attacker.stdin.write(json.dumps({"do": "exit"}) + "\n")
     attacker.stdin.flush()
@@ -255,11 +408,14 @@ def _send_exit(attacker: subprocess.Popen) -> None:
 def main() -> int:
     import pdx
 
-    names = sys.argv[1:] or ["claimed-uid", "reused-pid", "setuid-exec"]
+    names = sys.argv[1:] or ["claimed-uid", "reused-pid", "setuid-exec", *VICTIM_SCENARIOS]
     with tempfile.TemporaryDirectory() as d:
         os.chmod(d, 0o755)
         for name in names:
-            print(json.dumps(scenario(name, pdx, Path(d))), flush=True)
+            if name in VICTIM_SCENARIOS:
+                print(json.dumps(victim_scenario(name, pdx)), flush=True)
+            else:
+                print(json.dumps(scenario(name, pdx, Path(d))), flush=True)
     return 0
 
 

@@ -36,7 +36,7 @@ def test_completed_work_is_split_by_path():
         assert value(fa, "pdx_transferred_bytes", "pdx_transferred_bytes_total", **w) == w_bytes
         assert value(fa, "pdx_transferred_bytes", "pdx_transferred_bytes_total", **r) == r_bytes
         assert value(fa, "pdx_tasks_completed", "pdx_tasks_completed_total", **w) == w_tasks
-    assert info["path"] == "same-host" and "probe copy" in info["reason"], info
+    assert info["path"] == "same-host" and "nonce" in info["reason"], info
     assert (info["same_host_bytes_written"], info["same_host_bytes_read"]) == (1030, 500)
 
 

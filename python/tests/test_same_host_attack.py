@@ -1,9 +1,13 @@
 """The same-host link's trust rests on the kernel's word, never the client's:
-a client claiming another uid, a pid reused after the check, and a set-uid
-exec of the process granted the link (same_host_attack.py, run as root in a
+a client claiming another uid, a pid reused after the check, a set-uid
+exec of the process granted the link, and a process of another user that
+holds a root process's connection (inherited through fork, or passed with
+SCM_RIGHTS) and names that process (same_host_attack.py, run as root in a
 fresh pid namespace so pids can be reused on purpose). In every case nothing
 of the bystander reaches the target's region and the bystander's memory does
-not change. Skipped, with the reason, where that cannot be arranged."""
+not change; a process that names itself and answers the challenge as pdx
+does still gets the link. Skipped, with the reason, where that cannot be
+arranged."""
 
 from __future__ import annotations
 
@@ -63,3 +67,29 @@ def test_a_set_uid_exec_ends_the_copies(outcomes):
     assert all(a["accepted"] for a in r["answers"]), r
     untouched(r)
     assert all(s is not None and s["code"] >> 8 == 1 for s in r["statuses"]), r  # EPERM from the kernel
+
+
+def test_a_process_holding_an_inherited_socket_cannot_name_its_parent(outcomes):
+    r = outcomes["inherited-socket"]
+    for a in r["answers"]:
+        assert a["challenged"] and not a["wrote"], a  # the kernel refused its write into the parent
+        assert not a["accepted"] and "did not write the peer's nonce" in a["reason"], a
+    untouched(r)
+
+
+def test_a_socket_passed_with_scm_rights_cannot_name_its_sender(outcomes):
+    r = outcomes["scm-rights"]
+    for a in r["answers"]:
+        assert a["challenged"] and not a["wrote"], a
+        assert not a["accepted"] and "did not write the peer's nonce" in a["reason"], a
+    untouched(r)
+
+
+def test_a_process_that_names_itself_and_answers_gets_the_link(outcomes):
+    r = outcomes["same-uid-control"]
+    (a,) = r["answers"]
+    assert a["challenged"] and a["accepted"] and "nonce" in a["reason"], a
+    # Its copies ran: its secret reached the region (write), and the read
+    # brought region bytes back into it.
+    assert r["secret_reached_region"] and r["bystander_changed"], r
+    assert all(s is not None and s["magic_ok"] and s["code"] == 0 for s in r["statuses"]), r

@@ -98,9 +98,12 @@ const BAD_MAPPING_FORMAT: &str =
 ///   [`IbDeviceConfig::AllGpus`] with the trimmed text (not split).
 /// - `*.json` → the file is read as UTF-8 JSON (`RuntimeError`s
 ///   `File {path} does not exist.`, `Failed to parse JSON content from file {path}`,
-///   `Failed to read JSON file {path}: {err}`). Unlike SGLang, a path that
-///   is not a regular file says what it is (`File {path} is a FIFO (named
-///   pipe), not a regular file.`), and a file over
+///   `Failed to read JSON file {path}: {err}`). A path that is not a
+///   regular file gets SGLang's `File {path} does not exist.` (its
+///   `os.path.isfile` is false too), with what it is in a log line. Unlike
+///   SGLang, a file of `/proc`, `/sys` or another kernel pseudo-filesystem
+///   is refused unread (`Failed to read JSON file {path}: it is a file of
+///   /proc (procfs), not a file of stored bytes`), and a file over
 ///   `MAX_MAPPING_FILE_BYTES` (1 MiB) is refused (`Failed to read JSON file
 ///   {path}: it holds N bytes, over the limit of 1048576`).
 /// - `{...}` → inline JSON (`ValueError` `Invalid JSON mapping: {text}`).
@@ -122,10 +125,15 @@ pub fn parse_ib_device_config(text: Option<&str>) -> Result<Option<IbDeviceConfi
             Err(ConfigFileError::Unreachable(_)) => {
                 return Err(Error::runtime_error(format!("File {input} does not exist.")))
             }
-            // SGLang's `os.path.isfile` says "does not exist" here too; pdx
-            // says what it is, and never opens a FIFO or a device to read.
+            // SGLang's `os.path.isfile` is false here too: its text, and
+            // what the path is in the log (pdx never opens a FIFO or a
+            // device to read).
             Err(ConfigFileError::NotRegular(what)) => {
-                return Err(Error::runtime_error(format!("File {input} is {what}, not a regular file.")))
+                log::warn!("IB device mapping {input}: it is {what}, not a regular file");
+                return Err(Error::runtime_error(format!("File {input} does not exist.")));
+            }
+            Err(e @ ConfigFileError::Pseudo(_)) => {
+                return Err(Error::runtime_error(format!("Failed to read JSON file {input}: {e}")))
             }
             Err(ConfigFileError::Io(e)) => {
                 return Err(Error::runtime_error(format!(
@@ -441,12 +449,13 @@ mod tests {
         assert_eq!(e.message(), "'utf-8' codec can't decode byte 0xe9 in position 7: invalid continuation byte");
 
         // A directory, a FIFO or a device named *.json is not read (a FIFO
-        // would block, a device could be endless), and says what it is.
+        // would block, a device could be endless): SGLang's text, for which
+        // `os.path.isfile` is false too (the log says what it is).
         let d = dir.path().join("dir.json");
         std::fs::create_dir(&d).unwrap();
         assert_eq!(
             parse_ib_device_config(Some(d.to_str().unwrap())).unwrap_err().message(),
-            format!("File {} is a directory, not a regular file.", d.display())
+            format!("File {} does not exist.", d.display())
         );
         let fifo = dir.path().join("fifo.json");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
@@ -455,16 +464,13 @@ mod tests {
         let e = parse_ib_device_config(Some(fifo.to_str().unwrap())).unwrap_err();
         assert_eq!(
             (e.kind(), e.message()),
-            (
-                ErrorKind::RuntimeError,
-                format!("File {} is a FIFO (named pipe), not a regular file.", fifo.display()).as_str()
-            )
+            (ErrorKind::RuntimeError, format!("File {} does not exist.", fifo.display()).as_str())
         );
         let zero = dir.path().join("zero.json");
         std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
         assert_eq!(
             parse_ib_device_config(Some(zero.to_str().unwrap())).unwrap_err().message(),
-            format!("File {} is a character device, not a regular file.", zero.display())
+            format!("File {} does not exist.", zero.display())
         );
         // A regular file over the bound is refused without being read whole.
         let big = dir.path().join("big.json");

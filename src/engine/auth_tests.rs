@@ -267,3 +267,17 @@ fn an_unauthenticated_same_host_offer_is_never_checked_or_answered() {
     }
     assert!(!samehost::EVALUATED.lock().contains(&marker), "an unauthenticated offer was checked");
 }
+
+/// `/proc` files pass `stat` as regular files (mode 0400, size 0) but are
+/// not secrets: refused by their filesystem, unread (`/proc/kmsg`, which a
+/// read would consume, included).
+#[test]
+fn a_proc_file_is_no_secret() {
+    for path in ["/proc/self/environ", "/proc/kmsg"] {
+        if std::fs::metadata(path).is_err() {
+            continue;
+        }
+        let e = super::server::access::read_secret(path).unwrap_err();
+        assert!(e.message().contains("procfs") && e.message().contains("not a file of stored bytes"), "{e}");
+    }
+}

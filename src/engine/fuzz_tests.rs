@@ -87,6 +87,7 @@ fn seeds() -> Vec<Vec<u8>> {
                 host: identity(),
                 probe_addr: 4096,
                 probe: "00".repeat(16),
+                nonce_proof: true,
                 device_ipc: true,
                 answer_after_proof: false,
             }),
@@ -99,6 +100,16 @@ fn seeds() -> Vec<Vec<u8>> {
                 device_ipc: true,
                 device_reason: "d".into(),
             }),
+            ..Default::default()
+        }),
+        // The target's challenge and the initiator's reply to it.
+        super::protocol::hello::encode_reply_body(&super::protocol::hello::Body {
+            instance: Some("00ff".into()),
+            same_host_challenge: Some("a5".repeat(16)),
+            ..Default::default()
+        }),
+        super::protocol::hello::encode_request_body(&super::protocol::hello::Body {
+            same_host_written: true,
             ..Default::default()
         }),
         super::samehost::window::encode(Direction::Write, &Request { local: 4096, remote: 4096, len: 16 }).to_vec(),

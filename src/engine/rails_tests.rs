@@ -133,3 +133,43 @@ fn a_peer_restarted_with_other_rails_is_paired_afresh() {
     assert!((len..=2 * len).contains(&moved), "a fresh pairing counts only its own bytes: {info}");
     assert!(rails.iter().all(|r| r["state"] == "up"), "{info}");
 }
+
+/// Peers with rails that die and are forgotten take their rail probes with
+/// them: after 40 of them, no probe thread is left and nothing connects to
+/// their dead ports (a probe lived as long as the engine before).
+#[test]
+fn probes_of_dead_peers_stop_once_the_peers_are_forgotten() {
+    if !rails::interfaces().unwrap_or_default().iter().any(|r| r.addr.is_ipv4()) {
+        eprintln!("SKIP: no interface but loopback is up here");
+        return;
+    }
+    let a = engine(Some("auto"), false);
+    let probes = |e: &Engine| {
+        (0..rails::MAX_RAILS)
+            .map(|i| e.inner.registry.live_threads_named(&format!("pdx-rail-probe-{i}")))
+            .sum::<usize>()
+    };
+    let region = vec![0u8; 64 << 10];
+    let src = vec![5u8; 4096];
+    let mut probed = 0;
+    for _ in 0..40 {
+        let b = engine(Some("auto"), false);
+        b.register(region.as_ptr() as u64, region.len() as u64).unwrap();
+        let w = Request { local: src.as_ptr() as usize, remote: region.as_ptr() as u64, len: src.len() };
+        // SAFETY: `src` and `region` outlive the synchronous calls.
+        unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![w]) }.expect("write");
+        let session = b.session_id().to_owned();
+        drop(b);
+        // The next write finds the rail gone: down, probed, and the write fails.
+        // SAFETY: as above.
+        assert!(unsafe { a.transfer_sync(&session, Direction::Write, vec![w]) }.is_err());
+        probed = probed.max(probes(&a));
+    }
+    assert!(probed > 0, "the dead peers' rails were probed");
+    let by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < by && (a.inner.peers.len() > 0 || probes(&a) > 0) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(a.inner.peers.len(), 0, "the dead peers are forgotten");
+    assert_eq!(probes(&a), 0, "no probe outlives its peer");
+}

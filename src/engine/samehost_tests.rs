@@ -51,7 +51,7 @@ fn every_size_moves_over_the_same_host_link_and_is_counted() {
     }
     let (p, why) = path(&a, &b);
     assert_eq!(p, "same-host", "{why}");
-    assert!(why.contains("probe copy"), "{why}");
+    assert!(why.contains("wrote the peer's nonce"), "{why}");
     let s = a.stats();
     assert_eq!((s.same_host_bytes_written, s.same_host_bytes_read), (moved, moved));
     assert_eq!((s.same_host_tasks_written, s.same_host_tasks_read), (6, 6));

@@ -203,6 +203,8 @@ impl Peer {
         }
         let what = format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session);
         let by = by.min(Instant::now() + self.dialer.settings.handshake_timeout);
+        // A rail's hello is bounded like its connect: a silent rail costs at most that.
+        let by = if rail.is_some() { by.min(Instant::now() + super::super::net::rails::RAIL_CONNECT) } else { by };
         let secret = self.dialer.secret.as_deref();
         let answer =
             super::super::protocol::hello::confirm(&mut stream, instance, by, &what, secret, offer.clone().ok())?;
@@ -396,7 +398,7 @@ impl Peer {
                 match (lane, rails.as_ref(), &rail) {
                     (Err(e), Some(set), Some(r)) if e.kind() != ErrorKind::Shutdown => {
                         set.connect_failed(r, e.message(), &self.dialer.registry);
-                        rail = set.choose(None);
+                        rail = set.choose_proven();
                         state = self.lanes.lock();
                         continue;
                     }

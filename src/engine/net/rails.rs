@@ -50,9 +50,10 @@ pub(crate) const RAIL_CLOCK: Duration = Duration::from_secs(2);
 pub(crate) const RAIL_LAGGING: Duration = Duration::from_millis(500);
 /// How often a down rail is probed.
 pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(500);
-/// Bound on one rail's connect (a rail that cannot connect in this long is
-/// dropped; the task's own clocks are far longer).
-const RAIL_CONNECT: Duration = Duration::from_secs(2);
+/// Bound on one rail's connect, and on the pdx hello over it (a rail that
+/// cannot connect and answer in this long is dropped; the task's own
+/// clocks are far longer).
+pub(crate) const RAIL_CONNECT: Duration = Duration::from_secs(2);
 /// Bound on the connect that checks a lagging rail: a refusal or an
 /// unreachable network comes at once; a timeout says nothing (and a
 /// stopping engine waits for no longer than this).
@@ -516,6 +517,15 @@ impl RailSet {
         self.rails.get(rail.index).is_some_and(|r| Arc::ptr_eq(r, rail))
     }
 
+    /// After a lane could not open on a rail: an up rail that has carried a
+    /// lane, else `None` (the descriptor's one address). A lane never waits
+    /// out a second untried rail, so a rail that is silent or dead costs it
+    /// at most one [`RAIL_CONNECT`].
+    pub fn choose_proven(&self) -> Option<Arc<Rail>> {
+        let proven = |r: &&Arc<Rail>| r.is_up() && r.status.lock().connected;
+        self.rails.iter().filter(proven).min_by_key(|r| r.busy.load(Ordering::Acquire)).cloned()
+    }
+
     /// The up rails' indexes, for spreading a batch's lanes.
     pub fn up_indexes(&self) -> Vec<usize> {
         self.rails.iter().filter(|r| r.is_up()).map(|r| r.index).collect()
@@ -680,6 +690,17 @@ impl<D> Pairing<D> {
     /// The pairing in hand, without looking at the descriptor.
     pub fn current(&self) -> Option<Arc<RailSet>> {
         self.cached.lock().as_ref().and_then(|(_, set)| set.clone())
+    }
+}
+
+/// A peer forgotten, evicted or closed drops its pairing: the rails' probes
+/// stop (within one nap) and connect no more; the peer's lanes, its rail
+/// sockets, close with it.
+impl<D> Drop for Pairing<D> {
+    fn drop(&mut self) {
+        if let Some(set) = self.current() {
+            set.retired.store(true, Ordering::Release);
+        }
     }
 }
 

@@ -30,6 +30,18 @@
 //! the initiator sends one more hello, `{"proof": ...}`, before its first
 //! request. A server with a secret serves no connection that did not prove
 //! it; an initiator with one sends nothing to a server that did not.
+//!
+//! A same-host offer (`"same_host"`, see [`super::super::samehost`]) that
+//! passes the target's checks is challenged before it is answered: the
+//! target replies `{"instance":..., "same_host_challenge":"<32 hex>"}` (a
+//! fresh nonce), the initiator writes the nonce at the offer's probe
+//! address in its own memory and sends one more hello,
+//! `{"same_host_written":true}`; the target reads the nonce there and then
+//! replies with its answer. With a peer secret this happens after the
+//! initiator's proof. An offer without `"nonce_proof":true` (an older pdx)
+//! is declined without a challenge; an older target never sends one (it
+//! copies the probe bytes the offer names, which the slot holds until the
+//! nonce is written).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -37,8 +49,9 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::super::net::conn::Conn;
 use super::super::net::deadline::BoundedStream;
-use super::super::samehost::{Answer, Offer};
+use super::super::samehost::{Answer, Offer, ProbeSlot};
 use super::wire::HEADER_LEN;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -81,6 +94,13 @@ pub(crate) struct Body {
     /// nothing of an offer before the proof).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub same_host_after_proof: bool,
+    /// Reply: a fresh nonce (hex) the initiator must write at its offer's
+    /// probe address before the target answers the offer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_host_challenge: Option<String>,
+    /// Request: the initiator wrote the challenge's nonce.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub same_host_written: bool,
 }
 
 /// True if `header` opens a hello; its `size` is the body length.
@@ -172,8 +192,11 @@ pub(crate) fn confirm(
     let not_the_peer = |why: &str| Error::new(ErrorKind::PeerUnreachable, format!("{what}: {why}"));
     let mut bounded = BoundedStream::new(stream, deadline);
     let cn = secret.map(|_| super::auth::nonce());
+    // Where this process answers the target's challenge: alive until the
+    // answer is read.
+    let mut slot = offer.as_ref().map(|_| ProbeSlot::new());
     // With a secret, the target answers the offer only after our proof.
-    let offer = offer.map(|o| Offer { answer_after_proof: secret.is_some(), ..o });
+    let offer = offer.zip(slot.as_ref()).map(|(o, s)| s.offer(Offer { answer_after_proof: secret.is_some(), ..o }));
     let request = Body { instance: Some(expected.to_owned()), nonce: cn.clone(), same_host: offer, ..Body::default() };
     bounded.write_all(&encode_request_body(&request)).map_err(io)?;
     let read_reply = |bounded: &mut BoundedStream<'_>| -> Result<Body> {
@@ -185,13 +208,26 @@ pub(crate) fn confirm(
         bounded.read_exact(&mut body).map_err(io)?;
         decode(&body).ok_or_else(|| not_the_peer("answered the pdx hello with a malformed body"))
     };
-    let reply = read_reply(&mut bounded)?;
-    let instance = reply.instance.ok_or_else(|| not_the_peer("answered the pdx hello with a malformed body"))?;
+    // The reply that may challenge the offer: answered by writing the nonce
+    // into the slot, then the answer comes in one more reply.
+    let settle = |reply: Body, bounded: &mut BoundedStream<'_>, slot: &mut Option<ProbeSlot>| -> Result<Body> {
+        let Some(nonce) = &reply.same_host_challenge else { return Ok(reply) };
+        if !slot.as_mut().is_some_and(|s| s.answer(nonce)) {
+            return Err(not_the_peer("sent a malformed same-host challenge, or one to no offer"));
+        }
+        let written = Body { same_host_written: true, ..Body::default() };
+        bounded.write_all(&encode_request_body(&written)).map_err(io)?;
+        read_reply(bounded)
+    };
+    let mut reply = read_reply(&mut bounded)?;
+    let instance = reply.instance.take().ok_or_else(|| not_the_peer("answered the pdx hello with a malformed body"))?;
     if instance != expected {
         return Err(not_the_peer(&format!("is engine instance {instance}, not {expected} (the port was reused)")));
     }
-    let answer = reply.same_host_answer;
-    let (Some(secret), Some(cn)) = (secret, cn) else { return Ok(answer) };
+    let (Some(secret), Some(cn)) = (secret, cn) else {
+        return Ok(settle(reply, &mut bounded, &mut slot)?.same_host_answer);
+    };
+    let answer = reply.same_host_answer.take();
     use super::auth::{prove, verify, DATA_CLIENT, DATA_SERVER};
     let proven = match (&reply.nonce, &reply.proof) {
         (Some(sn), Some(proof)) => {
@@ -207,9 +243,43 @@ pub(crate) fn confirm(
     let ours = prove(secret, DATA_CLIENT, &[cn.as_bytes(), sn.as_bytes(), expected.as_bytes()]);
     bounded.write_all(&encode_request_body(&Body { proof: Some(ours), ..Body::default() })).map_err(io)?;
     if reply.same_host_after_proof && answer.is_none() {
-        return Ok(read_reply(&mut bounded)?.same_host_answer);
+        let after = read_reply(&mut bounded)?;
+        return Ok(settle(after, &mut bounded, &mut slot)?.same_host_answer);
     }
     Ok(answer)
+}
+
+/// How long a target waits for the initiator's reply to its challenge.
+const CHALLENGE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The target's side of a same-host challenge on `conn`: send `nonce` (in
+/// a reply that also names this engine's instance `own`) and wait for the
+/// initiator's `same_host_written`; `Err` says why it did not come.
+pub(crate) fn challenge(conn: &mut Conn, own: &str, nonce: &str) -> std::result::Result<(), String> {
+    let reply = Body { instance: Some(own.to_owned()), same_host_challenge: Some(nonce.to_owned()), ..Body::default() };
+    conn.send_all(&encode_reply_body(&reply)).map_err(|e| format!("sending it: {e}"))?;
+    // The reply needs a round trip: wait through the socket's receive
+    // slices (a loaded initiator may take longer than one), up to a bound.
+    let by = std::time::Instant::now() + CHALLENGE_WAIT;
+    let mut recv_by = |out: &mut [u8]| loop {
+        match conn.recv_exact(out) {
+            Err(e)
+                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+                    && std::time::Instant::now() < by => {}
+            r => return r,
+        }
+    };
+    let mut header = [0u8; HEADER_LEN];
+    recv_by(&mut header).map_err(|e| format!("waiting for the reply: {e}"))?;
+    let Some(len) = is_hello(&header).then(|| request_body_len(&header)).flatten() else {
+        return Err("a request came instead of the reply".to_owned());
+    };
+    let mut body = vec![0u8; len];
+    recv_by(&mut body).map_err(|e| format!("its reply was cut short: {e}"))?;
+    match decode(&body) {
+        Some(b) if b.same_host_written => Ok(()),
+        _ => Err("its reply does not say it wrote the nonce".to_owned()),
+    }
 }
 
 /// The server's side of an authenticated data-connection hello: `request`
@@ -220,11 +290,11 @@ pub(crate) fn confirm(
 /// not wait for it is declined unchecked. `Err` says why the connection is
 /// refused.
 pub(crate) fn serve_data_hello(
-    conn: &mut super::super::net::conn::Conn,
+    conn: &mut Conn,
     secret: &[u8],
     own: &str,
     request: Body,
-    check: &mut dyn FnMut(&Offer) -> Answer,
+    check: &mut dyn FnMut(&Offer, &mut Conn) -> Answer,
 ) -> std::result::Result<(), &'static str> {
     let Some(cn) = request.nonce.filter(|n| n.len() <= 128) else {
         return Err("its pdx hello carried no nonce (a pdx engine without a peer secret)");
@@ -261,7 +331,7 @@ pub(crate) fn serve_data_hello(
         return Err("its proof of the peer secret is wrong (another secret, or a replayed connection)");
     }
     if let Some(offer) = request.same_host.as_ref().filter(|_| after_proof) {
-        let answer = Body { same_host_answer: Some(check(offer)), ..Body::default() };
+        let answer = Body { same_host_answer: Some(check(offer, conn)), ..Body::default() };
         conn.send_all(&encode_reply_body(&answer)).map_err(|_| "it left before the same-host answer")?;
     }
     Ok(())

@@ -76,7 +76,7 @@ pub(crate) fn process(pid: u32) -> Result<Process, String> {
 /// Inode of process `pid`'s pid namespace (ptrace read access needed).
 pub(crate) fn pid_namespace(pid: u32) -> Result<u64, String> {
     let ns = format!("/proc/{pid}/ns/pid");
-    Ok(std::fs::metadata(&ns).map_err(|e| format!("cannot read {ns}: {}", super::xmem::explain(&e)))?.ino())
+    Ok(std::fs::metadata(&ns).map_err(|e| format!("cannot read {ns}: {}", explain(&e)))?.ino())
 }
 
 /// Whether process `pid` holds the socket `inode` among its open files;
@@ -85,7 +85,7 @@ pub(crate) fn holds_socket(pid: u32, inode: u64) -> Result<(), String> {
     let want = format!("socket:[{inode}]");
     let dir = format!("/proc/{pid}/fd");
     let entries = std::fs::read_dir(&dir).map_err(|e| {
-        let e = super::xmem::explain(&e);
+        let e = explain(&e);
         format!("cannot check that pid {pid} holds the connection ({dir}: {e})")
     })?;
     let holds = entries.flatten().any(|f| std::fs::read_link(f.path()).is_ok_and(|l| l.as_os_str() == want.as_str()));
@@ -93,6 +93,19 @@ pub(crate) fn holds_socket(pid: u32, inode: u64) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("pid {pid} does not hold the connection it offered the link on"))
+    }
+}
+
+/// A failed read of another process's `/proc` entries, in words (this file
+/// reads what the kernel says; the copies and their errors are `xmem`'s).
+fn explain(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => format!(
+            "permission denied (ptrace access: another user, Yama's ptrace_scope, or a container without \
+             CAP_SYS_PTRACE): {e}"
+        ),
+        Some(libc::ESRCH) | Some(libc::ENOENT) => format!("the process has exited: {e}"),
+        _ => e.to_string(),
     }
 }
 

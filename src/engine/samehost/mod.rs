@@ -10,8 +10,10 @@
 //! the same host ([`offer_or_why_not`]) offers the link in the pdx hello of
 //! a new data connection; the target checks the offer ([`accept`]): the
 //! same host, pid namespace and user, the connection really belongs to the
-//! process named, and a probe copy from it works. Either answer names its
-//! reason; anything short of yes leaves the connection on TCP.
+//! process named, and that process itself speaks on it: the target sends a
+//! fresh nonce, the initiator writes it into its own memory ([`ProbeSlot`])
+//! and the target reads it there with a cross-process copy. Either answer
+//! names its reason; anything short of yes leaves the connection on TCP.
 
 pub(crate) mod device;
 pub(crate) mod kernel;
@@ -20,7 +22,6 @@ pub(crate) mod xmem;
 
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
-use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -91,15 +92,22 @@ impl HostIdentity {
     }
 }
 
-/// The initiator's offer in the pdx hello: who it is and a probe the
-/// target copies to prove the mechanism works.
+/// The initiator's offer in the pdx hello: who it is and where in its
+/// memory it answers the target's challenge.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Offer {
     pub host: HostIdentity,
-    /// Address in the initiator of [`PROBE_LEN`] bytes whose value is `probe`.
+    /// Address in the initiator of [`PROBE_LEN`] bytes ([`ProbeSlot`]) whose
+    /// value is `probe` until the initiator writes the target's nonce there.
     pub probe_addr: u64,
-    /// Those bytes, hex.
+    /// Those bytes, hex (what an older target copies and compares).
     pub probe: String,
+    /// The initiator answers a challenge ([`Challenge`]): it writes the
+    /// target's fresh nonce at `probe_addr` before the answer. Absent
+    /// (false) from an older pdx, whose offers are declined: holding the
+    /// connection and naming a process proves nothing on its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nonce_proof: bool,
     /// The initiator can export its device memory through CUDA IPC
     /// ([`device`]); absent (false) from an older pdx.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -127,18 +135,67 @@ pub(crate) struct Answer {
     pub device_reason: String,
 }
 
-/// Length of the probe.
+/// Length of the probe and of the target's nonce.
 pub(crate) const PROBE_LEN: usize = 16;
 
-/// Random bytes that live as long as the process: what a target copies
-/// to test the link.
-fn probe() -> &'static [u8; PROBE_LEN] {
-    static PROBE: OnceLock<Box<[u8; PROBE_LEN]>> = OnceLock::new();
-    PROBE.get_or_init(|| {
+/// The initiator's side of the challenge: [`PROBE_LEN`] bytes of its own
+/// memory, one slot per hello, where it writes the target's nonce. Only the
+/// process that owns this memory can put the nonce there, so a target that
+/// reads it back through the kernel knows the process it names is the one
+/// speaking on the connection (not a forked child or another process that
+/// was handed the socket).
+pub(crate) struct ProbeSlot(Box<[u8; PROBE_LEN]>);
+
+impl ProbeSlot {
+    /// A slot holding random bytes (what an older target reads as the probe).
+    pub fn new() -> ProbeSlot {
         let mut b = Box::new([0u8; PROBE_LEN]);
         b.iter_mut().for_each(|x| *x = fastrand::u8(..));
-        b
-    })
+        ProbeSlot(b)
+    }
+
+    /// `offer`, answered from this slot.
+    pub fn offer(&self, offer: Offer) -> Offer {
+        Offer { probe_addr: self.0.as_ptr() as u64, probe: hex(&self.0[..]), nonce_proof: true, ..offer }
+    }
+
+    /// Write the target's nonce (`PROBE_LEN` bytes, hex) into the slot;
+    /// false if it is not that.
+    pub fn answer(&mut self, nonce: &str) -> bool {
+        let Some(bytes) = unhex(nonce).filter(|b| b.len() == PROBE_LEN) else { return false };
+        for (i, b) in bytes.into_iter().enumerate() {
+            // SAFETY: `i < PROBE_LEN`, inside the boxed array we own. Volatile:
+            // the only reader is another process (through the kernel).
+            unsafe { std::ptr::write_volatile(self.0.as_mut_ptr().add(i), b) };
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        true
+    }
+}
+
+/// The target's side of the challenge: sends the nonce (hex) to the
+/// initiator on the connection and waits until it says it wrote it; `Err`
+/// says why not.
+pub(crate) type Challenge<'a> = &'a mut dyn FnMut(&str) -> Result<(), String>;
+
+/// A fresh nonce from the kernel's generator (never a guessable one: an
+/// attacker must not find it already in the named process's memory).
+fn fresh_nonce() -> Result<[u8; PROBE_LEN], String> {
+    let mut bytes = [0u8; PROBE_LEN];
+    // SAFETY: `bytes` is writable for its length; getrandom writes at most that.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got == PROBE_LEN as isize {
+        Ok(bytes)
+    } else {
+        Err(format!("the peer cannot draw a nonce (getrandom: {})", std::io::Error::last_os_error()))
+    }
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 || !text.is_ascii() {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok()).collect()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -206,11 +263,12 @@ pub(crate) fn offer_or_why_not(enabled: bool, peer: Option<&HostIdentity>) -> Re
         return Err(why);
     }
     grant(peer.pid)?;
-    let probe = probe();
+    // The probe slot is the hello's own (`ProbeSlot::offer`).
     Ok(Offer {
         host: own.clone(),
-        probe_addr: probe.as_ptr() as u64,
-        probe: hex(probe),
+        probe_addr: 0,
+        probe: String::new(),
+        nonce_proof: false,
         device_ipc: false,
         answer_after_proof: false,
     })
@@ -223,14 +281,19 @@ pub(crate) fn offer_or_why_not(enabled: bool, peer: Option<&HostIdentity>) -> Re
 ///
 /// The decision rests on the kernel's word only ([`kernel`]): who owns the
 /// connection's socket, which process holds it, and that process's uids
-/// and pid namespace; the offer's claims are checked against them. The
-/// named process is pinned ([`xmem::PeerProcess`]) before any of it is read
-/// and must still run once all is read, so every fact is about one process.
+/// and pid namespace; the offer's claims are checked against them. Then
+/// `challenge` sends a fresh nonce to the initiator, and the nonce must be
+/// found in the named process's memory at the offered address (only that
+/// process can have written it: a process that merely holds the same
+/// socket cannot). The named process is pinned ([`xmem::PeerProcess`])
+/// before any of it is read and must still run once all is read, so every
+/// fact is about one process.
 pub(crate) fn accept(
     enabled: bool,
     offer: &Offer,
     from: SocketAddr,
     local: SocketAddr,
+    challenge: Challenge<'_>,
 ) -> (Answer, Option<xmem::PeerProcess>) {
     let refused =
         |reason: String| (Answer { accepted: false, reason, device_ipc: false, device_reason: String::new() }, None);
@@ -250,16 +313,17 @@ pub(crate) fn accept(
     if !(from.ip() == local.ip() || from.ip().is_loopback()) {
         return refused(format!("the connection comes from {from}, not from an address of the peer's host"));
     }
-    match check_with_kernel(&own, offer, from, local) {
+    if !offer.nonce_proof {
+        return refused(
+            "the initiator's pdx is older and cannot prove it is the process it names (by writing the peer's nonce \
+             into its own memory); holding the connection proves nothing on its own"
+                .to_owned(),
+        );
+    }
+    match check_with_kernel(&own, offer, from, local, challenge) {
         Ok(peer) => {
-            let mut yes = Answer {
-                accepted: true,
-                reason: "same host, pid namespace and user (the kernel's account of the connection's process); a \
-                         probe copy between the processes worked"
-                    .to_owned(),
-                device_ipc: false,
-                device_reason: String::new(),
-            };
+            let mut yes =
+                Answer { accepted: true, reason: ACCEPTED.to_owned(), device_ipc: false, device_reason: String::new() };
             if offer.device_ipc {
                 (yes.device_ipc, yes.device_reason) = match device::can_import(&own, &offer.host) {
                     Ok(()) => (true, device::ACCEPTED.to_owned()),
@@ -272,13 +336,19 @@ pub(crate) fn accept(
     }
 }
 
+/// The reason of an accepted offer.
+pub(crate) const ACCEPTED: &str = "same host, pid namespace and user (the kernel's account of the connection's \
+                                   process); the process named wrote the peer's nonce into its own memory";
+
 /// The kernel's facts about the process `offer` names and the connection
-/// (see [`accept`]): the process, pinned, or why the link is refused.
+/// (see [`accept`]), then the challenge: the process, pinned, or why the
+/// link is refused.
 fn check_with_kernel(
     own: &HostIdentity,
     offer: &Offer,
     from: SocketAddr,
     local: SocketAddr,
+    challenge: Challenge<'_>,
 ) -> Result<xmem::PeerProcess, String> {
     let pid = offer.host.pid;
     // Without CAP_SYS_PTRACE the kernel itself keeps this thread's copies
@@ -327,13 +397,20 @@ fn check_with_kernel(
         kernel::holds_socket(pid, socket.inode)
     });
     read.map_err(|e| format!("the peer cannot raise CAP_SYS_PTRACE to read /proc/{pid}: {e}"))??;
+    // The process named must itself be the one speaking: it writes a nonce
+    // it can only learn from this connection into its own memory.
+    let nonce = fresh_nonce()?;
+    challenge(&hex(&nonce)).map_err(|e| format!("the initiator did not answer the same-host challenge: {e}"))?;
     let mut got = [0u8; PROBE_LEN];
     // SAFETY: `got` is PROBE_LEN writable bytes.
     if let Err(e) = unsafe { peer.read_from(offer.probe_addr, got.as_mut_ptr(), PROBE_LEN) } {
-        return Err(format!("the peer's probe copy failed: {}", xmem::explain(&e)));
+        return Err(format!("the peer's copy of the challenge from pid {pid} failed: {}", xmem::explain(&e)));
     }
-    if hex(&got) != offer.probe {
-        return Err("the peer's probe copy read other bytes than offered".to_owned());
+    if got != nonce {
+        return Err(format!(
+            "pid {pid} did not write the peer's nonce at the offered address: the offer came from another process \
+             than the one it names (one that holds the same connection)"
+        ));
     }
     // Still running: every fact above was about this one process.
     if !peer.running() {
@@ -432,6 +509,15 @@ impl PathChoice {
 mod tests {
     use super::*;
 
+    /// The initiator's answer to a challenge: the nonce written into `slot`.
+    fn writes_into(slot: &mut ProbeSlot) -> impl FnMut(&str) -> Result<(), String> + '_ {
+        move |nonce| if slot.answer(nonce) { Ok(()) } else { Err("not a nonce".to_owned()) }
+    }
+
+    fn own_offer(slot: &ProbeSlot) -> Offer {
+        slot.offer(offer_or_why_not(true, HostIdentity::current().as_ref()).unwrap())
+    }
+
     fn other(f: impl FnOnce(&mut HostIdentity)) -> HostIdentity {
         let mut h = HostIdentity::current().expect("/proc");
         f(&mut h);
@@ -453,7 +539,8 @@ mod tests {
 
     #[test]
     fn device_ipc_fields_are_optional_both_ways() {
-        let offer = offer_or_why_not(true, HostIdentity::current().as_ref()).unwrap();
+        let mut slot = ProbeSlot::new();
+        let offer = own_offer(&slot);
         // An older pdx's offer and answer (no device fields) parse as "no".
         let old_offer = serde_json::to_string(&offer).unwrap();
         assert!(!old_offer.contains("device_ipc"), "{old_offer}");
@@ -469,42 +556,67 @@ mod tests {
         let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, from) = listener.accept().unwrap();
         let asked = Offer { device_ipc: true, ..offer };
-        let (answer, _) = accept(true, &asked, from, server.local_addr().unwrap());
+        let (answer, _) = accept(true, &asked, from, server.local_addr().unwrap(), &mut writes_into(&mut slot));
         assert!(answer.accepted && !answer.device_ipc && answer.device_reason.contains("one process"), "{answer:?}");
     }
 
     #[test]
     fn an_offer_from_this_process_is_accepted_only_on_its_own_connection() {
-        let offer = offer_or_why_not(true, HostIdentity::current().as_ref()).unwrap();
+        let mut slot = ProbeSlot::new();
+        let offer = own_offer(&slot);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, from) = listener.accept().unwrap();
         let local = server.local_addr().unwrap();
-        let (yes, pinned) = accept(true, &offer, from, local);
+        let mut answered = writes_into(&mut slot);
+        let (yes, pinned) = accept(true, &offer, from, local, &mut answered);
         assert!(yes.accepted, "{yes:?}");
-        assert!(yes.reason.contains("kernel"), "{yes:?}");
+        assert!(yes.reason.contains("kernel") && yes.reason.contains("nonce"), "{yes:?}");
         assert_eq!(pinned.map(|p| p.pid()), Some(std::process::id()));
-        let (no, pinned) = accept(false, &offer, from, local);
+        let (no, pinned) = accept(false, &offer, from, local, &mut answered);
         assert!(pinned.is_none());
         assert!(!no.accepted && no.reason.contains("PDX_SAME_HOST=off"), "{no:?}");
         // A connection this process does not hold (a made-up port).
         let stranger = SocketAddr::new(from.ip(), 1);
-        let (no, _) = accept(true, &offer, stranger, local);
+        let (no, _) = accept(true, &offer, stranger, local, &mut answered);
         assert!(!no.accepted, "{no:?}");
         // A claimed uid the kernel does not confirm.
         let claims_other =
             Offer { host: HostIdentity { uid: offer.host.uid + 1, ..offer.host.clone() }, ..offer.clone() };
-        let (no, _) = accept(true, &claims_other, from, local);
+        let (no, _) = accept(true, &claims_other, from, local, &mut answered);
         assert!(!no.accepted && no.reason.contains("uid"), "{no:?}");
         // A claimed pid namespace the kernel does not confirm is caught by
         // the comparison with this engine's own first; a pid that is no process.
         let nobody = Offer { host: HostIdentity { pid: i32::MAX as u32, ..offer.host.clone() }, ..offer.clone() };
-        let (no, _) = accept(true, &nobody, from, local);
+        let (no, _) = accept(true, &nobody, from, local, &mut answered);
         assert!(!no.accepted && no.reason.contains("no process"), "{no:?}");
-        // A wrong probe.
-        let bad = Offer { probe: "00".repeat(PROBE_LEN), ..offer.clone() };
-        let (no, _) = accept(true, &bad, from, local);
-        assert!(!no.accepted && no.reason.contains("probe"), "{no:?}");
+        drop(answered);
+        // A challenge answered without writing the nonce (what a process
+        // that holds another's connection can do at best): refused, even
+        // though the slot still holds the offered probe bytes.
+        let (no, pinned) = accept(true, &offer, from, local, &mut |_| Ok(()));
+        assert!(!no.accepted && pinned.is_none() && no.reason.contains("did not write the peer's nonce"), "{no:?}");
+        // A challenge not answered at all.
+        let (no, _) = accept(true, &offer, from, local, &mut |_| Err("it left".to_owned()));
+        assert!(!no.accepted && no.reason.contains("did not answer the same-host challenge: it left"), "{no:?}");
+        // An offer of an older pdx (no challenge): declined unchecked.
+        let before = EVALUATED.lock().len();
+        let old = Offer { nonce_proof: false, ..offer.clone() };
+        let (no, _) = accept(true, &old, from, local, &mut |_| panic!("an older offer is not challenged"));
+        assert!(!no.accepted && no.reason.contains("older"), "{no:?}");
+        assert!(EVALUATED.lock().len() > before);
         drop(client);
+    }
+
+    #[test]
+    fn a_slot_takes_only_a_nonce() {
+        let mut slot = ProbeSlot::new();
+        let offer = slot.offer(offer_or_why_not(true, HostIdentity::current().as_ref()).unwrap());
+        assert!(offer.nonce_proof && offer.probe.len() == 2 * PROBE_LEN && offer.probe_addr != 0);
+        for bad in ["", "00", "zz".repeat(PROBE_LEN).as_str(), "00".repeat(PROBE_LEN + 1).as_str(), "\u{e9}a"] {
+            assert!(!slot.answer(bad), "{bad:?}");
+        }
+        assert!(slot.answer(&"a5".repeat(PROBE_LEN)));
+        assert_eq!(*slot.0, [0xa5; PROBE_LEN]);
     }
 }

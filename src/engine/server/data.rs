@@ -61,8 +61,9 @@ fn answer_hello(inner: &Serving, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> 
     let mut link = None;
     let stream = conn.stream();
     let addrs = stream.peer_addr().and_then(|from| Ok((from, stream.local_addr()?))).map_err(|e| e.to_string());
-    let mut check = |offer: &samehost::Offer| {
-        let (answer, granted) = same_host_answer(inner, &addrs, offer);
+    let mut check = |offer: &samehost::Offer, conn: &mut Conn| {
+        let challenge = &mut |nonce: &str| hello::challenge(conn, own, nonce);
+        let (answer, granted) = same_host_answer(inner, &addrs, offer, challenge);
         link = granted.map(Arc::new);
         answer
     };
@@ -82,7 +83,7 @@ fn answer_hello(inner: &Serving, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> 
             }
         };
     }
-    let answer = request.same_host.take().map(|offer| check(&offer));
+    let answer = request.same_host.take().map(|offer| check(&offer, conn));
     let reply = hello::Body { instance: Some(own.clone()), same_host_answer: answer, ..hello::Body::default() };
     if let Err(e) = conn.send_all(&hello::encode_reply_body(&reply)) {
         log::debug!("data connection: hello reply: {e}");
@@ -107,9 +108,10 @@ fn same_host_answer(
     inner: &Serving,
     addrs: &Result<(SocketAddr, SocketAddr), String>,
     offer: &samehost::Offer,
+    challenge: samehost::Challenge<'_>,
 ) -> (samehost::Answer, Option<PeerProcess>) {
     let (answer, granted) = match addrs {
-        Ok((from, local)) => samehost::accept(inner.settings.same_host, offer, *from, *local),
+        Ok((from, local)) => samehost::accept(inner.settings.same_host, offer, *from, *local, challenge),
         Err(e) => (
             samehost::Answer {
                 accepted: false,
