@@ -59,7 +59,10 @@ COMMON_FLAGS = [
     "--skip-tokenizer-init",
     "--page-size", "16",
     "--dtype", "float32",
-    "--mem-fraction-static", "0.05",
+    # On CPU SGLang sizes the pool from the memory left after loading, which a server starting
+    # beside it also takes: a fraction with room, and a token cap so the pool stays small (~8 MB).
+    "--mem-fraction-static", "0.3",
+    "--max-total-tokens", "8192",
     "--max-running-requests", "8",
     "--log-level", "info",
 ]  # fmt: skip
