@@ -34,8 +34,9 @@ def etcd_list(cluster: EtcdCluster, order: list[int], sep: str = ",") -> str:
 
 
 def buffers(store, segment: str) -> list[int] | None:
+    """The buffer addresses `segment` advertises, sorted: the engine lists them by address, not by age."""
     raw = store.get(f"mooncake/ram/{segment}")
-    return None if raw is None else [b["addr"] for b in json.loads(raw)["buffers"]]
+    return None if raw is None else sorted(b["addr"] for b in json.loads(raw)["buffers"])
 
 
 def rpc_port(store, segment: str) -> int | None:
@@ -194,7 +195,7 @@ def test_a_holder_stopped_past_its_lease_does_not_take_its_name_back(etcd: Etcd)
     # Every key is there after the newcomer's next re-publish.
     second = register(newcomer)
     assert rpc_port(etcd, segment) == newcomer.rpc_port
-    assert buffers(etcd, segment) == [addr, second]
+    assert buffers(etcd, segment) == sorted([addr, second])
     peer = pdx.Engine(name(), "tcp", metadata_server=etcd.endpoint)
     peer.probe(segment)
     newcomer.close()
