@@ -111,6 +111,8 @@ run_case() {
 }
 
 if [ "$which" != vllm ]; then
+  run_case sglang-kv-manager "$sglang_venv/bin/python" scripts/serving/sglang_kv_manager.py \
+    --model "$work/model" --workdir "$work/logs/sglang-kv-manager"
   run_case sglang-servers "$sglang_venv/bin/python" scripts/serving/sglang_servers.py \
     --model "$work/model" --workdir "$work/logs/sglang-servers"
 fi
