@@ -5,6 +5,13 @@
 # equal a plain server's; each has a negative control that must fail the
 # comparison (scripts/serving/*.py say what each case does).
 #
+# Cases: sglang-kv-manager (SGLang's MooncakeKVManager/Sender/Receiver and
+# bootstrap server in two processes over SGLang's CPU MHATokenToKVPool:
+# scattered pages, the default, layer-wise and bounded-batch paths, pdx and
+# Mooncake wheel prefills, compared byte for byte; control: a prefill that
+# drops every transfer), sglang-servers, and vllm-servers (pdx/wheel pairings;
+# controls: another prompt's KV, and a pdx prefill that drops every KV write).
+#
 #   scripts/test-serving.sh [sglang|vllm|all]     (default: all)
 #
 # Environment, set up once and reused: two venvs under
@@ -16,7 +23,9 @@
 # Room: with the venvs absent it needs 16 GB free on the cache's file system
 # (8 GB free with them present) and 8 GB of available memory; otherwise it
 # prints SKIP with the reason and exits 0 (PDX_SERVING_REQUIRE=1 makes that a
-# failure). Time on 2 cores: see docs/python.md.
+# failure). Time on the shared 2-core machine, venvs present (one full `all`
+# run, 2026-12-05): set-up 18 s, sglang-kv-manager 25 s, sglang-servers
+# 305 s, vllm-servers 239 s; 587 s in all. Venv set-up: see docs/python.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -111,6 +120,8 @@ run_case() {
 }
 
 if [ "$which" != vllm ]; then
+  run_case sglang-kv-manager "$sglang_venv/bin/python" scripts/serving/sglang_kv_manager.py \
+    --model "$work/model" --workdir "$work/logs/sglang-kv-manager"
   run_case sglang-servers "$sglang_venv/bin/python" scripts/serving/sglang_servers.py \
     --model "$work/model" --workdir "$work/logs/sglang-servers"
 fi

@@ -184,3 +184,13 @@ def check_engine(proc: Proc, use_pdx: bool) -> None:
         raise TierFailure(f"{proc.name} should run pdx's drop-in (shim line: {served}, wheel engine: {wheel})")
     if not use_pdx and (served or not wheel):
         raise TierFailure(f"{proc.name} should run the Mooncake wheel (shim line: {served}, wheel engine: {wheel})")
+
+
+# The line scripts/serving/pythonpath/sitecustomize.py prints (its DROP_KV_BANNER).
+DROP_KV_BANNER = "pdx-serving: PDX_SERVING_DROP_KV=1, every transfer of pdx's TransferEngine is dropped"
+
+
+def check_drops(proc: Proc) -> None:
+    """The process ran with the dropped-KV hook (scripts/serving/pythonpath/sitecustomize.py)."""
+    if DROP_KV_BANNER not in proc.log_path.read_text(errors="replace"):
+        raise TierFailure(f"{proc.name} should run with PDX_SERVING_DROP_KV=1, its log lacks the hook's line")

@@ -34,6 +34,7 @@ from harness import (  # noqa: E402
     Procs,
     TierFailure,
     answers_200,
+    check_drops,
     check_engine,
     free_port,
     http,
@@ -273,6 +274,7 @@ def main() -> int:
                 drop_env = {"PDX_SERVING_DROP_KV": "1", "SGLANG_MOONCAKE_SEND_AUX_TCP": "1"}
                 prefill, p_port, boot = cluster.prefill("sglang-prefill-pdx-drops-kv", True, drop_env)
                 cluster.wait_ready([(decode, d_port), (prefill, p_port)])
+                check_drops(prefill)
                 got = generate_pd(p_port, boot, d_port, control)
                 differs("sglang negative control (pdx drops every KV page)", got, want_control, control)
                 procs.stop(prefill)

@@ -10,9 +10,14 @@ wheel) run at once; this script is the proxy (prefill with `max_tokens=1` and
 transfer id). The decode tokens and logprobs must equal a plain server's for
 pdx -> pdx, Mooncake wheel -> pdx and pdx -> Mooncake wheel, and the decode
 server's `vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}`
-must count the tokens moved. Negative control: the prefill server computes a
-different prompt (same length) under the transfer id; every decode output
-must change.
+must count the tokens moved. Two negative controls, each of which must change
+every decode output: the prefill server computes a different prompt (same
+length) under the transfer id; and a fifth PD server, a pdx prefill whose
+drop-in returns success from every transfer and moves nothing
+(PDX_SERVING_DROP_KV=1: vLLM's prefill pushes the KV with
+`batch_transfer_sync_write`, the decode side reads nothing), hands its
+prompts to the pdx decode server. That control uses prompts no earlier case
+sent, so no block the decode server reuses holds their KV.
 
 Usage: vllm_servers.py --model DIR --workdir DIR
 """
@@ -37,6 +42,7 @@ from harness import (  # noqa: E402
     Procs,
     TierFailure,
     answers_200,
+    check_drops,
     check_engine,
     free_port,
     http,
@@ -46,11 +52,12 @@ from harness import (  # noqa: E402
 )
 
 PYTHONPATH_DIR = Path(__file__).resolve().parent / "pythonpath"
-START_DEADLINE_S = 900.0  # five servers start at once on 2 cores
+START_DEADLINE_S = 900.0  # six servers start at once on 2 cores
 REQUEST_TIMEOUT_S = 300.0
 NEW_TOKENS = 12
 LOGPROB_TOLERANCE = 1e-3
 CHECKED_LENGTHS = (5, 32, 45, 100, 171)  # inside one block, exactly one, several (block size 32)
+DROP_LENGTHS = (9, 64, 77, 140)  # the dropped-KV control's prompts: fresh ones
 MODEL_NAME = "tiny-llama"
 EXTERNAL = re.compile(r'^vllm:prompt_tokens_by_source_total\{[^}]*source="external_kv_transfer"[^}]*\}\s+(\S+)', re.M)
 
@@ -69,7 +76,9 @@ class Server:
         return f"http://{HOST}:{self.port}"
 
 
-def start(procs: Procs, model: Path, name: str, role: str | None, use_pdx: bool = False) -> Server:
+def start(
+    procs: Procs, model: Path, name: str, role: str | None, use_pdx: bool = False, drop_kv: bool = False
+) -> Server:
     port = free_port()
     bootstrap = free_port()
     argv = [
@@ -95,6 +104,7 @@ def start(procs: Procs, model: Path, name: str, role: str | None, use_pdx: bool 
         argv += ["--kv-transfer-config", json.dumps(config)]
     env = dict(os.environ)
     env.pop("PDX_MOONCAKE_SHIM", None)
+    env.pop("PDX_SERVING_DROP_KV", None)
     env.update(
         PYTHONPATH=str(PYTHONPATH_DIR),
         PYTHONUNBUFFERED="1",
@@ -109,6 +119,10 @@ def start(procs: Procs, model: Path, name: str, role: str | None, use_pdx: bool 
     )
     if use_pdx:
         env["PDX_MOONCAKE_SHIM"] = "1"
+    if drop_kv:
+        if not use_pdx:
+            raise ValueError("the dropped-KV hook patches pdx's drop-in")
+        env["PDX_SERVING_DROP_KV"] = "1"  # scripts/serving/pythonpath/sitecustomize.py
     proc = procs.start(name, argv, env)
     return Server(proc, port, use_pdx if role else None, bootstrap, engine_id)
 
@@ -173,6 +187,16 @@ def same(case: str, got: list[Any], want: list[Any], batch: list[list[int]]) -> 
     log(f"PASS {case}: {len(batch)} prompts ({sum(map(len, batch))} prompt tokens), tokens and logprobs equal")
 
 
+def all_differ(case: str, got: list[Any], want: list[Any], batch: list[list[int]]) -> None:
+    """Every prompt's decode must differ from the plain server's: in its tokens and in its logprobs."""
+    for (ids, lps), (want_ids, want_lps), prompt in zip(got, want, batch):
+        if ids == want_ids or all(abs(a - b) <= LOGPROB_TOLERANCE for a, b in zip(lps, want_lps)):
+            raise TierFailure(
+                f"{case}: the decode of a {len(prompt)}-token prompt still matched the plain server"
+                f" ({ids}, logprobs {lps}): the comparison does not see the KV"
+            )
+
+
 def run_pair(case: str, prefill: Server, decode: Server, batch: list[list[int]], want: list[Any]) -> None:
     before = external_tokens(decode)
     got = [pd(prefill, decode, ids) for ids in batch]
@@ -193,6 +217,7 @@ def main() -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     procs = Procs(args.workdir)
     checked = prompts(CHECKED_LENGTHS, seed=11)
+    fresh = prompts(DROP_LENGTHS, seed=13)
     t0 = time.monotonic()
     try:
         servers = {
@@ -201,30 +226,40 @@ def main() -> int:
             "p_wheel": start(procs, args.model, "vllm-prefill-wheel", "kv_producer", use_pdx=False),
             "d_pdx": start(procs, args.model, "vllm-decode-pdx", "kv_consumer", use_pdx=True),
             "d_wheel": start(procs, args.model, "vllm-decode-wheel", "kv_consumer", use_pdx=False),
+            "p_drop": start(procs, args.model, "vllm-prefill-pdx-drops-kv", "kv_producer", use_pdx=True, drop_kv=True),
         }
         for s in servers.values():
             wait_until(f"{s.proc.name} /health", answers_200(f"{s.url}/health"), START_DEADLINE_S, [s.proc], 2.0)
         want = plain(servers["plain"], checked)
+        want_fresh = plain(servers["plain"], fresh)
         same("vllm plain server, asked twice", plain(servers["plain"], checked), want, checked)
         procs.stop(servers["plain"].proc)
 
-        p_pdx, p_wheel, d_pdx, d_wheel = (servers[k] for k in ("p_pdx", "p_wheel", "d_pdx", "d_wheel"))
+        p_pdx, p_wheel, d_pdx, d_wheel, p_drop = (
+            servers[k] for k in ("p_pdx", "p_wheel", "d_pdx", "d_wheel", "p_drop")
+        )
         run_pair("vllm pdx -> pdx", p_pdx, d_pdx, checked, want)
         run_pair("vllm Mooncake wheel -> pdx", p_wheel, d_pdx, checked, want)
         run_pair("vllm pdx -> Mooncake wheel", p_pdx, d_wheel, checked, want)
-        for s in (p_pdx, p_wheel, d_pdx, d_wheel):
+        for s in (p_pdx, p_wheel, d_pdx, d_wheel, p_drop):
             check_engine(s.proc, bool(s.use_pdx))
 
-        # Negative control: the KV of another prompt (same length) under the transfer id.
+        # Negative control 1: the KV of another prompt (same length) under the transfer id.
         others = prompts(CHECKED_LENGTHS, seed=12)
-        for ids, other, (want_ids, want_lps) in zip(checked, others, want):
-            got_ids, got_lps = pd(p_pdx, d_pdx, ids, prefill_ids=other)
-            if got_ids == want_ids or all(abs(a - b) <= LOGPROB_TOLERANCE for a, b in zip(got_lps, want_lps)):
-                raise TierFailure(
-                    f"vllm negative control: with another prompt's KV the decode of a {len(ids)}-token prompt"
-                    f" still matched the plain server ({got_ids}): the comparison does not see the KV"
-                )
+        got = [pd(p_pdx, d_pdx, ids, prefill_ids=other) for ids, other in zip(checked, others)]
+        all_differ("vllm negative control (another prompt's KV)", got, want, checked)
         log("PASS vllm negative control: another prompt's KV under the transfer id changes every decode")
+
+        # Negative control 2: a pdx prefill that reports every KV write done and moves nothing.
+        check_drops(p_drop.proc)
+        before = external_tokens(d_pdx)
+        got = [pd(p_drop, d_pdx, ids) for ids in fresh]
+        claimed = external_tokens(d_pdx) - before
+        all_differ("vllm negative control (pdx drops every KV write)", got, want_fresh, fresh)
+        log(
+            f"PASS vllm negative control: with every KV write dropped all {len(fresh)} decodes change"
+            f" (the decode server still counts {claimed:.0f} prompt tokens as external KV)"
+        )
     except TierFailure as err:
         log(f"FAIL {err}")
         return 1

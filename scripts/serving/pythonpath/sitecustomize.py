@@ -1,11 +1,15 @@
 """Start-up hooks of the serving tier (scripts/test-serving.sh), each off unless its variable is set.
 
-``PDX_SERVING_DROP_KV=1`` (the negative control): pdx's ``TransferEngine``
-returns success from every write and moves nothing, so a decode server that
-"passes" with it proves the comparison does not depend on the KV. The tier
-runs it on the prefill side only, with SGLang's auxiliary data (the first
-output token) sent over its ZMQ side channel, so exactly the KV pages are
-dropped.
+``PDX_SERVING_DROP_KV=1`` (the negative controls): pdx's ``TransferEngine``
+returns success from every synchronous transfer, write or read, and moves
+nothing, so a case that "passes" with it proves its comparison does not
+depend on the KV. It announces itself on stderr (DROP_KV_BANNER), so a case
+can check that its control really ran with it. Where the tier uses it:
+SGLang's prefill (``batch_transfer_sync``; its auxiliary data, the first
+output token, then goes over SGLang's ZMQ side channel, so exactly the KV
+pages are dropped), vLLM's prefill (``batch_transfer_sync_write``: vLLM's
+MooncakeConnector pushes from the prefill side, its decode side calls no
+transfer), and the prefill process of scripts/serving/sglang_kv_manager.py.
 
 ``PDX_SERVING_CPU_DEVICE_INDEX=1``: ``torch.accelerator.current_device_index()``
 answers 0 when CUDA is unavailable. vLLM's ``MooncakeConnectorWorker`` asks
@@ -14,7 +18,11 @@ for it, and PyPI's CUDA build of torch raises without an NVIDIA driver.
 
 import os
 
+DROP_KV_BANNER = "pdx-serving: PDX_SERVING_DROP_KV=1, every transfer of pdx's TransferEngine is dropped"
+
 if os.environ.get("PDX_SERVING_DROP_KV") == "1":
+    import sys
+
     import pdx.mooncake as _served
 
     def _dropped(self, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -22,11 +30,14 @@ if os.environ.get("PDX_SERVING_DROP_KV") == "1":
 
     for _name in (
         "transfer_sync_write",
+        "transfer_sync_read",
         "transfer_sync",
         "batch_transfer_sync_write",
+        "batch_transfer_sync_read",
         "batch_transfer_sync",
     ):
         setattr(_served.TransferEngine, _name, _dropped)
+    print(DROP_KV_BANNER, file=sys.stderr, flush=True)
 
 if os.environ.get("PDX_SERVING_CPU_DEVICE_INDEX") == "1":
     import torch
