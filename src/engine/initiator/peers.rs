@@ -117,7 +117,7 @@ impl Peer {
                 return None;
             }
             let set = RailSet::new(&self.session, locals, &desc.rails, desc.data_port);
-            Some(Arc::new(set.checked_on(self.dialer.registry.clone())))
+            Some(Arc::new(set.checked_on(self.dialer.registry.clone(), self.dialer.rail_prober.clone())))
         })
     }
 
@@ -397,7 +397,7 @@ impl Peer {
                 }
                 match (lane, rails.as_ref(), &rail) {
                     (Err(e), Some(set), Some(r)) if e.kind() != ErrorKind::Shutdown => {
-                        set.connect_failed(r, e.message(), &self.dialer.registry);
+                        set.connect_failed(r, e.message());
                         rail = set.choose_proven();
                         state = self.lanes.lock();
                         continue;
