@@ -297,7 +297,18 @@ fn the_first_batch_past_silent_and_dead_rails_succeeds_within_seconds() {
         wrote.expect("the first batch succeeds");
         assert!(region == src, "every byte arrived");
         assert!(took < std::time::Duration::from_secs(5), "the first batch took {took:?}");
-        assert!(info.contains("\"dropped\""), "the silent rails are dropped, with the reason: {info}");
+        let rails = serde_json::from_str::<serde_json::Value>(&info).ok().and_then(|i| i["rails"].as_array().cloned());
+        let rails = rails.expect("rails in pdx_peer_info");
+        let reason = |remote: &str| {
+            let r = rails.iter().find(|r| r["remote"] == remote).expect(remote);
+            assert_eq!(r["state"], "dropped", "{remote}: {info}");
+            r["reason"].as_str().unwrap_or_default().to_owned()
+        };
+        let silent = reason("10.45.8.3");
+        assert!(silent.contains("no answer to the pdx hello") && silent.contains("-> 10.45.8.3"), "{silent}");
+        for dead in ["10.45.8.4", "10.45.8.5"] {
+            assert!(reason(dead).contains(&format!("-> {dead}")), "{info}");
+        }
     });
 }
 

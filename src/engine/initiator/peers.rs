@@ -201,7 +201,11 @@ impl Peer {
         if let Ok(o) = &mut offer {
             o.device_ipc = export.is_ok();
         }
-        let what = format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session);
+        // On a rail, name the rail: the hello's error is then its reason.
+        let what = match rail {
+            Some(r) => format!("data port {} of {} on rail {r}", desc.data_port, self.session),
+            None => format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session),
+        };
         let by = by.min(Instant::now() + self.dialer.settings.handshake_timeout);
         // A rail's hello is bounded like its connect: a silent rail costs at most that.
         let by = if rail.is_some() { by.min(Instant::now() + super::super::net::rails::RAIL_CONNECT) } else { by };
