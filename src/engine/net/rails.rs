@@ -59,6 +59,9 @@ pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(500);
 pub(crate) const RAIL_CONNECT: Duration = Duration::from_secs(2);
 /// Bound on one round's probe connects (all in flight together).
 const PROBE_CONNECT: Duration = Duration::from_millis(500);
+/// Most probe connects in flight at once (sockets held by a round); more
+/// down rails than this take turns, round by round.
+const PROBES_PER_ROUND: usize = 256;
 /// The name of an engine's one rail-probe thread.
 pub(crate) const PROBE_THREAD: &str = "pdx-rail-probe";
 /// Bound on the connect that checks a lagging rail: a refusal or an
@@ -690,6 +693,11 @@ impl Prober {
             st.running = false;
             return None;
         }
+        // At most PROBES_PER_ROUND sockets at once; the rest take turns.
+        if live.len() > PROBES_PER_ROUND {
+            live.truncate(PROBES_PER_ROUND);
+            st.due.rotate_left(PROBES_PER_ROUND);
+        }
         Some(live)
     }
 
@@ -1061,6 +1069,45 @@ mod tests {
         // Restarted without rails (an older pdx, or rails unset): none.
         let plain = desc("0d", &[]);
         assert!(pairing.get(&plain, key, |_| None).is_none() && pairing.current().is_none());
+    }
+
+    /// The engine's one prober: a rail whose peer answers is up again and
+    /// the thread ends; a rail of a retired pairing, or of one dropped, is
+    /// let go at the next round and nothing is left probing.
+    #[test]
+    fn the_prober_brings_a_rail_back_and_lets_go_of_a_gone_peer() {
+        let registry = Arc::new(Registry::default());
+        let prober = Prober::new(registry.clone());
+        let threads = || registry.live_threads_named(PROBE_THREAD);
+        let wait = |what: &str, done: &dyn Fn() -> bool| {
+            let by = Instant::now() + Duration::from_secs(5);
+            while !done() {
+                assert!(Instant::now() < by, "{what}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        let local: Vec<IpAddr> = vec!["127.0.0.1".parse().unwrap()];
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let live_port = listener.local_addr().unwrap().port();
+        let dead_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let set = |port| Arc::new(RailSet::new("peer", &[], &local, port).checked_on(registry.clone(), prober.clone()));
+        let (back, gone, dropped) = (set(live_port), set(dead_port), set(dead_port));
+        for s in [&back, &gone, &dropped] {
+            s.mark_down(&s.rails[0], "test".into());
+        }
+        wait("the rail answering is up again", &|| back.rails[0].is_up());
+        assert!(back.rails[0].reason().contains("answered a probe"), "{}", back.rails[0].reason());
+        assert_eq!(threads(), 1, "one thread probes every peer");
+        assert!(!gone.rails[0].is_up() && !dropped.rails[0].is_up());
+        gone.retired.store(true, Ordering::Release);
+        drop(dropped);
+        wait("nothing left to probe: the thread ends", &|| threads() == 0);
+        assert!(!gone.rails[0].probing.load(Ordering::Acquire));
+        // Down again: probed again, by a new thread.
+        back.mark_down(&back.rails[0], "test again".into());
+        wait("up again", &|| back.rails[0].is_up());
+        wait("and the thread ends", &|| threads() == 0);
+        drop(listener);
     }
 
     #[test]
