@@ -162,6 +162,10 @@ fn in_own_netns<T: Send + 'static>(setup: &'static str, body: impl FnOnce() -> T
         eprintln!("SKIP: a network namespace of the test's own needs root");
         return None;
     }
+    if !std::process::Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success()) {
+        eprintln!("SKIP: no `ip` command (iproute2) to set up a network namespace");
+        return None;
+    }
     let thread = std::thread::spawn(move || {
         // SAFETY: unshare(CLONE_NEWNET) moves only this thread (and what
         // it starts) into a new network namespace.
