@@ -476,7 +476,7 @@ impl BatchRun {
                 // connection still queues must never arrive after them
                 // (over newer bytes), so it closes with a reset.
                 let _ = socket2::SockRef::from(lane.conn.stream()).set_linger(Some(Duration::ZERO));
-                set.mark_down(&rail, format!("{e}"), &inner.registry);
+                set.mark_down(&rail, format!("{e}"));
             }
         }
         out

@@ -118,6 +118,8 @@ pub(crate) struct Dialer {
     pub exports: Arc<super::super::memory::ipc::Exports>,
     /// Where peers' descriptors and handshake addresses come from.
     pub directory: Arc<dyn Directory>,
+    /// The one prober of every peer's down rails.
+    pub rail_prober: Arc<super::super::net::rails::Prober>,
 }
 
 impl Dialer {
@@ -129,7 +131,8 @@ impl Dialer {
         secret: Option<Vec<u8>>,
         directory: Arc<dyn Directory>,
     ) -> Dialer {
-        Dialer { settings, registry, regions, identity, secret, exports: Arc::default(), directory }
+        let rail_prober = super::super::net::rails::Prober::new(registry.clone());
+        Dialer { settings, registry, regions, identity, secret, exports: Arc::default(), directory, rail_prober }
     }
 
     /// `session`'s descriptor, read from the directory (in P2P mode asked

@@ -117,7 +117,7 @@ impl Peer {
                 return None;
             }
             let set = RailSet::new(&self.session, locals, &desc.rails, desc.data_port);
-            Some(Arc::new(set.checked_on(self.dialer.registry.clone())))
+            Some(Arc::new(set.checked_on(self.dialer.registry.clone(), self.dialer.rail_prober.clone())))
         })
     }
 
@@ -201,7 +201,11 @@ impl Peer {
         if let Ok(o) = &mut offer {
             o.device_ipc = export.is_ok();
         }
-        let what = format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session);
+        // On a rail, name the rail: the hello's error is then its reason.
+        let what = match rail {
+            Some(r) => format!("data port {} of {} on rail {r}", desc.data_port, self.session),
+            None => format!("data port {}:{} of {}", desc.data_host, desc.data_port, self.session),
+        };
         let by = by.min(Instant::now() + self.dialer.settings.handshake_timeout);
         // A rail's hello is bounded like its connect: a silent rail costs at most that.
         let by = if rail.is_some() { by.min(Instant::now() + super::super::net::rails::RAIL_CONNECT) } else { by };
@@ -397,7 +401,7 @@ impl Peer {
                 }
                 match (lane, rails.as_ref(), &rail) {
                     (Err(e), Some(set), Some(r)) if e.kind() != ErrorKind::Shutdown => {
-                        set.connect_failed(r, e.message(), &self.dialer.registry);
+                        set.connect_failed(r, e.message());
                         rail = set.choose_proven();
                         state = self.lanes.lock();
                         continue;

@@ -516,6 +516,39 @@ impl Conn {
         unsafe { self.recv_raw(out.as_mut_ptr(), out.len(), &|| false) }
     }
 
+    /// Receive exactly `out.len()` bytes by `by`, waiting through the
+    /// socket's receive slices: a slice that ends with part of `out` read
+    /// keeps what it read (the next wait goes on from there), so bytes that
+    /// arrive in pieces with pauses between them are not lost. `TimedOut`
+    /// once `by` passes with `out` not full.
+    pub fn recv_exact_by(&mut self, out: &mut [u8], by: Instant) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < out.len() {
+            let n = self.buffered().min(out.len() - done);
+            if n > 0 {
+                out[done..done + n].copy_from_slice(&self.buf[self.start..self.start + n]);
+                self.start += n;
+                done += n;
+                continue;
+            }
+            match self.fill(out.len() - done) {
+                Ok(0) => return Err(Self::eof()),
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    if Instant::now() >= by {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("{done} of {} bytes before the deadline", out.len()),
+                        ));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     /// Receive exactly `len` bytes into `ptr`. Large remainders go straight
     /// into the destination; `stop` is checked between chunks and aborts the
     /// receive when it returns true.
@@ -663,6 +696,43 @@ mod tests {
         });
         assert_eq!(b.recv_header_idle::<4>(&|| false).unwrap(), Some([5, 6, 7, 8]));
         drop(sender.join().unwrap());
+    }
+
+    /// Bytes in pieces with pauses longer than the socket's receive slice
+    /// between them: every byte arrives, in order (a retry of
+    /// `recv_exact` after a slice ended mid-message lost the bytes it had
+    /// read), and the deadline still holds.
+    #[test]
+    fn a_message_in_pieces_across_receive_slices_loses_nothing() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let slice = Duration::from_millis(30);
+        let (a, mut b) = (Conn::new(a, slice, slice).unwrap(), Conn::new(b, slice, slice).unwrap());
+        let message: Vec<u8> = (0..40u8).collect();
+        let sent = message.clone();
+        let sender = std::thread::spawn(move || {
+            for piece in sent.chunks(7) {
+                a.send_all(piece).unwrap();
+                std::thread::sleep(slice * 3);
+            }
+            a
+        });
+        let mut got = [0u8; 40];
+        b.recv_exact_by(&mut got, Instant::now() + Duration::from_secs(10)).unwrap();
+        assert_eq!(&got[..], &message[..]);
+        let a = sender.join().unwrap();
+        let t0 = Instant::now();
+        let mut more = [0u8; 4];
+        a.send_all(&[1]).unwrap();
+        let e = b.recv_exact_by(&mut more, t0 + Duration::from_millis(200)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        drop(a);
+        assert_eq!(
+            b.recv_exact_by(&mut more, Instant::now() + Duration::from_secs(5)).unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
     }
 
     #[test]

@@ -260,22 +260,15 @@ pub(crate) fn challenge(conn: &mut Conn, own: &str, nonce: &str) -> std::result:
     conn.send_all(&encode_reply_body(&reply)).map_err(|e| format!("sending it: {e}"))?;
     // The reply needs a round trip: wait through the socket's receive
     // slices (a loaded initiator may take longer than one), up to a bound.
+    // A slice that ends mid-message keeps what it read (`recv_exact_by`).
     let by = std::time::Instant::now() + CHALLENGE_WAIT;
-    let mut recv_by = |out: &mut [u8]| loop {
-        match conn.recv_exact(out) {
-            Err(e)
-                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
-                    && std::time::Instant::now() < by => {}
-            r => return r,
-        }
-    };
     let mut header = [0u8; HEADER_LEN];
-    recv_by(&mut header).map_err(|e| format!("waiting for the reply: {e}"))?;
+    conn.recv_exact_by(&mut header, by).map_err(|e| format!("waiting for the reply: {e}"))?;
     let Some(len) = is_hello(&header).then(|| request_body_len(&header)).flatten() else {
         return Err("a request came instead of the reply".to_owned());
     };
     let mut body = vec![0u8; len];
-    recv_by(&mut body).map_err(|e| format!("its reply was cut short: {e}"))?;
+    conn.recv_exact_by(&mut body, by).map_err(|e| format!("its reply was cut short: {e}"))?;
     match decode(&body) {
         Some(b) if b.same_host_written => Ok(()),
         _ => Err("its reply does not say it wrote the nonce".to_owned()),
@@ -378,5 +371,35 @@ mod tests {
         let a = new_instance();
         assert_eq!(a.len(), 32);
         assert_ne!(a, new_instance());
+    }
+    /// The initiator's reply to a same-host challenge, arriving in pieces
+    /// with pauses longer than the target's receive slice: the challenge
+    /// reads all of it (a retry after a slice that ended mid-message
+    /// started the message over, losing the bytes it had read).
+    #[test]
+    fn a_challenge_reply_in_pieces_is_read_whole() {
+        use crate::engine::net::conn::Conn;
+        use std::time::Duration;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let initiator = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (target, _) = l.accept().unwrap();
+        let slice = Duration::from_millis(30);
+        let mut target = Conn::new(target, slice, slice).unwrap();
+        let mut initiator = Conn::new(initiator, Duration::from_secs(5), Duration::from_secs(5)).unwrap();
+        let answering = std::thread::spawn(move || {
+            let mut prefix = [0u8; 8];
+            initiator.recv_exact(&mut prefix).unwrap();
+            let mut body = vec![0u8; reply_body_len(prefix).unwrap()];
+            initiator.recv_exact(&mut body).unwrap();
+            assert_eq!(decode(&body).unwrap().same_host_challenge.as_deref(), Some("n0"));
+            let written = encode_request_body(&Body { same_host_written: true, ..Body::default() });
+            for piece in written.chunks(5) {
+                initiator.send_all(piece).unwrap();
+                std::thread::sleep(slice * 2);
+            }
+            initiator
+        });
+        assert_eq!(challenge(&mut target, "own", "n0"), Ok(()));
+        drop(answering.join().unwrap());
     }
 }
