@@ -29,6 +29,8 @@ int main(void) {
   const char *peer = pdx_engine_session_id(b);
   static unsigned char src[1 << 16], dst[1 << 16];
   CHECK_OK(pdx_register_memory(b, dst, sizeof dst));
+  /* Registered on the initiator too: the same-host link copies only that. */
+  CHECK_OK(pdx_register_memory(a, src, sizeof src));
   uint64_t remote = (uint64_t)(uintptr_t)dst;
 
   pdx_stats zero = stats_of(a);

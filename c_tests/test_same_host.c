@@ -236,12 +236,17 @@ static void path_of(pdx_engine *e, const char *session, char *info, size_t cap) 
   CHECK_OK(pdx_peer_info(e, session, info, cap, &n));
 }
 
-/* Write `n` bytes of pattern `seed` to `remote` and read them back. */
+/* Write `n` bytes of pattern `seed` to `remote` and read them back, from
+ * and into buffers registered with `e` (the link copies only those). */
 static int round_trip(pdx_engine *e, const char *session, uint64_t remote, size_t n, unsigned seed) {
   unsigned char *src = malloc(n), *back = calloc(1, n);
   fill(src, n, seed);
+  CHECK_OK(pdx_register_memory(e, src, n));
+  CHECK_OK(pdx_register_memory(e, back, n));
   int ok = pdx_transfer_sync_write(e, session, src, remote, n) == PDX_OK &&
            pdx_transfer_sync_read(e, session, back, remote, n) == PDX_OK && memcmp(src, back, n) == 0;
+  CHECK_OK(pdx_unregister_memory(e, src));
+  CHECK_OK(pdx_unregister_memory(e, back));
   free(src);
   free(back);
   return ok;
@@ -267,6 +272,8 @@ static void every_size_and_scattered_pages(pdx_engine *a) {
   enum { PAGES = 2048, PAGE = 4096 };
   unsigned char *src = malloc(PAGES * PAGE), *back = calloc(PAGES, PAGE);
   fill(src, PAGES * PAGE, 99);
+  CHECK_OK(pdx_register_memory(a, src, (size_t)PAGES * PAGE));
+  CHECK_OK(pdx_register_memory(a, back, (size_t)PAGES * PAGE));
   void *locals[PAGES];
   uint64_t remotes[PAGES];
   size_t lens[PAGES];
@@ -289,6 +296,8 @@ static void every_size_and_scattered_pages(pdx_engine *a) {
   CHECK(round_trip(a, t.session, t.addr, 100, 5));
   path_of(a, t.session, info, sizeof info);
   CHECK(strstr(info, "\"path\":\"same-host\"") != NULL);
+  CHECK_OK(pdx_unregister_memory(a, src));
+  CHECK_OK(pdx_unregister_memory(a, back));
   free(src);
   free(back);
   CHECK(stop_target(&t) == 0);
@@ -337,6 +346,7 @@ static void unregister_is_a_fence(pdx_engine *a) {
   CHECK(round_trip(a, t.session, t.addr, 4096, 1));
   struct writer w = {a, t.session, t.addr, len, malloc(len), 0, PDX_OK};
   fill(w.src, len, 8);
+  CHECK_OK(pdx_register_memory(a, w.src, len)); /* on the link, not TCP */
   pthread_t th;
   CHECK(pthread_create(&th, NULL, keep_writing, &w) == 0);
   put_line(t.to, "fence\n");
@@ -345,6 +355,7 @@ static void unregister_is_a_fence(pdx_engine *a) {
   CHECK(strcmp(line, "fenced") == 0);
   pthread_join(th, NULL);
   CHECK(w.last == PDX_ERR_REMOTE_REJECTED || w.last == PDX_ERR_CONNECTION_LOST);
+  CHECK_OK(pdx_unregister_memory(a, w.src));
   free(w.src);
   CHECK(stop_target(&t) == 0);
 }
@@ -405,6 +416,8 @@ static void device_memory_both_ways(pdx_engine *a) {
   CHECK_OK(pdx_register_memory_at(a, (void *)(uintptr_t)mine, len, "cuda:0"));
   CHECK_OK(pdx_register_memory_at(a, (void *)(uintptr_t)back, len, "cuda:0"));
   unsigned char *src = malloc(len), *got = malloc(len);
+  CHECK_OK(pdx_register_memory(a, src, len));
+  CHECK_OK(pdx_register_memory(a, got, len));
   size_t sizes[] = {1, 4097, (8u << 20) + 3};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     size_t n = sizes[i];
@@ -431,6 +444,8 @@ static void device_memory_both_ways(pdx_engine *a) {
   path_of(a, t.session, info, sizeof info);
   CHECK(strstr(info, "\"path\":\"same-host\"") != NULL && strstr(info, "CUDA IPC") != NULL);
   if (strstr(info, "CUDA IPC") == NULL) fprintf(stderr, "peer info: %s\n", info);
+  CHECK_OK(pdx_unregister_memory(a, src));
+  CHECK_OK(pdx_unregister_memory(a, got));
   free(src);
   free(got);
   CHECK(stop_target(&t) == 0);

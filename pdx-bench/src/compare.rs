@@ -294,6 +294,11 @@ pub fn run(opts: &InitiatorOpts) -> Result<(), String> {
             Buffer::with_pages(need, opts.huge).map_err(|e| format!("cannot map the memcpy buffer: {e}"))?;
         pattern::fill(local.as_mut_slice(), crate::run::TARGET_SEED + 1);
         pattern::fill(scratch.as_mut_slice(), crate::run::TARGET_SEED + 2);
+        // Registered with both engines, as a serving stack registers its pools.
+        let _registered = [
+            crate::run::Registered::new(same_host.as_ref(), local.addr(), local.len())?,
+            crate::run::Registered::new(tcp.as_ref(), local.addr(), local.len())?,
+        ];
         println!(
             "comparing paths to {} ({}; {rounds} rounds of {} cells, at most {:.2} s a cell)",
             target.session,

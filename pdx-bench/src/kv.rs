@@ -131,6 +131,8 @@ pub fn run(ctx: &Context<'_>) -> Result<Vec<Value>, String> {
     let mut local = Buffer::with_pages(buffers * buffer_bytes, opts.huge)
         .map_err(|e| format!("cannot map the prefill pool: {e}"))?;
     pattern::fill(local.as_mut_slice(), 23);
+    // The prefill pool is registered, as a serving stack registers it.
+    let _registered = crate::run::Registered::new(ctx.engine, local.addr(), local.len())?;
     let (local_base, remote_base) = (local.addr(), ctx.remote_addr);
     let side = |base: u64| -> Vec<KvBuffer> {
         (0..buffers as u64)

@@ -18,6 +18,25 @@ const SOURCE_SEED: u64 = 11;
 /// Seed the target fills its buffer with.
 pub const TARGET_SEED: u64 = 7;
 
+/// A local buffer registered with the initiator engine until this drops:
+/// as a serving stack registers its KV pools on both sides. Over TCP it
+/// changes nothing; the same-host link copies only registered memory of
+/// the initiator (other memory rides TCP on the link's connection).
+pub struct Registered<'a>(&'a dyn TransferBackend, u64);
+
+impl<'a> Registered<'a> {
+    pub fn new(engine: &'a dyn TransferBackend, addr: u64, len: usize) -> Result<Registered<'a>, String> {
+        engine.register_batch(&[(addr, len as u64)]).map_err(|e| format!("cannot register the local buffer: {e}"))?;
+        Ok(Registered(engine, addr))
+    }
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.unregister_batch(&[self.1]);
+    }
+}
+
 pub struct Context<'a> {
     pub engine: &'a dyn TransferBackend,
     pub session: &'a str,
@@ -121,6 +140,11 @@ pub fn block_sweep(ctx: &Context<'_>) -> Result<(Vec<Row>, Moved), String> {
         None => None,
     };
     let local_addr = dev.as_ref().map_or(local.addr(), |d| d.addr()) as usize;
+    // Host memory registered as the device region is (the link copies only that).
+    let registered = match dev {
+        None => Some(Registered::new(ctx.engine, local.addr(), local.len())?),
+        Some(_) => None,
+    };
     let mut covered = vec![0usize; threads];
     let mut rows = Vec::new();
     let show = !opts.quiet && std::io::stderr().is_terminal();
@@ -224,6 +248,7 @@ pub fn block_sweep(ctx: &Context<'_>) -> Result<(Vec<Row>, Moved), String> {
         d.download(0, local.as_mut_slice())?;
         ctx.engine.unregister_batch(&[d.addr()]).map_err(|e| e.to_string())?;
     }
+    drop(registered);
     Ok((rows, Moved { local, region, covered }))
 }
 

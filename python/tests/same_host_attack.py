@@ -17,10 +17,12 @@ and a bystander process whose memory the attacker must never reach:
 (In these three the root attacker answers the target's challenge for its
 child by writing the nonce into the child's memory through /proc: root may.)
 
-For each, two granted-or-not connections send one same-host read (region to
-bystander) and one same-host write (bystander to region), and the scenario
-reports what the target answered, whether the bystander's secret reached the
-region and whether the bystander's memory changed.
+For each, two granted-or-not connections ask for one same-host read (region
+to bystander) and one same-host write (bystander to region), the link's way:
+a doorbell for a message in the ring, which the target reads from the process
+it pinned (the child, gone or set-uid by then). The scenario reports what the
+target answered, whether the bystander's secret reached the region and
+whether the bystander's memory changed.
 
 Three more, where the process named is the one whose memory is at stake:
 
@@ -32,7 +34,11 @@ Three more, where the process named is the one whose memory is at stake:
 - `scm-rights`: the same, but the uid-65534 process gets the socket from
   the root process over a Unix socket (SCM_RIGHTS), not by inheritance.
 - `same-uid-control`: a process that names itself and writes the nonce into
-  its own memory, as pdx does: granted, and its copies work.
+  its own memory, as pdx does: granted, and its copies work (it lists its
+  secret's buffer as registered, then asks through its ring).
+
+Refused offers send request frames on the connection itself (the way pdx
+once sent them): the target closes without serving them.
 """
 
 from __future__ import annotations
@@ -56,12 +62,17 @@ OP_HELLO, OP_LOCAL_READ, OP_LOCAL_WRITE = 0x50, 0x52, 0x53
 REPLY_MAGIC, STATUS_MAGIC = 0x50445848, 0x4D435456
 SECRET_LEN = 64
 
-# The data port's hello, as an attacker speaks it (docs/wire.md): `hello`
-# sends one request and reads one reply; `offer_link` sends an offer and
-# returns the target's answer, meeting a challenge with `write_nonce(bytes)`
-# (which returns whether it wrote them) and "written" either way.
+# The data port's hello and the same-host link, as an attacker speaks them
+# (docs/wire.md): `hello` sends one request and reads one reply; `offer_link`
+# sends an offer naming `ring` (a `Ring`: private anonymous memory of this
+# process) and returns the target's answer, meeting a challenge with
+# `write_nonce(bytes)` (which returns whether it wrote them) and "written"
+# either way; the nonce becomes the ring's key. `Ring.post` writes one
+# message into the ring, rings its doorbell and reads `answers` statuses.
 HELLO = r'''
-import ctypes, json, os, signal, socket, struct, sys, time
+import ctypes, json, mmap, os, signal, socket, struct, sys, time
+RING_LEN = 65536
+KINDS = {"regions": (1, 16), "more-regions": (2, 16), "host": (3, 32), "device": (4, 96)}
 def hello(sock, body):
     raw = json.dumps(body).encode()
     sock.sendall(struct.pack("<Q", len(raw)) + b"pdxhello" + bytes([0x50]) + bytes(7) + raw)
@@ -71,12 +82,38 @@ def hello(sock, body):
     word = struct.unpack("<Q", prefix)[0]
     assert word >> 32 == 0x50445848, prefix
     return json.loads(recv_exact(sock, word & 0xffffffff))
-def offer_link(sock, instance, offer, write_nonce):
-    reply = hello(sock, {"instance": instance, "same_host": dict(offer, nonce_proof=True)})
+class Ring:
+    def __init__(self):
+        self.mem = mmap.mmap(-1, RING_LEN, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
+        self.key, self.seq = bytes(16), 1
+    def message(self, kind, entries, seq=None):
+        code, size = KINDS[kind]
+        return self.key + struct.pack("<QB3xI", self.seq if seq is None else seq, code, len(entries) // size) + entries
+    def bell(self, length, seq=None):
+        return struct.pack("<QQB7x", length, self.seq if seq is None else seq, 0x56)
+    def post(self, sock, kind, entries, answers):
+        m = self.message(kind, entries)
+        self.mem[:len(m)] = m
+        try:
+            sock.sendall(self.bell(len(m)))
+            self.seq += 1
+            return [status(sock) for _ in range(answers)]
+        except OSError:
+            return [None] * answers
+def host_frame(op, remote, size, local):
+    return struct.pack("<QQB7xQ", size, remote, op, local)
+def ranges(*pairs):
+    return b"".join(struct.pack("<QQ", a, n) for a, n in pairs)
+def offer_link(sock, instance, offer, write_nonce, ring):
+    offer = dict(offer, nonce_proof=True, ring_addr=ring.addr, ring_len=RING_LEN)
+    reply = hello(sock, {"instance": instance, "same_host": offer})
     challenged = reply is not None and "same_host_challenge" in reply
     wrote = None
     if challenged:
-        wrote = write_nonce(bytes.fromhex(reply["same_host_challenge"]))
+        nonce = bytes.fromhex(reply["same_host_challenge"])
+        wrote = write_nonce(nonce)
+        ring.key = nonce
         raw = json.dumps({"same_host_written": True}).encode()
         sock.sendall(struct.pack("<Q", len(raw)) + b"pdxhello" + bytes([0x50]) + bytes(7) + raw)
         prefix = recv_exact(sock, 8)
@@ -96,20 +133,28 @@ def instance_of(port):
     instance = hello(first, {"instance": "0" * 32})["instance"]
     first.close()
     return instance
+def status(sock):
+    got = recv_exact(sock, 8)
+    return None if got is None or len(got) < 8 else struct.unpack("<Q", got)[0]
+def send_and_status(sock, raw):
+    try:
+        sock.sendall(raw)
+        return status(sock)
+    except OSError:
+        return None
 def frames(sock, todo):
-    results = []
-    for op, remote, size, local in todo:
-        try:
-            sock.sendall(struct.pack("<QQB7xQ", size, remote, op, local))
-            status = recv_exact(sock, 8)
-        except OSError:
-            status = None
-        results.append(None if status is None or len(status) < 8 else struct.unpack("<Q", status)[0])
-    return results
+    """The old way: request frames on the connection itself (one status each)."""
+    return [send_and_status(sock, host_frame(op, remote, size, local)) for op, remote, size, local in todo]
+def window(sock, ring, todo):
+    """Requests through the ring: one message, one status each."""
+    return ring.post(sock, "host", b"".join(host_frame(*t) for t in todo), len(todo))
 def recv_exact(sock, n):
     got = b""
     while len(got) < n:
-        part = sock.recv(n - len(got))
+        try:
+            part = sock.recv(n - len(got))
+        except OSError:
+            part = b""
         if not part:
             return None if not got else got
         got += part
@@ -124,6 +169,7 @@ ATTACKER = HELLO + r'''
 port, claimed_uid, exec_argv = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
 instance = instance_of(port)
 probe = ctypes.create_string_buffer(os.urandom(16), 16)
+rings = [Ring() for _ in range(2)]  # at the same addresses in the child
 conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
 for c in conns:
     os.set_inheritable(c.fileno(), True)
@@ -149,7 +195,8 @@ offer = {
 }
 # Root may write into its child's memory (the child has the probe at the
 # same address, copied by fork): the named process "answers".
-answers = [offer_link(c, instance, offer, lambda n: write_mem(child, ctypes.addressof(probe), n)) for c in conns]
+answers = [offer_link(c, instance, offer, lambda n: write_mem(child, ctypes.addressof(probe), n), r)
+           for c, r in zip(conns, rings)]
 out(answers=answers, child=child)
 for line in sys.stdin:
     cmd = json.loads(line)
@@ -161,7 +208,9 @@ for line in sys.stdin:
         os.waitpid(child, 0)
         out(freed=child)
     elif cmd["do"] == "frames":
-        out(statuses=[frames(c, [f])[0] for c, f in zip(conns, cmd["frames"])])
+        # The link's way (a message in the ring, which the target reads from
+        # the process it pinned, here the child), one connection each.
+        out(statuses=[window(c, r, [f])[0] for c, r, f in zip(conns, rings, cmd["frames"])])
     elif cmd["do"] == "exit":
         try:
             os.kill(child, signal.SIGKILL)
@@ -180,6 +229,7 @@ port, base, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 instance = instance_of(port)
 probe = ctypes.create_string_buffer(os.urandom(16), 16)
 secret = ctypes.create_string_buffer(64)
+ring = Ring()
 me = os.getpid()
 offer = {
     "host": {
@@ -193,8 +243,12 @@ offer = {
 }
 todo = [(0x53, base + 4096, 64, ctypes.addressof(secret)), (0x52, base, 64, ctypes.addressof(secret))]
 def speak(sock, write_nonce):
-    answer = offer_link(sock, instance, offer, write_nonce)
-    return {"answer": answer, "statuses": frames(sock, todo)}
+    answer = offer_link(sock, instance, offer, write_nonce, ring)
+    if not answer.get("accepted"):
+        # Refused: the old way is all it has left (the connection closes).
+        return {"answer": answer, "statuses": frames(sock, todo)}
+    listed = ring.post(sock, "regions", ranges((ctypes.addressof(secret), 64)), 1)
+    return {"answer": answer, "listed": listed, "statuses": window(sock, ring, todo)}
 if mode == "same-uid-control":
     secret.raw = os.urandom(64)
     sock = socket.create_connection(("127.0.0.1", port))
@@ -391,6 +445,7 @@ def victim_scenario(name: str, pdx) -> dict:
         "answers": [got["answer"]],
         "statuses": [None if s is None else {"magic_ok": s >> 32 == STATUS_MAGIC, "code": s & 0xffffffff}
                      for s in got["statuses"]],
+        "listed": got.get("listed", []),
         "secret_reached_region": secret in bytes(region),
         "bystander_changed": bytes.fromhex(got["now"]) != secret,
     }

@@ -89,6 +89,9 @@ def test_a_process_that_names_itself_and_answers_gets_the_link(outcomes):
     r = outcomes["same-uid-control"]
     (a,) = r["answers"]
     assert a["challenged"] and a["accepted"] and "nonce" in a["reason"], a
+    assert a["ring"], a  # requests are read from its ring
+    (listed,) = r["listed"]
+    assert listed is not None and listed & 0xFFFFFFFF == 0, r  # its registered memory, acknowledged
     # Its copies ran: its secret reached the region (write), and the read
     # brought region bytes back into it.
     assert r["secret_reached_region"] and r["bystander_changed"], r

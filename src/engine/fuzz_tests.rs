@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use super::protocol::descriptor::{encode_descriptor, parse_descriptor, AdvertisedBuffer};
 use super::protocol::wire::{self, FrameType, RequestHeader};
+use super::samehost::frames::{self as link_frames, Doorbell};
+use super::samehost::ring::{self, Kind};
 use super::samehost::{Answer, HostIdentity, Offer};
 use super::*;
 use crate::transfer::host::parse_session;
@@ -80,26 +82,31 @@ fn seeds() -> Vec<Vec<u8>> {
         super::protocol::hello::encode_reply("00ff"),
         desc.into_bytes(),
         // The same-host link: an offer (naming pid 1, which holds none of
-        // these connections), an answer, and its request frames.
+        // these connections), an answer, a doorbell and messages of a ring.
         super::protocol::hello::encode_request_body(&super::protocol::hello::Body {
             instance: Some("00ff".into()),
-            same_host: Some(Offer {
+            same_host: serde_json::to_value(Offer {
                 host: identity(),
                 probe_addr: 4096,
                 probe: "00".repeat(16),
                 nonce_proof: true,
                 device_ipc: true,
                 answer_after_proof: false,
-            }),
+                ring_addr: 8192,
+                ring_len: ring::RING_LEN as u64,
+            })
+            .ok(),
             ..Default::default()
         }),
         super::protocol::hello::encode_reply_body(&super::protocol::hello::Body {
-            same_host_answer: Some(Answer {
+            same_host_answer: serde_json::to_value(Answer {
                 accepted: true,
                 reason: "r".into(),
                 device_ipc: true,
                 device_reason: "d".into(),
-            }),
+                ring: true,
+            })
+            .ok(),
             ..Default::default()
         }),
         // The target's challenge and the initiator's reply to it.
@@ -112,15 +119,26 @@ fn seeds() -> Vec<Vec<u8>> {
             same_host_written: true,
             ..Default::default()
         }),
-        super::samehost::window::encode(Direction::Write, &Request { local: 4096, remote: 4096, len: 16 }).to_vec(),
-        super::samehost::device::encode(
-            Direction::Read,
-            &Request { local: 4096, remote: 4096, len: 16 },
-            &super::memory::ipc::DeviceExport { handle: [7; super::memory::ipc::HANDLE_LEN], offset: 3 },
-        )
-        .to_vec(),
+        Doorbell { seq: 1, len: 64 }.encode().to_vec(),
+        ring::encode_message(&KEY, 1, Kind::Host, &link_frames::encode_host(Direction::Write, &REQUEST)),
+        ring::encode_message(
+            &KEY,
+            1,
+            Kind::Device,
+            &link_frames::encode_device(
+                Direction::Read,
+                &REQUEST,
+                &super::memory::ipc::DeviceExport { handle: [7; super::memory::ipc::HANDLE_LEN], offset: 3 },
+            ),
+        ),
+        ring::encode_message(&KEY, 1, Kind::Regions, &ring::encode_ranges(&[(4096, 64), (1 << 20, 1 << 12)])),
     ]
 }
+
+/// The key of the ring messages among the seeds.
+const KEY: [u8; ring::KEY_LEN] = [0xa5; ring::KEY_LEN];
+/// The request of the same-host seeds.
+const REQUEST: Request = Request { local: 4096, remote: 4096, len: 16 };
 
 /// A host identity naming pid 1 (not this process).
 fn identity() -> HostIdentity {
@@ -150,11 +168,8 @@ fn decoders_never_panic() {
             let header: &[u8; wire::HEADER_LEN] = input[..wire::HEADER_LEN].try_into().unwrap();
             let h = RequestHeader::decode(header);
             assert_eq!(RequestHeader::decode(&h.encode()), h);
-            let _ = super::samehost::window::decode_local(header);
-            let _ = super::samehost::device::decode_ipc(header);
-            if let Some(tail) = input.get(wire::HEADER_LEN..wire::HEADER_LEN + super::samehost::device::TAIL_LEN) {
-                let _ = super::samehost::device::decode_tail(tail.try_into().unwrap());
-            }
+            let _ = Doorbell::decode(header);
+            let _ = link_frames::is_link_header(header);
             if super::protocol::hello::is_hello(header) {
                 if let Some(n) = super::protocol::hello::request_body_len(header) {
                     let _ = super::protocol::hello::decode_body(
@@ -165,6 +180,13 @@ fn decoders_never_panic() {
         }
         let _ = parse_descriptor(&input, "s:1", "s");
         let _ = parse_session(&String::from_utf8_lossy(&input), 12001);
+        let _ = link_frames::decode_host(&input);
+        let _ = link_frames::decode_device(&input);
+        // A message of the same-host ring (what a proven process writes
+        // there is bounded and checked all the same).
+        for seq in [1, m.next()] {
+            let _ = ring::parse(&input, &KEY, seq);
+        }
     }
 }
 

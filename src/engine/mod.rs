@@ -215,8 +215,9 @@ impl Engine {
         let workers = Arc::new(Workers::default());
         let (registry, regions) = (Arc::new(Registry::default()), Arc::new(Regions::default()));
         let secret = access.secret.clone();
-        let dialer =
-            Dialer::new(settings.clone(), registry.clone(), regions.clone(), identity.clone(), secret, directory);
+        let staging = Arc::new(Staging::new(settings.staging_bytes, settings.lane_wait_timeout));
+        let memory = (regions.clone(), staging.clone());
+        let dialer = Dialer::new(settings.clone(), registry.clone(), memory, identity.clone(), secret, directory);
         let inner = Arc::new(Inner {
             notifications: Arc::new(Notifications::new(settings.max_queued_notifications, settings.notify_queue_bytes)),
             identity,
@@ -227,7 +228,7 @@ impl Engine {
             budget: Arc::new(budget_for(&settings)),
             batches: IdTable::new("batch id", 0),
             stats: Arc::default(),
-            staging: Arc::new(Staging::new(settings.staging_bytes, settings.lane_wait_timeout)),
+            staging,
             access: Arc::new(access),
             settings,
         });

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::super::memory::local::{HostMemory, WindowOutcome};
 use super::super::net::deadline::Stall;
 use super::super::Inner;
 use super::link::Link;
 use super::peers::{recv_limit, stalled, Lane, Peer};
 use super::plan::{Plan, PIECE_BYTES, WINDOW_BYTES};
 use super::prepare::Prepared;
-use super::window::{HostMemory, WindowOutcome};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::peer_stats::PeerCounters;
 use crate::transfer::state::{self, BatchSummary, TaskState, TaskSummary};

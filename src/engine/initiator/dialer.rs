@@ -12,10 +12,13 @@ use serde_json::Value;
 
 use super::super::directory::Directory;
 use super::super::memory::regions::Regions;
+use super::super::memory::staging::Staging;
 use super::super::net::deadline::BoundedStream;
 use super::super::protocol::descriptor::{self, Identity, PeerDescriptor};
 use super::super::protocol::wire::{self, FrameType};
 use super::super::registry::Registry;
+use super::super::samehost::window::Registered;
+use super::super::samehost::HostIdentity;
 use super::super::settings::Settings;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::host::{parse_session, SessionAddr};
@@ -116,6 +119,9 @@ pub(crate) struct Dialer {
     /// This engine's device memory as other processes reach it over the
     /// same-host link (CUDA IPC handles, forgotten at unregister).
     pub exports: Arc<super::super::memory::ipc::Exports>,
+    /// This process's memory a same-host link may let its target copy (the
+    /// registered host regions and the outbound staging buffers).
+    pub registered: Arc<Registered>,
     /// Where peers' descriptors and handshake addresses come from.
     pub directory: Arc<dyn Directory>,
     /// The one prober of every peer's down rails.
@@ -126,13 +132,15 @@ impl Dialer {
     pub fn new(
         settings: Settings,
         registry: Arc<Registry>,
-        regions: Arc<Regions>,
+        (regions, staging): (Arc<Regions>, Arc<Staging>),
         identity: Identity,
         secret: Option<Vec<u8>>,
         directory: Arc<dyn Directory>,
     ) -> Dialer {
         let rail_prober = super::super::net::rails::Prober::new(registry.clone());
-        Dialer { settings, registry, regions, identity, secret, exports: Arc::default(), directory, rail_prober }
+        let registered = Arc::new(Registered::new(regions.clone(), staging));
+        let exports = Arc::default();
+        Dialer { settings, registry, regions, identity, secret, exports, registered, directory, rail_prober }
     }
 
     /// `session`'s descriptor, read from the directory (in P2P mode asked
@@ -163,9 +171,11 @@ impl Dialer {
         &self.identity.rails
     }
 
-    /// The descriptor this engine sends about itself.
+    /// The descriptor this engine sends about itself (with where this
+    /// process runs, for the same-host link).
     pub fn own_descriptor(&self) -> String {
-        descriptor::own(&self.identity, self.regions.advertised(), self.settings.handshake_max_len)
+        let host = HostIdentity::for_descriptor();
+        descriptor::own(&self.identity, host.as_ref(), self.regions.advertised(), self.settings.handshake_max_len)
     }
 
     /// One handshake exchange: send `json` as a `kind` frame, return the reply

@@ -7,13 +7,20 @@
 //! device memory is offered to the link first ([`Link::run_device_window`]:
 //! the same-host link moves it through CUDA IPC where negotiated) and
 //! staged only where the link declines.
+//!
+//! The same-host link runs a window only for the process that made it (a
+//! forked child never uses its parent's), and only over memory this
+//! process registered: a window with local memory outside it rides TCP on
+//! the same connection (the target copies nothing else of this process).
 
 use std::sync::Arc;
 
 use super::super::memory::cuda::Device;
+use super::super::memory::local::{LocalMemory, WindowOutcome};
 use super::super::samehost;
 use super::peers::Lane;
-use super::window::{self, LocalMemory, WindowOutcome};
+use super::window;
+use crate::error::{Error, ErrorKind};
 use crate::transfer::{Direction, Request};
 
 /// The target this module logs under: its path before the engine's files
@@ -22,7 +29,8 @@ use crate::transfer::{Direction, Request};
 const LOG_TARGET: &str = "pdx::engine::link";
 
 pub(crate) trait Link {
-    /// Which path this link is ("tcp"), for logs and statistics.
+    /// Which path the link's last window took ("tcp"), for logs and
+    /// statistics.
     fn path(&self) -> &'static str;
 
     /// Run `reqs` (all non-empty) in `direction`, their local bytes in
@@ -58,11 +66,23 @@ pub(crate) trait Link {
     ) -> Option<WindowOutcome>;
 }
 
+/// The error of a lane this process did not open (a forked child's
+/// parent's): it must not run a window (nothing was sent).
+fn not_ours(lane: &Lane) -> WindowOutcome {
+    let e = format!(
+        "a data connection of process {} (this process, {}, was forked from it): it opens its own",
+        lane.opened_by,
+        std::process::id()
+    );
+    WindowOutcome::failed(0, Error::new(ErrorKind::ConnectionLost, e))
+}
+
 /// A lane is the TCP link, or the same-host link where its hello
-/// negotiated that (the requests still travel on its connection).
+/// negotiated that (the doorbells and statuses still travel on its
+/// connection).
 impl Link for Lane {
     fn path(&self) -> &'static str {
-        if self.same_host {
+        if self.link.is_some() && !self.rode_tcp {
             samehost::PATH
         } else {
             "tcp"
@@ -75,13 +95,30 @@ impl Link for Lane {
         reqs: &[Request],
         memory: &mut dyn LocalMemory,
     ) -> WindowOutcome {
-        if !self.same_host || samehost::window::inline(reqs) {
+        if !self.ours() {
+            return not_ours(self);
+        }
+        self.rode_tcp = false;
+        let Some(link) = self.link.as_mut().filter(|_| !samehost::window::inline(reqs)) else {
+            // SAFETY: forwarded from the caller.
+            return unsafe { window::run_window(&mut self.conn, direction, self.v2, reqs, memory) };
+        };
+        if let Err(ran) = samehost::window::list_registered(&mut self.conn, link, &self.registered) {
+            if let Some(why) = ran.link_failed {
+                self.path.fall_back(&self.session, why);
+            }
+            return ran.outcome;
+        }
+        if !memory.host_ranges_all(&mut |addr, len| link.covers(addr, len)) {
+            // The target copies only memory this process registered.
+            self.rode_tcp = true;
+            self.path.note_unregistered(&self.session);
             // SAFETY: forwarded from the caller.
             return unsafe { window::run_window(&mut self.conn, direction, self.v2, reqs, memory) };
         }
         // SAFETY: forwarded from the caller (the views stay valid until
         // confirmed, which is before this call returns).
-        let ran = unsafe { samehost::window::run_window(&mut self.conn, direction, reqs, memory) };
+        let ran = unsafe { samehost::window::run_window(&mut self.conn, link, direction, reqs, memory) };
         if let Some(why) = ran.link_failed {
             self.path.fall_back(&self.session, why);
         }
@@ -91,7 +128,7 @@ impl Link for Lane {
     /// Device memory through CUDA IPC where the hello negotiated it and it
     /// has not failed for this peer.
     fn moves_device_memory(&self) -> bool {
-        self.same_host && self.exports.is_some() && !self.path.ipc_has_failed()
+        self.link.is_some() && self.exports.is_some() && !self.path.ipc_has_failed() && self.ours()
     }
 
     unsafe fn run_device_window(
@@ -103,11 +140,16 @@ impl Link for Lane {
         if !self.moves_device_memory() {
             return None;
         }
+        self.rode_tcp = false;
         let exports = self.exports.clone()?;
-        match samehost::device::run_window(&mut self.conn, dir, reqs, dev, &exports) {
+        let link = self.link.as_mut()?;
+        match samehost::device::run_window(&mut self.conn, link, dir, reqs, dev, &exports) {
             Ok(ran) => {
                 if let Some(why) = ran.ipc_failed {
                     self.path.ipc_fall_back(&self.session, why);
+                }
+                if let Some(why) = ran.link_failed {
+                    self.path.fall_back(&self.session, why);
                 }
                 Some(ran.outcome)
             }

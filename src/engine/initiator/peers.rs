@@ -17,6 +17,9 @@ use super::super::net::rails::{Pairing, Rail, RailClock, RailSet};
 use super::super::protocol::descriptor::PeerDescriptor;
 use super::super::protocol::wire::FrameType;
 use super::super::registry::OwnedSocketGuard;
+use super::super::samehost::negotiate::Dial;
+use super::super::samehost::ring::InitiatorLink;
+use super::super::samehost::window::Registered;
 use super::super::samehost::{self, PathChoice};
 use super::super::settings::Settings;
 use super::dialer::Dialer;
@@ -63,9 +66,17 @@ pub struct Lane {
     /// Whether requests on this lane use data protocol v2 (decided when the
     /// lane opens: the peer's descriptor, unless v1 is forced).
     pub v2: bool,
-    /// Whether the target copies the payload itself (the same-host link,
-    /// negotiated in the hello when the lane opened).
-    pub same_host: bool,
+    /// The same-host link, negotiated in the hello when the lane opened:
+    /// the target copies the payload itself.
+    pub link: Option<InitiatorLink>,
+    /// This process's memory the link may let the target copy.
+    pub registered: Arc<Registered>,
+    /// The process that opened the lane: a forked child that inherited it
+    /// never uses it (nor shuts it down), and opens lanes of its own.
+    pub opened_by: u32,
+    /// The last window rode TCP on the link's connection (its local memory
+    /// was not all registered).
+    pub rode_tcp: bool,
     /// Where device memory is exported from, when the same-host link
     /// moves it through CUDA IPC (negotiated with the link).
     pub exports: Option<Arc<Exports>>,
@@ -81,11 +92,16 @@ pub struct Lane {
 /// What a data connection's hello settled.
 #[derive(Default)]
 struct Negotiated {
-    same_host: bool,
+    link: Option<InitiatorLink>,
     device_ipc: bool,
 }
 
 impl Lane {
+    /// Whether this process opened the lane (not a parent it was forked from).
+    pub fn ours(&self) -> bool {
+        self.opened_by == std::process::id()
+    }
+
     /// A lane with CUDA IPC opened before a device region of this engine
     /// was unregistered: the peer may still map that memory through it.
     pub fn retired(&self) -> bool {
@@ -112,7 +128,8 @@ impl Peer {
             if locals.is_empty() || desc.rails.is_empty() || desc.instance.is_none() {
                 return None;
             }
-            if samehost::offer_or_why_not(self.dialer.settings.same_host, desc.host.as_ref()).is_ok() {
+            let host = samehost::HostIdentity::of_descriptor(desc.host.as_ref());
+            if samehost::offer_or_why_not(self.dialer.settings.same_host, host.as_ref()).is_ok() {
                 log::info!(target: LOG_TARGET, "{}: on this host: rails do not apply (the same-host link)", self.session);
                 return None;
             }
@@ -188,19 +205,18 @@ impl Peer {
             self.path.decided(&self.session, false, "a Mooncake peer (TCP is its only path)".to_owned());
             return Ok((stream, Negotiated::default()));
         };
-        let mut offer = match self.path.failed() {
+        let host = samehost::HostIdentity::of_descriptor(desc.host.as_ref());
+        let offer = match self.path.failed() {
             Some(why) => Err(why),
-            None => samehost::offer_or_why_not(self.dialer.settings.same_host, desc.host.as_ref()),
+            None => samehost::offer_or_why_not(self.dialer.settings.same_host, host.as_ref()),
         };
         // Device memory through CUDA IPC, unless it failed for this peer.
-        let export = match (&mut offer, self.path.ipc_failed()) {
+        let export = match (&offer, self.path.ipc_failed()) {
             (Err(_), _) => Err(String::new()),
             (Ok(_), Some(why)) => Err(why),
-            (Ok(_), None) => desc.host.as_ref().map_or(Err(String::new()), samehost::device::can_export),
+            (Ok(_), None) => host.as_ref().map_or(Err(String::new()), samehost::device::can_export),
         };
-        if let Ok(o) = &mut offer {
-            o.device_ipc = export.is_ok();
-        }
+        let mut dial = offer.and_then(|o| Dial::new(samehost::Offer { device_ipc: export.is_ok(), ..o }));
         // On a rail, name the rail: the hello's error is then its reason.
         let what = match rail {
             Some(r) => format!("data port {} of {} on rail {r}", desc.data_port, self.session),
@@ -210,29 +226,14 @@ impl Peer {
         // A rail's hello is bounded like its connect: a silent rail costs at most that.
         let by = if rail.is_some() { by.min(Instant::now() + super::super::net::rails::RAIL_CONNECT) } else { by };
         let secret = self.dialer.secret.as_deref();
-        let answer =
-            super::super::protocol::hello::confirm(&mut stream, instance, by, &what, secret, offer.clone().ok())?;
-        let (same_host, device_ipc, reason) = match (offer, answer) {
-            (Err(why), _) => (false, false, why),
-            (Ok(_), Some(a)) if a.accepted => {
-                let device_ipc = a.device_ipc && export.is_ok();
-                // A process without device memory has nothing to say about it.
-                let device = match (export, a.device_ipc) {
-                    (Err(why), _) if why.is_empty() => String::new(),
-                    (Err(why), _) => format!("; device memory staged: {why}"),
-                    (Ok(()), true) => format!("; device memory: {}", samehost::device::ACCEPTED),
-                    (Ok(()), false) if a.device_reason.is_empty() => {
-                        "; device memory staged: the peer did not answer the CUDA IPC offer (an older pdx)".to_owned()
-                    }
-                    (Ok(()), false) => format!("; device memory staged: {}", a.device_reason),
-                };
-                (true, device_ipc, format!("{}{device}", a.reason))
-            }
-            (Ok(_), Some(a)) => (false, false, a.reason),
-            (Ok(_), None) => (false, false, "the peer did not answer the same-host offer (an older pdx)".to_owned()),
+        let offering = dial.as_mut().ok().map(|d| d as &mut dyn super::super::protocol::hello::Offering);
+        let answer = super::super::protocol::hello::confirm(&mut stream, instance, by, &what, secret, offering)?;
+        let settled = match dial {
+            Err(why) => samehost::negotiate::Settled { link: None, device_ipc: false, reason: why },
+            Ok(dial) => dial.settle(answer, export),
         };
-        self.path.decided(&self.session, same_host, reason);
-        Ok((stream, Negotiated { same_host, device_ipc }))
+        self.path.decided(&self.session, settled.link.is_some(), settled.reason);
+        Ok((stream, Negotiated { link: settled.link, device_ipc: settled.device_ipc }))
     }
 
     /// A new data connection to the engine this peer's descriptor names.
@@ -293,11 +294,26 @@ impl Peer {
             .ok_or_else(|| Error::new(ErrorKind::Shutdown, "engine is shutting down"))?;
         let v2 = desc.proto_version >= 2 && !s.force_v1;
         let (path, session) = (self.path.clone(), self.session.as_str().into());
-        let Negotiated { same_host, device_ipc } = negotiated;
+        let Negotiated { link, device_ipc } = negotiated;
         let exports = device_ipc.then(|| self.dialer.exports.clone());
         let exports_epoch = self.dialer.exports.epoch();
         let rail = rail.cloned();
-        Ok(Lane { conn, v2, same_host, exports, exports_epoch, path, session, rail, _tracked: tracked })
+        let registered = self.dialer.registered.clone();
+        let opened_by = std::process::id();
+        Ok(Lane {
+            conn,
+            v2,
+            link,
+            registered,
+            opened_by,
+            rode_tcp: false,
+            exports,
+            exports_epoch,
+            path,
+            session,
+            rail,
+            _tracked: tracked,
+        })
     }
 
     /// Send one notification to the name in the peer's descriptor.
@@ -365,11 +381,14 @@ impl Peer {
             while k > 0 {
                 k -= 1;
                 let lane = &state.idle[k];
-                // Not a same-host lane once that link failed for this peer,
-                // nor one on a rail that is down.
+                // Not a lane this process did not open (a forked child's
+                // parent's: dropped here, never shut down, which would shut
+                // the parent's), nor a same-host lane once that link failed
+                // for this peer, nor one on a rail that is down.
                 let rail_down = lane.rail.as_ref().is_some_and(|r| !r.is_up());
-                if !lane.conn.idle_and_alive()
-                    || (lane.same_host && self.path.has_failed())
+                if !lane.ours()
+                    || !lane.conn.idle_and_alive()
+                    || (lane.link.is_some() && self.path.has_failed())
                     || lane.retired()
                     || rail_down
                 {
@@ -422,11 +441,15 @@ impl Peer {
     /// Give a lane back: pooled if it ended cleanly, closed otherwise.
     pub fn release(&self, lane: Lane, clean: bool) {
         let mut state = self.lanes.lock();
-        if clean && !lane.retired() {
+        if clean && !lane.retired() && lane.ours() {
             state.idle.push(lane);
         } else {
             state.open -= 1;
-            lane.conn.shutdown();
+            // A lane of the process this one was forked from is its
+            // parent's connection too: only this copy closes.
+            if lane.ours() {
+                lane.conn.shutdown();
+            }
         }
         drop(state);
         self.lane_freed.notify_one();
@@ -630,5 +653,13 @@ impl Peers {
     /// Lanes open to `session`, if it is cached.
     pub fn lanes_open_to(&self, session: &str) -> Option<u64> {
         self.map.lock().get(session).map(|p| p.lanes.lock().open as u64)
+    }
+}
+
+#[cfg(test)]
+impl Peer {
+    /// Tests: `f` on the most recently pooled idle lane, if any.
+    pub fn with_idle_lane<T>(&self, f: impl FnOnce(&mut Lane) -> T) -> Option<T> {
+        self.lanes.lock().idle.last_mut().map(f)
     }
 }

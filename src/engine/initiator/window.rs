@@ -11,126 +11,14 @@
 //! protocol only asks the memory for a group's host view and tells it what
 //! arrived; it never knows which kind it drives.
 
-use std::borrow::Cow;
-use std::io;
-use std::ops::Range;
-
-use super::super::net::conn::Conn;
+use super::super::memory::local::{LocalMemory, WindowOutcome};
+use super::super::net::conn::{io_error, Conn};
 use super::super::protocol::wire::{self, RequestHeader, HEADER_LEN, STATUS_LEN};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind};
 use crate::transfer::{Direction, Request};
 
 /// Bytes gathered into one `sendmsg` for small pipelined writes.
 const SEND_GATHER_BYTES: usize = 256 * 1024;
-
-/// What happened to a window.
-#[derive(Debug)]
-pub struct WindowOutcome {
-    /// The first `confirmed` requests completed at the target.
-    pub confirmed: usize,
-    /// The request right after them was refused by the target (v2 status 1).
-    pub rejected: bool,
-    /// The connection failed; requests after `confirmed` (+1 if rejected)
-    /// are unconfirmed. `None` means the lane is clean and reusable.
-    pub broken: Option<Error>,
-}
-
-impl WindowOutcome {
-    fn done(confirmed: usize) -> WindowOutcome {
-        WindowOutcome { confirmed, rejected: false, broken: None }
-    }
-
-    fn failed(confirmed: usize, e: Error) -> WindowOutcome {
-        WindowOutcome { confirmed, rejected: false, broken: Some(e) }
-    }
-
-    /// The target refused a request (`rejected`) or the connection ended
-    /// while acknowledgements were awaited.
-    fn ended(confirmed: usize, (rejected, err): AckEnd) -> WindowOutcome {
-        let broken = Some(err.unwrap_or_else(|| Error::new(ErrorKind::RemoteRejected, "rejected")));
-        WindowOutcome { confirmed, rejected, broken }
-    }
-}
-
-/// The local side of a window, group by group. Groups are consecutive,
-/// cover every request, and are used in order; a memory may prepare the
-/// next group while the current one is on the wire.
-pub(crate) trait LocalMemory {
-    /// The requests of each group.
-    fn groups(&self) -> &[Range<usize>];
-    /// Writes: start making group `g` readable from the host (queue copies).
-    fn stage_out(&mut self, g: usize) -> Result<()>;
-    /// Writes: group `g` as the host reads it, once readable. Groups are
-    /// staged ahead of the one being sent only when [`ahead`](Self::ahead).
-    fn ready_out(&mut self, g: usize) -> Result<Cow<'_, [Request]>>;
-    /// Whether group `g + 1` may be staged before group `g` is sent.
-    fn ahead(&self) -> bool;
-    /// Reads: where group `g` is received (its buffer free to refill);
-    /// `None`: into the requests' own local ranges.
-    fn recv_view(&mut self, g: usize) -> Result<Option<Vec<Request>>>;
-    /// Reads: the first `got` requests of group `g` arrived in its view;
-    /// move them home (possibly queued).
-    fn landed(&mut self, g: usize, got: usize) -> Result<()>;
-    /// Reads: wait for every queued move, oldest first, stopping at the
-    /// first that failed.
-    fn settle(&mut self) -> Result<()>;
-    /// Reads: requests home so far, in order.
-    fn confirmed(&self) -> usize;
-}
-
-/// Host memory: one group, sent from and received into where it is.
-pub(crate) struct HostMemory<'a> {
-    reqs: &'a [Request],
-    /// Its one group: every request.
-    whole: [Range<usize>; 1],
-    landed: usize,
-}
-
-impl<'a> HostMemory<'a> {
-    pub fn new(reqs: &'a [Request]) -> HostMemory<'a> {
-        // One group covering the window, not a list of ranges.
-        #[allow(clippy::single_range_in_vec_init)]
-        let whole = [0..reqs.len()];
-        HostMemory { reqs, whole, landed: 0 }
-    }
-}
-
-impl LocalMemory for HostMemory<'_> {
-    fn groups(&self) -> &[Range<usize>] {
-        &self.whole
-    }
-    fn stage_out(&mut self, _: usize) -> Result<()> {
-        Ok(())
-    }
-    fn ready_out(&mut self, _: usize) -> Result<Cow<'_, [Request]>> {
-        Ok(Cow::Borrowed(self.reqs))
-    }
-    fn ahead(&self) -> bool {
-        false
-    }
-    fn recv_view(&mut self, _: usize) -> Result<Option<Vec<Request>>> {
-        Ok(None)
-    }
-    fn landed(&mut self, _: usize, got: usize) -> Result<()> {
-        self.landed += got;
-        Ok(())
-    }
-    fn settle(&mut self) -> Result<()> {
-        Ok(())
-    }
-    fn confirmed(&self) -> usize {
-        self.landed
-    }
-}
-
-/// Map an I/O error on a data connection to a core error.
-pub fn io_error(e: io::Error) -> Error {
-    let kind = match e.kind() {
-        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => ErrorKind::Timeout,
-        _ => ErrorKind::ConnectionLost,
-    };
-    Error::new(kind, format!("data connection: {e}"))
-}
 
 fn header(r: &Request, direction: Direction, acknowledged: bool) -> [u8; HEADER_LEN] {
     RequestHeader { size: r.len as u64, addr: r.remote, direction, acknowledged }.encode()
@@ -153,6 +41,13 @@ pub unsafe fn run_window(
         Direction::Write => write(conn, v2, reqs.len(), memory),
         Direction::Read => read(conn, v2, reqs, memory),
     }
+}
+
+/// The target refused a request (`rejected`) or the connection ended while
+/// acknowledgements were awaited.
+fn ended(confirmed: usize, (rejected, err): AckEnd) -> WindowOutcome {
+    let broken = Some(err.unwrap_or_else(|| Error::new(ErrorKind::RemoteRejected, "rejected")));
+    WindowOutcome { confirmed, rejected, broken }
 }
 
 /// How waiting for acknowledgements ended early: (rejected, error).
@@ -199,7 +94,7 @@ unsafe fn write(conn: &mut Conn, v2: bool, total: usize, memory: &mut dyn LocalM
         }
         match take_acks(conn, sent, acked, true) {
             Ok(()) => WindowOutcome::failed(*acked, e),
-            Err(end) => WindowOutcome::ended(*acked, end),
+            Err(end) => ended(*acked, end),
         }
     };
     if let Err(e) = memory.stage_out(0) {
@@ -237,14 +132,14 @@ unsafe fn write(conn: &mut Conn, v2: bool, total: usize, memory: &mut dyn LocalM
                 let e = io_error(e);
                 let _ = conn.fill_nonblocking();
                 return match take_acks(conn, total, &mut acked, false) {
-                    Err(end) => WindowOutcome::ended(acked, end),
+                    Err(end) => ended(acked, end),
                     Ok(()) => WindowOutcome::failed(acked, e),
                 };
             }
             sent += j - start;
             if v2 && conn.fill_nonblocking().is_ok() {
                 if let Err(end) = take_acks(conn, sent, &mut acked, false) {
-                    return WindowOutcome::ended(acked, end);
+                    return ended(acked, end);
                 }
             }
         }
@@ -259,7 +154,7 @@ unsafe fn write(conn: &mut Conn, v2: bool, total: usize, memory: &mut dyn LocalM
     if v2 {
         return match take_acks(conn, total, &mut acked, true) {
             Ok(()) => WindowOutcome::done(acked),
-            Err(end) => WindowOutcome::ended(acked, end),
+            Err(end) => ended(acked, end),
         };
     }
     let Some(last) = last else { return WindowOutcome::done(0) };

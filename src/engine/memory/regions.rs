@@ -97,6 +97,8 @@ pub struct Regions {
     /// How many registered regions are device memory (0: no lookups needed
     /// to stage).
     devices: AtomicUsize,
+    /// Changes whenever a region is added or removed.
+    epoch: AtomicU64,
 }
 
 impl Regions {
@@ -127,6 +129,7 @@ impl Regions {
             })
         })?;
         self.devices.fetch_add(devices, Ordering::AcqRel);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
@@ -184,6 +187,7 @@ impl Regions {
         }
         let removed = self.map.write().remove_all(addrs)?;
         self.devices.fetch_sub(removed.iter().filter(|r| r.device.is_some()).count(), Ordering::AcqRel);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
@@ -192,6 +196,16 @@ impl Regions {
     /// region is being unregistered).
     pub fn lookup(&self, addr: u64, size: u64) -> Option<Arc<Region>> {
         self.map.read().containing(addr, size).map(|(_, _, r)| r.clone()).filter(|r| !r.is_revoked())
+    }
+
+    /// A number that changes whenever a region is added or removed.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// The host regions (start, length), by address.
+    pub fn host_ranges(&self) -> Vec<(u64, u64)> {
+        self.map.read().iter().filter(|(_, _, r)| r.device.is_none()).map(|(a, l, _)| (a, l)).collect()
     }
 
     /// The regions as advertised in our descriptor.

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use socket2::SockRef;
 
-use super::super::samehost::xmem::PeerProcess;
 use super::deadline::{Stall, SLICE};
 use super::spin::Spin;
+use crate::error::{Error, ErrorKind};
 
 /// Receive buffer size; payloads at least half this size bypass it.
 const RECV_BUF: usize = 256 * 1024;
@@ -56,9 +56,10 @@ pub struct Conn {
     resumed: bool,
     /// A request header was read from it.
     seen_header: bool,
-    /// Served with the same-host link to this initiator process (kept while
-    /// the connection is parked between requests).
-    same_host_peer: Option<Arc<PeerProcess>>,
+    /// What the server's hello added to this connection (the same-host
+    /// link to the initiator's process), kept while it is parked between
+    /// requests; this layer only keeps it.
+    extension: Option<Arc<dyn Any + Send + Sync>>,
     /// State a server keeps with the connection, kept while it is parked
     /// (the same-host link's opened device memory handles).
     attachment: Option<Arc<dyn Any + Send + Sync>>,
@@ -75,6 +76,15 @@ struct Paced {
     recv_limit: Duration,
     /// Bytes in our send queue at the last look (`SIOCOUTQ`).
     outq: std::cell::Cell<i64>,
+}
+
+/// Map an I/O error on a data connection to a core error.
+pub fn io_error(e: io::Error) -> Error {
+    let kind = match e.kind() {
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => ErrorKind::Timeout,
+        _ => ErrorKind::ConnectionLost,
+    };
+    Error::new(kind, format!("data connection: {e}"))
 }
 
 /// A socket timeout (`EAGAIN`) as `TimedOut`: the syscall's deadline passed.
@@ -108,7 +118,7 @@ impl Conn {
             parked: false,
             resumed: false,
             seen_header: false,
-            same_host_peer: None,
+            extension: None,
             attachment: None,
             woken: false,
         })
@@ -220,14 +230,14 @@ impl Conn {
         self.resumed
     }
 
-    /// The initiator process of the same-host link on this connection, if any.
-    pub fn same_host_peer(&self) -> Option<Arc<PeerProcess>> {
-        self.same_host_peer.clone()
+    /// The extension of type `T` the hello added to this connection, if any.
+    pub fn extension<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.extension.clone().and_then(|e| e.downcast::<T>().ok())
     }
 
-    /// Serve this connection with the same-host link to `peer` (or not).
-    pub fn set_same_host_peer(&mut self, peer: Option<Arc<PeerProcess>>) {
-        self.same_host_peer = peer;
+    /// What the hello added to this connection (or nothing).
+    pub fn set_extension(&mut self, extension: Option<Arc<dyn Any + Send + Sync>>) {
+        self.extension = extension;
     }
 
     /// The state of type `T` kept with this connection, made by `make` on

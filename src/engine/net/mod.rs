@@ -4,8 +4,9 @@
 //! (interfaces and addresses) data connections ride ([`rails`]).
 //!
 //! May use: the engine's [`registry`](super::registry) (a down rail's probe
-//! runs on a registered thread) and the same-host link's peer process (a
-//! connection may carry one). No other role: the others build on this.
+//! runs on a registered thread). No other role: the others build on this (a
+//! server connection keeps what its hello added, the same-host link, as an
+//! opaque extension).
 
 pub(super) mod conn;
 pub(super) mod deadline;

@@ -4,7 +4,6 @@
 use serde::{Deserialize, Serialize};
 
 use super::super::net::rails::LocalRail;
-use super::super::samehost::HostIdentity;
 use crate::error::{Error, Result};
 
 /// The target this module logs under: its path before the engine's files
@@ -34,8 +33,9 @@ pub struct PeerDescriptor {
     /// `pdx_instance`: the engine instance of a pdx peer, which its data
     /// port confirms (see [`super::hello`]); `None` for a Mooncake peer.
     pub instance: Option<String>,
-    /// `pdx_host`: where a pdx peer runs (see [`super::super::samehost`]).
-    pub(crate) host: Option<HostIdentity>,
+    /// `pdx_host`: where a pdx peer runs, as the same-host link reads it
+    /// (this layer carries it without interpreting it).
+    pub(crate) host: Option<serde_json::Value>,
     /// `pdx_rails`: the addresses a pdx peer with `PDX_TCP_RAILS` takes
     /// data on, at `data_port` (see [`super::super::net::rails`]); empty otherwise.
     pub rails: Vec<std::net::IpAddr>,
@@ -47,7 +47,7 @@ struct OwnDescriptor<'a> {
     buffers: Vec<OwnBuffer<'a>>,
     name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pdx_host: Option<&'a HostIdentity>,
+    pdx_host: Option<&'a serde_json::Value>,
     pdx_instance: &'a str,
     /// Absent without rails, so that the descriptor is what it was.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -114,7 +114,7 @@ fn encode_with_host(
     data_host: &str,
     data_port: u16,
     buffers: &[AdvertisedBuffer],
-    host: Option<&HostIdentity>,
+    host: Option<&serde_json::Value>,
     rails: &[std::net::IpAddr],
 ) -> String {
     let own = OwnDescriptor {
@@ -188,7 +188,7 @@ pub fn parse_descriptor(text: &[u8], session_name: &str, session_host: &str) -> 
         notify_name: non_empty(d.name, session_name),
         buffers,
         instance,
-        host: d.pdx_host.and_then(|h| serde_json::from_value(h).ok()),
+        host: d.pdx_host,
         rails: super::super::net::rails::parse_advertised(d.pdx_rails.as_ref()),
     })
 }
@@ -208,22 +208,19 @@ pub(crate) struct Identity {
     pub rails: Vec<LocalRail>,
 }
 
-/// Our descriptor (`identity`, and `buffers` cut short if they would not
-/// fit one frame of `max_frame` bytes).
-pub(crate) fn own(identity: &Identity, mut buffers: Vec<AdvertisedBuffer>, max_frame: usize) -> String {
+/// Our descriptor (`identity`, where this process runs as `host` says,
+/// and `buffers` cut short if they would not fit one frame of `max_frame`
+/// bytes).
+pub(crate) fn own(
+    identity: &Identity,
+    host: Option<&serde_json::Value>,
+    mut buffers: Vec<AdvertisedBuffer>,
+    max_frame: usize,
+) -> String {
     loop {
         let id = identity;
-        let host = HostIdentity::current();
         let rails: Vec<std::net::IpAddr> = id.rails.iter().map(|r| r.addr).collect();
-        let text = encode_with_host(
-            &id.session_id,
-            &id.instance,
-            &id.data_host,
-            id.data_port,
-            &buffers,
-            host.as_ref(),
-            &rails,
-        );
+        let text = encode_with_host(&id.session_id, &id.instance, &id.data_host, id.data_port, &buffers, host, &rails);
         if text.len() + 2 <= max_frame || buffers.is_empty() {
             return text;
         }

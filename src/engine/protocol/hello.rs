@@ -31,27 +31,28 @@
 //! request. A server with a secret serves no connection that did not prove
 //! it; an initiator with one sends nothing to a server that did not.
 //!
-//! A same-host offer (`"same_host"`, see [`super::super::samehost`]) that
-//! passes the target's checks is challenged before it is answered: the
-//! target replies `{"instance":..., "same_host_challenge":"<32 hex>"}` (a
-//! fresh nonce), the initiator writes the nonce at the offer's probe
-//! address in its own memory and sends one more hello,
-//! `{"same_host_written":true}`; the target reads the nonce there and then
-//! replies with its answer. With a peer secret this happens after the
-//! initiator's proof. An offer without `"nonce_proof":true` (an older pdx)
-//! is declined without a challenge; an older target never sends one (it
-//! copies the probe bytes the offer names, which the slot holds until the
-//! nonce is written).
+//! The hello also carries an extension of the connection it does not
+//! interpret itself, the same-host link: an offer (`"same_host"`, a JSON
+//! object the link writes and reads, see [`Offering`]) may be challenged
+//! before it is answered: the target replies
+//! `{"instance":..., "same_host_challenge":"<32 hex>"}`, the initiator's
+//! link meets the challenge and the initiator sends one more hello,
+//! `{"same_host_written":true}`; the target then replies with its answer
+//! (`"same_host_answer"`, again the link's JSON). With a peer secret this
+//! happens after the initiator's proof, for an offer that says
+//! `"answer_after_proof":true`; an older offer without it is answered
+//! unchecked at once. What the offer and answer say, and what the challenge
+//! proves, is the link's (`docs/wire.md`).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::super::net::conn::Conn;
 use super::super::net::deadline::BoundedStream;
-use super::super::samehost::{Answer, Offer, ProbeSlot};
 use super::wire::HEADER_LEN;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -83,12 +84,12 @@ pub(crate) struct Body {
     pub nonce: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proof: Option<String>,
-    /// Request: the initiator offers the same-host link (see [`super::super::samehost`]).
+    /// Request: the initiator offers the same-host link (the link's JSON).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub same_host: Option<Offer>,
-    /// Reply: the target's answer to that offer.
+    pub same_host: Option<Value>,
+    /// Reply: the target's answer to that offer (the link's JSON).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub same_host_answer: Option<Answer>,
+    pub same_host_answer: Option<Value>,
     /// Reply: the answer to the offer comes in one more reply, after the
     /// initiator's proof (the target holds a peer secret and checks
     /// nothing of an offer before the proof).
@@ -101,6 +102,24 @@ pub(crate) struct Body {
     /// Request: the initiator wrote the challenge's nonce.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub same_host_written: bool,
+}
+
+/// The initiator's side of an extension of the connection the hello carries
+/// without interpreting it (the same-host link): its offer, and its answer
+/// to the target's challenge.
+pub(crate) trait Offering {
+    /// The offer (a JSON object); `answer_after_proof`: this initiator
+    /// holds a peer secret and waits for the answer until after its proof.
+    fn offer(&mut self, answer_after_proof: bool) -> Value;
+    /// Meet the target's challenge before the initiator says it did; false
+    /// if the challenge is malformed.
+    fn meet(&mut self, challenge: &str) -> bool;
+}
+
+/// Whether an offer waits for its answer until after the initiator's proof
+/// of the peer secret (an older one does not, and is answered at once).
+fn answers_after_proof(offer: &Value) -> bool {
+    offer.get("answer_after_proof").and_then(Value::as_bool).unwrap_or(false)
 }
 
 /// True if `header` opens a hello; its `size` is the body length.
@@ -177,8 +196,8 @@ pub(crate) fn confirm(
     deadline: Instant,
     what: &str,
     secret: Option<&[u8]>,
-    offer: Option<Offer>,
-) -> Result<Option<Answer>> {
+    mut offer: Option<&mut dyn Offering>,
+) -> Result<Option<Value>> {
     let io = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
             Error::timeout(format!("{what}: no answer to the pdx hello within the connect bound"))
@@ -192,12 +211,9 @@ pub(crate) fn confirm(
     let not_the_peer = |why: &str| Error::new(ErrorKind::PeerUnreachable, format!("{what}: {why}"));
     let mut bounded = BoundedStream::new(stream, deadline);
     let cn = secret.map(|_| super::auth::nonce());
-    // Where this process answers the target's challenge: alive until the
-    // answer is read.
-    let mut slot = offer.as_ref().map(|_| ProbeSlot::new());
     // With a secret, the target answers the offer only after our proof.
-    let offer = offer.zip(slot.as_ref()).map(|(o, s)| s.offer(Offer { answer_after_proof: secret.is_some(), ..o }));
-    let request = Body { instance: Some(expected.to_owned()), nonce: cn.clone(), same_host: offer, ..Body::default() };
+    let body = offer.as_mut().map(|o| o.offer(secret.is_some()));
+    let request = Body { instance: Some(expected.to_owned()), nonce: cn.clone(), same_host: body, ..Body::default() };
     bounded.write_all(&encode_request_body(&request)).map_err(io)?;
     let read_reply = |bounded: &mut BoundedStream<'_>| -> Result<Body> {
         let mut prefix = [0u8; 8];
@@ -208,24 +224,25 @@ pub(crate) fn confirm(
         bounded.read_exact(&mut body).map_err(io)?;
         decode(&body).ok_or_else(|| not_the_peer("answered the pdx hello with a malformed body"))
     };
-    // The reply that may challenge the offer: answered by writing the nonce
-    // into the slot, then the answer comes in one more reply.
-    let settle = |reply: Body, bounded: &mut BoundedStream<'_>, slot: &mut Option<ProbeSlot>| -> Result<Body> {
-        let Some(nonce) = &reply.same_host_challenge else { return Ok(reply) };
-        if !slot.as_mut().is_some_and(|s| s.answer(nonce)) {
-            return Err(not_the_peer("sent a malformed same-host challenge, or one to no offer"));
-        }
-        let written = Body { same_host_written: true, ..Body::default() };
-        bounded.write_all(&encode_request_body(&written)).map_err(io)?;
-        read_reply(bounded)
-    };
+    // The reply that may challenge the offer: met by the link, then the
+    // answer comes in one more reply.
+    let settle =
+        |reply: Body, bounded: &mut BoundedStream<'_>, offer: &mut Option<&mut dyn Offering>| -> Result<Body> {
+            let Some(nonce) = &reply.same_host_challenge else { return Ok(reply) };
+            if !offer.as_mut().is_some_and(|o| o.meet(nonce)) {
+                return Err(not_the_peer("sent a malformed same-host challenge, or one to no offer"));
+            }
+            let written = Body { same_host_written: true, ..Body::default() };
+            bounded.write_all(&encode_request_body(&written)).map_err(io)?;
+            read_reply(bounded)
+        };
     let mut reply = read_reply(&mut bounded)?;
     let instance = reply.instance.take().ok_or_else(|| not_the_peer("answered the pdx hello with a malformed body"))?;
     if instance != expected {
         return Err(not_the_peer(&format!("is engine instance {instance}, not {expected} (the port was reused)")));
     }
     let (Some(secret), Some(cn)) = (secret, cn) else {
-        return Ok(settle(reply, &mut bounded, &mut slot)?.same_host_answer);
+        return Ok(settle(reply, &mut bounded, &mut offer)?.same_host_answer);
     };
     let answer = reply.same_host_answer.take();
     use super::auth::{prove, verify, DATA_CLIENT, DATA_SERVER};
@@ -244,7 +261,7 @@ pub(crate) fn confirm(
     bounded.write_all(&encode_request_body(&Body { proof: Some(ours), ..Body::default() })).map_err(io)?;
     if reply.same_host_after_proof && answer.is_none() {
         let after = read_reply(&mut bounded)?;
-        return Ok(settle(after, &mut bounded, &mut slot)?.same_host_answer);
+        return Ok(settle(after, &mut bounded, &mut offer)?.same_host_answer);
     }
     Ok(answer)
 }
@@ -278,29 +295,23 @@ pub(crate) fn challenge(conn: &mut Conn, own: &str, nonce: &str) -> std::result:
 /// The server's side of an authenticated data-connection hello: `request`
 /// is the first hello's body, naming this engine's instance. Replies with
 /// this engine's instance, its nonce and proof, then reads the initiator's
-/// proof (one more hello). A same-host offer is checked (`check`) only once
-/// that proof holds, and answered in one more reply; an older pdx that does
-/// not wait for it is declined unchecked. `Err` says why the connection is
+/// proof (one more hello). A same-host offer is checked (`check` with the
+/// connection) only once that proof holds, and answered in one more reply;
+/// an older pdx that does not wait for it is answered at once, unchecked
+/// (`check` without a connection). `Err` says why the connection is
 /// refused.
 pub(crate) fn serve_data_hello(
     conn: &mut Conn,
     secret: &[u8],
     own: &str,
     request: Body,
-    check: &mut dyn FnMut(&Offer, &mut Conn) -> Answer,
+    check: &mut dyn FnMut(&Value, Option<&mut Conn>) -> Value,
 ) -> std::result::Result<(), &'static str> {
     let Some(cn) = request.nonce.filter(|n| n.len() <= 128) else {
         return Err("its pdx hello carried no nonce (a pdx engine without a peer secret)");
     };
-    let after_proof = request.same_host.as_ref().is_some_and(|o| o.answer_after_proof);
-    let unchecked = request.same_host.as_ref().filter(|o| !o.answer_after_proof).map(|_| Answer {
-        accepted: false,
-        reason: "the peer holds a peer secret and checks a same-host offer only after the initiator's proof, which \
-                 this engine's (older) pdx does not wait for"
-            .to_owned(),
-        device_ipc: false,
-        device_reason: String::new(),
-    });
+    let after_proof = request.same_host.as_ref().is_some_and(answers_after_proof);
+    let unchecked = request.same_host.as_ref().filter(|o| !answers_after_proof(o)).map(|o| check(o, None));
     let sn = super::auth::nonce();
     let proof = super::auth::prove(secret, super::auth::DATA_SERVER, &[cn.as_bytes(), sn.as_bytes(), own.as_bytes()]);
     let reply = Body {
@@ -324,7 +335,7 @@ pub(crate) fn serve_data_hello(
         return Err("its proof of the peer secret is wrong (another secret, or a replayed connection)");
     }
     if let Some(offer) = request.same_host.as_ref().filter(|_| after_proof) {
-        let answer = Body { same_host_answer: Some(check(offer, conn)), ..Body::default() };
+        let answer = Body { same_host_answer: Some(check(offer, Some(conn))), ..Body::default() };
         conn.send_all(&encode_reply_body(&answer)).map_err(|_| "it left before the same-host answer")?;
     }
     Ok(())

@@ -4,9 +4,10 @@
 //! ([`hello`]) and peer authentication ([`auth`]).
 //!
 //! May use: [`net`](super::net) (a hello is exchanged on a connection, by a
-//! deadline; a descriptor names rails) and [`samehost`](super::samehost)
-//! (what a hello offers and a descriptor says about the host). Neither the
-//! initiator nor the server: both speak it.
+//! deadline; a descriptor names rails). Neither the initiator, the server
+//! nor the same-host link: they speak it. What a hello offers and a
+//! descriptor says about the host for the same-host link travels here as
+//! JSON this layer carries without interpreting.
 
 pub(super) mod auth;
 // Public only for the fuzz targets (feature `fuzzing`, re-exported by the engine).

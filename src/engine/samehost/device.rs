@@ -11,36 +11,30 @@
 //! another process (the driver refuses to open a handle in the process that
 //! exported it); accepted when the peer's driver can import.
 //!
-//! Frames (little-endian): the 24-byte data header (`u64 size`, `u64 target
-//! address`, `u8 opcode` [`OP_IPC_READ`] / [`OP_IPC_WRITE`], 7 zero bytes),
-//! the 64-byte `CUipcMemHandle`, `u64 offset` in that allocation. Statuses:
-//! OK; REJECTED (the range is not the target's to serve, or its device copy
-//! failed; the connection closes, as over TCP); [`STATUS_IPC_UNUSABLE`]
-//! with an [`Unusable`] cause in bits 8 and up (the mechanism failed: the
-//! connection closes, the initiator stages device memory for that peer
-//! from then on and the executor retries what was not confirmed).
+//! Requests travel as every request of the link does: written into the
+//! initiator's ring ([`super::ring`], device frames of [`super::frames`]),
+//! announced with a doorbell. A handle is a capability its exporter chose to
+//! hand out; the target opens only handles it read from the pinned
+//! process's ring. Statuses: OK; REJECTED (the range is not the target's to
+//! serve, or its device copy failed; the connection closes, as over TCP);
+//! `STATUS_IPC_UNUSABLE` with an [`Unusable`] cause in bits 8 and up (the
+//! mechanism failed: the connection closes, the initiator stages device
+//! memory for that peer from then on and the executor retries what was not
+//! confirmed); `STATUS_COPY_FAILED` (the target could not read the ring:
+//! the link failed, TCP from then on).
 
 use std::sync::Arc;
 
-use super::super::initiator::window::{io_error, WindowOutcome};
 use super::super::memory::cuda::{self, Device};
-use super::super::memory::ipc::{self, DeviceExport, Exports, HANDLE_LEN};
-use super::super::net::conn::Conn;
-use super::super::protocol::wire::{self, RequestHeader, HEADER_LEN, STATUS_LEN};
+use super::super::memory::ipc::{self, Exports};
+use super::super::memory::local::WindowOutcome;
+use super::super::net::conn::{io_error, Conn};
+use super::super::protocol::wire::{self, STATUS_LEN};
+use super::frames::{encode_device, link_status, STATUS_COPY_FAILED, STATUS_IPC_UNUSABLE};
+use super::ring::{InitiatorLink, Kind};
 use super::HostIdentity;
 use crate::error::{Error, ErrorKind};
 use crate::transfer::{Direction, Request};
-
-/// Opcodes of device requests over the link (pdx-only; sent only on a
-/// connection whose hello accepted device IPC).
-pub(crate) const OP_IPC_READ: u8 = 0x54;
-pub(crate) const OP_IPC_WRITE: u8 = 0x55;
-/// What follows the header: the handle and the offset.
-pub(crate) const TAIL_LEN: usize = HANDLE_LEN + 8;
-/// Length of a device request frame.
-pub(crate) const FRAME_LEN: usize = HEADER_LEN + TAIL_LEN;
-/// Status of a request the target could not serve through CUDA IPC.
-pub(crate) const STATUS_IPC_UNUSABLE: u32 = 3;
 
 /// The reason an accepted answer gives.
 pub(crate) const ACCEPTED: &str = "CUDA IPC (one device-to-device copy by the peer)";
@@ -77,7 +71,7 @@ impl Unusable {
 
     /// The status frame saying so.
     pub fn status(self) -> [u8; STATUS_LEN] {
-        wire::encode_status(STATUS_IPC_UNUSABLE | (self as u32) << 8)
+        link_status(STATUS_IPC_UNUSABLE, self as u32)
     }
 }
 
@@ -106,85 +100,84 @@ pub(crate) fn can_import(own: &HostIdentity, peer: &HostIdentity) -> Result<(), 
     ipc::check_usable(&api).map_err(|e| format!("the peer: {e}"))
 }
 
-/// The frame of one request whose local bytes are `export`.
-pub(crate) fn encode(direction: Direction, r: &Request, export: &DeviceExport) -> [u8; FRAME_LEN] {
-    let mut out = [0u8; FRAME_LEN];
-    out[..HEADER_LEN].copy_from_slice(&super::window::header_of(direction, r, (OP_IPC_READ, OP_IPC_WRITE)));
-    out[HEADER_LEN..HEADER_LEN + HANDLE_LEN].copy_from_slice(&export.handle);
-    out[HEADER_LEN + HANDLE_LEN..].copy_from_slice(&export.offset.to_le_bytes());
-    out
-}
-
-/// A device request header (always acknowledged), `None` for any other.
-pub(crate) fn decode_ipc(header: &[u8; HEADER_LEN]) -> Option<RequestHeader> {
-    super::window::decode_with(header, OP_IPC_READ, OP_IPC_WRITE)
-}
-
-/// The initiator's bytes a frame's tail names.
-pub(crate) fn decode_tail(tail: &[u8; TAIL_LEN]) -> DeviceExport {
-    let mut handle = [0u8; HANDLE_LEN];
-    handle.copy_from_slice(&tail[..HANDLE_LEN]);
-    let offset = u64::from_le_bytes(tail[HANDLE_LEN..].try_into().unwrap_or_default());
-    DeviceExport { handle, offset }
-}
-
 /// What a device window did, and whether CUDA IPC failed (then why: the
-/// peer's device memory is staged from then on).
+/// peer's device memory is staged from then on) or the link itself did
+/// (then why: TCP from then on).
 pub(crate) struct IpcRan {
     pub outcome: WindowOutcome,
     pub ipc_failed: Option<String>,
+    pub link_failed: Option<String>,
 }
 
 fn broken(confirmed: usize, rejected: bool, e: Error, ipc_failed: Option<String>) -> IpcRan {
-    IpcRan { outcome: WindowOutcome { confirmed, rejected, broken: Some(e) }, ipc_failed }
+    IpcRan { outcome: WindowOutcome { confirmed, rejected, broken: Some(e) }, ipc_failed, link_failed: None }
 }
 
 /// Run `reqs` (all non-empty, their local bytes device memory on
-/// `device`) on `conn`; `Err` (why, nothing sent) when a local range
-/// cannot be exported: the caller stages the window instead.
+/// `device`) through `link` on `conn`; `Err` (why, nothing sent) when a
+/// local range cannot be exported: the caller stages the window instead.
 ///
 /// The local memory must stay allocated, and not be written (for writes)
 /// or used (for reads) by anything else, until this returns: the target
 /// copies from or into it before it confirms.
 pub(crate) fn run_window(
     conn: &mut Conn,
+    link: &mut InitiatorLink,
     direction: Direction,
     reqs: &[Request],
     device: &Arc<Device>,
     exports: &Exports,
 ) -> Result<IpcRan, Error> {
-    let mut frames = Vec::with_capacity(reqs.len() * FRAME_LEN);
+    let mut frames = Vec::with_capacity(reqs.len());
     for r in reqs {
         let export = exports.export(device, r.local as u64, r.len as u64)?;
-        frames.extend_from_slice(&encode(direction, r, &export));
-    }
-    if let Err(e) = conn.send_all(&frames) {
-        return Ok(broken(0, false, io_error(e), None));
+        frames.push(encode_device(direction, r, &export));
     }
     let mut ok = 0usize;
-    while ok < reqs.len() {
-        let mut frame = [0u8; STATUS_LEN];
-        if let Err(e) = conn.recv_exact(&mut frame) {
+    for chunk in frames.chunks(Kind::Device.max_entries()) {
+        let Some(bell) = link.post(Kind::Device, chunk.as_flattened()) else {
+            let e = "the same-host link belongs to another process (this one was forked from it), or a message is \
+                     larger than its ring";
+            return Ok(broken(ok, false, Error::new(ErrorKind::ConnectionLost, e), None));
+        };
+        if let Err(e) = conn.send_all(&bell.encode()) {
             return Ok(broken(ok, false, io_error(e), None));
         }
-        match wire::decode_status(frame) {
-            Some(wire::STATUS_OK) => ok += 1,
-            Some(wire::STATUS_REJECTED) => {
-                return Ok(broken(ok, true, Error::new(ErrorKind::RemoteRejected, "rejected"), None));
+        let want = ok + chunk.len();
+        while ok < want {
+            let mut frame = [0u8; STATUS_LEN];
+            if let Err(e) = conn.recv_exact(&mut frame) {
+                return Ok(broken(ok, false, io_error(e), None));
             }
-            Some(code) if code & 0xff == STATUS_IPC_UNUSABLE => {
-                let why = Unusable::from_code(code >> 8)
-                    .map_or("CUDA IPC failed at the peer (a cause this engine does not know)", Unusable::explain);
-                let e = Error::new(ErrorKind::ConnectionLost, format!("{why}; retried staged"));
-                return Ok(broken(ok, false, e, Some(why.to_owned())));
-            }
-            _ => {
-                let e = Error::protocol("the peer sent a malformed status for a device request on the same-host link");
-                return Ok(broken(ok, false, e, None));
+            match wire::decode_status(frame) {
+                Some(wire::STATUS_OK) => ok += 1,
+                Some(wire::STATUS_REJECTED) => {
+                    return Ok(broken(ok, true, Error::new(ErrorKind::RemoteRejected, "rejected"), None));
+                }
+                Some(code) if code & 0xff == STATUS_IPC_UNUSABLE => {
+                    let why = Unusable::from_code(code >> 8)
+                        .map_or("CUDA IPC failed at the peer (a cause this engine does not know)", Unusable::explain);
+                    let e = Error::new(ErrorKind::ConnectionLost, format!("{why}; retried staged"));
+                    return Ok(broken(ok, false, e, Some(why.to_owned())));
+                }
+                Some(code) if code & 0xff == STATUS_COPY_FAILED => {
+                    let errno = std::io::Error::from_raw_os_error((code >> 8) as i32);
+                    let why =
+                        format!("the peer could not read this process's requests: {}", super::xmem::explain(&errno));
+                    let e = Error::new(ErrorKind::ConnectionLost, why.clone());
+                    let mut ran = broken(ok, false, e, None);
+                    ran.link_failed = Some(format!("the same-host link failed ({why}); back to TCP"));
+                    return Ok(ran);
+                }
+                _ => {
+                    let e =
+                        Error::protocol("the peer sent a malformed status for a device request on the same-host link");
+                    return Ok(broken(ok, false, e, None));
+                }
             }
         }
     }
-    Ok(IpcRan { outcome: WindowOutcome { confirmed: ok, rejected: false, broken: None }, ipc_failed: None })
+    Ok(IpcRan { outcome: WindowOutcome::done(ok), ipc_failed: None, link_failed: None })
 }
 
 #[cfg(test)]
@@ -192,26 +185,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn frames_round_trip_and_are_not_other_requests() {
-        let r = Request { local: 0x1000, remote: 0x7f00_0000_0000, len: 4097 };
-        let export = DeviceExport { handle: std::array::from_fn(|i| i as u8), offset: 12_345 };
-        let f = encode(Direction::Write, &r, &export);
-        let header: [u8; HEADER_LEN] = f[..HEADER_LEN].try_into().unwrap();
-        let h = decode_ipc(&header).unwrap();
-        assert_eq!((h.direction, h.size, h.addr, h.acknowledged), (Direction::Write, 4097, 0x7f00_0000_0000, true));
-        assert_eq!(decode_tail(&f[HEADER_LEN..].try_into().unwrap()), export);
-        let read = decode_ipc(&encode(Direction::Read, &r, &export)[..HEADER_LEN].try_into().unwrap()).unwrap();
-        assert_eq!(read.direction, Direction::Read);
-        for op in [
-            wire::OP_READ_V2,
-            wire::OP_WRITE_V2,
-            super::super::window::OP_LOCAL_READ,
-            super::super::window::OP_LOCAL_WRITE,
-        ] {
-            let mut other = header;
-            other[16] = op;
-            assert_eq!(decode_ipc(&other), None);
-        }
+    fn causes_round_trip_in_their_status() {
         for cause in [Unusable::Open, Unusable::NoIpc, Unusable::NoDevice] {
             let code = wire::decode_status(cause.status()).unwrap();
             assert_eq!((code & 0xff, Unusable::from_code(code >> 8)), (STATUS_IPC_UNUSABLE, Some(cause)));

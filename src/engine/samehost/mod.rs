@@ -1,22 +1,39 @@
 //! The same-host link: when two pdx engines share a host, a data
-//! connection between them carries requests only, and the target copies
-//! the payload itself with one cross-process copy ([`xmem`]) between the
-//! initiator's memory and its own registered region. The target still
-//! checks every range against its regions exactly as over TCP; only the
-//! payload skips the socket.
+//! connection between them carries only doorbells and statuses, and the
+//! target copies each payload itself with one cross-process copy
+//! ([`xmem`]) between the initiator's memory and its own registered region.
+//! The target still checks every range against its regions exactly as over
+//! TCP; only the payload skips the socket.
 //!
 //! Finding out: each pdx descriptor carries the engine's [`HostIdentity`]
 //! (boot id, pid namespace, pid, uid). An initiator whose peer looks like
 //! the same host ([`offer_or_why_not`]) offers the link in the pdx hello of
-//! a new data connection; the target checks the offer ([`accept`]): the
-//! same host, pid namespace and user, the connection really belongs to the
-//! process named, and that process itself speaks on it: the target sends a
-//! fresh nonce, the initiator writes it into its own memory ([`ProbeSlot`])
-//! and the target reads it there with a cross-process copy. Either answer
-//! names its reason; anything short of yes leaves the connection on TCP.
+//! a new data connection ([`negotiate`]); the target checks the offer
+//! ([`accept`]): the same host, pid namespace and user, the connection
+//! really belongs to the process named, and that process itself speaks on
+//! it: the target sends a fresh nonce, the initiator writes it into its own
+//! memory ([`ProbeSlot`]) and the target reads it there with a
+//! cross-process copy. Either answer names its reason; anything short of
+//! yes leaves the connection on TCP.
+//!
+//! Every request, proven: the hello proves who spoke then, not who writes
+//! on the socket later (a forked child holds its parent's sockets). So no
+//! request travels on the connection: the target reads each one from the
+//! pinned process's own memory ([`ring`]), and copies the initiator's bytes
+//! only inside the memory the initiator listed there as registered. The
+//! initiator's side is [`window`] (host memory) and [`device`] (CUDA IPC);
+//! the frames are [`frames`]; the target's serving is the server's.
+//!
+//! Layering: the initiator and the server use this module; it uses only
+//! what lies below them (`protocol`, `net`, `memory`). The wire layers carry
+//! what the link says in the hello and the descriptor as JSON they do not
+//! interpret.
 
 pub(crate) mod device;
+pub(crate) mod frames;
 pub(crate) mod kernel;
+pub(crate) mod negotiate;
+pub(crate) mod ring;
 pub(crate) mod window;
 pub(crate) mod xmem;
 
@@ -58,6 +75,17 @@ impl HostIdentity {
                 id
             }
         }
+    }
+
+    /// A peer's identity, as its descriptor carries it (`pdx_host`); `None`
+    /// where it has none or a malformed one (then no link).
+    pub fn of_descriptor(field: Option<&serde_json::Value>) -> Option<HostIdentity> {
+        serde_json::from_value(field?.clone()).ok()
+    }
+
+    /// This process's identity as a descriptor carries it.
+    pub fn for_descriptor() -> Option<serde_json::Value> {
+        serde_json::to_value(HostIdentity::current()?).ok()
     }
 
     fn read(pid: u32) -> Option<HostIdentity> {
@@ -118,6 +146,18 @@ pub(crate) struct Offer {
     /// such a target then declines unchecked).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub answer_after_proof: bool,
+    /// Address in the initiator of its ring ([`ring`]), `ring_len` bytes:
+    /// where the target reads every request of the link. Absent (0) from an
+    /// older pdx, whose offers are declined: it sends its requests on the
+    /// connection, where any process that holds its socket could send them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ring_addr: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ring_len: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The target's answer: accepted, or why not.
@@ -133,10 +173,22 @@ pub(crate) struct Answer {
     /// offer did not ask).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub device_reason: String,
+    /// The target reads every request from the initiator's ring; absent
+    /// (false) from an older pdx, which takes them from the connection (the
+    /// initiator then stays on TCP).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ring: bool,
 }
 
-/// Length of the probe and of the target's nonce.
-pub(crate) const PROBE_LEN: usize = 16;
+impl Answer {
+    /// A refusal, for `reason`.
+    pub fn refused(reason: String) -> Answer {
+        Answer { accepted: false, reason, device_ipc: false, device_reason: String::new(), ring: false }
+    }
+}
+
+/// Length of the probe and of the target's nonce (the link's key).
+pub(crate) const PROBE_LEN: usize = ring::KEY_LEN;
 
 /// The initiator's side of the challenge: [`PROBE_LEN`] bytes of its own
 /// memory, one slot per hello, where it writes the target's nonce. Only the
@@ -159,17 +211,17 @@ impl ProbeSlot {
         Offer { probe_addr: self.0.as_ptr() as u64, probe: hex(&self.0[..]), nonce_proof: true, ..offer }
     }
 
-    /// Write the target's nonce (`PROBE_LEN` bytes, hex) into the slot;
-    /// false if it is not that.
-    pub fn answer(&mut self, nonce: &str) -> bool {
-        let Some(bytes) = unhex(nonce).filter(|b| b.len() == PROBE_LEN) else { return false };
-        for (i, b) in bytes.into_iter().enumerate() {
+    /// Write the target's nonce (`PROBE_LEN` bytes, hex) into the slot:
+    /// the nonce, or `None` if it is not one.
+    pub fn answer(&mut self, nonce: &str) -> Option<[u8; PROBE_LEN]> {
+        let bytes: [u8; PROBE_LEN] = unhex(nonce)?.try_into().ok()?;
+        for (i, &b) in bytes.iter().enumerate() {
             // SAFETY: `i < PROBE_LEN`, inside the boxed array we own. Volatile:
             // the only reader is another process (through the kernel).
             unsafe { std::ptr::write_volatile(self.0.as_mut_ptr().add(i), b) };
         }
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        true
+        Some(bytes)
     }
 }
 
@@ -263,7 +315,7 @@ pub(crate) fn offer_or_why_not(enabled: bool, peer: Option<&HostIdentity>) -> Re
         return Err(why);
     }
     grant(peer.pid)?;
-    // The probe slot is the hello's own (`ProbeSlot::offer`).
+    // The probe slot and the ring are the hello's own (`negotiate::Dial`).
     Ok(Offer {
         host: own.clone(),
         probe_addr: 0,
@@ -271,13 +323,15 @@ pub(crate) fn offer_or_why_not(enabled: bool, peer: Option<&HostIdentity>) -> Re
         nonce_proof: false,
         device_ipc: false,
         answer_after_proof: false,
+        ring_addr: 0,
+        ring_len: 0,
     })
 }
 
 /// The target's side: whether to serve the connection from `from` (to
-/// `local`) with the same-host link as `offer` asks, and the process
-/// granted it, pinned. `enabled` is this engine's `PDX_SAME_HOST`. The
-/// reason is worded for the initiator.
+/// `local`) with the same-host link as `offer` asks, and the link granted
+/// (the process pinned, its ring, the key). `enabled` is this engine's
+/// `PDX_SAME_HOST`. The reason is worded for the initiator.
 ///
 /// The decision rests on the kernel's word only ([`kernel`]): who owns the
 /// connection's socket, which process holds it, and that process's uids
@@ -287,16 +341,16 @@ pub(crate) fn offer_or_why_not(enabled: bool, peer: Option<&HostIdentity>) -> Re
 /// process can have written it: a process that merely holds the same
 /// socket cannot). The named process is pinned ([`xmem::PeerProcess`])
 /// before any of it is read and must still run once all is read, so every
-/// fact is about one process.
+/// fact is about one process. The nonce becomes the link's key: every
+/// request of the link is then read from that process's ring ([`ring`]).
 pub(crate) fn accept(
     enabled: bool,
     offer: &Offer,
     from: SocketAddr,
     local: SocketAddr,
     challenge: Challenge<'_>,
-) -> (Answer, Option<xmem::PeerProcess>) {
-    let refused =
-        |reason: String| (Answer { accepted: false, reason, device_ipc: false, device_reason: String::new() }, None);
+) -> (Answer, Option<ring::TargetLink>) {
+    let refused = |reason: String| (Answer::refused(reason), None);
     if !enabled {
         return refused("the peer has PDX_SAME_HOST=off".to_owned());
     }
@@ -320,17 +374,28 @@ pub(crate) fn accept(
                 .to_owned(),
         );
     }
+    if offer.ring_addr == 0 {
+        return refused(
+            "the initiator's pdx is older and sends same-host requests on the connection, where any process that \
+             holds its socket could send them too; the peer serves only requests it reads from the initiator's own \
+             memory"
+                .to_owned(),
+        );
+    }
+    if !(ring::HEAD_LEN as u64..=ring::MAX_RING_LEN).contains(&offer.ring_len) {
+        return refused(format!("the offered ring is {} bytes; the peer reads rings of 32 B to 1 MiB", offer.ring_len));
+    }
     match check_with_kernel(&own, offer, from, local, challenge) {
-        Ok(peer) => {
+        Ok((peer, key)) => {
             let mut yes =
-                Answer { accepted: true, reason: ACCEPTED.to_owned(), device_ipc: false, device_reason: String::new() };
+                Answer { accepted: true, reason: ACCEPTED.to_owned(), ring: true, ..Answer::refused(String::new()) };
             if offer.device_ipc {
                 (yes.device_ipc, yes.device_reason) = match device::can_import(&own, &offer.host) {
                     Ok(()) => (true, device::ACCEPTED.to_owned()),
                     Err(why) => (false, why),
                 };
             }
-            (yes, Some(peer))
+            (yes, Some(ring::TargetLink::new(peer, offer.ring_addr, offer.ring_len, key)))
         }
         Err(why) => refused(why),
     }
@@ -341,15 +406,15 @@ pub(crate) const ACCEPTED: &str = "same host, pid namespace and user (the kernel
                                    process); the process named wrote the peer's nonce into its own memory";
 
 /// The kernel's facts about the process `offer` names and the connection
-/// (see [`accept`]), then the challenge: the process, pinned, or why the
-/// link is refused.
+/// (see [`accept`]), then the challenge: the process, pinned, and the nonce
+/// it wrote, or why the link is refused.
 fn check_with_kernel(
     own: &HostIdentity,
     offer: &Offer,
     from: SocketAddr,
     local: SocketAddr,
     challenge: Challenge<'_>,
-) -> Result<xmem::PeerProcess, String> {
+) -> Result<(xmem::PeerProcess, [u8; PROBE_LEN]), String> {
     let pid = offer.host.pid;
     // Without CAP_SYS_PTRACE the kernel itself keeps this thread's copies
     // to processes of this engine's user.
@@ -416,7 +481,7 @@ fn check_with_kernel(
     if !peer.running() {
         return Err(format!("pid {pid} exited while its offer was checked"));
     }
-    Ok(peer)
+    Ok((peer, nonce))
 }
 
 /// Tests: the probe address of every offer this process began to check.
@@ -433,6 +498,8 @@ pub(crate) struct PathChoice {
     /// Why CUDA IPC failed for this peer's device memory, if it did (then
     /// device memory is staged until the peer is forgotten).
     ipc_failed: Mutex<Option<String>>,
+    /// A window of memory this engine did not register rode TCP (said once).
+    unregistered_noted: std::sync::atomic::AtomicBool,
 }
 
 impl Default for PathChoice {
@@ -441,6 +508,7 @@ impl Default for PathChoice {
             now: Mutex::new((false, "no data connection opened yet".to_owned())),
             failed: Mutex::new(None),
             ipc_failed: Mutex::new(None),
+            unregistered_noted: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -498,6 +566,18 @@ impl PathChoice {
         self.decided(session, same_host, format!("{base}; device memory staged: {why}"));
     }
 
+    /// A window whose local memory this engine did not (all) register rode
+    /// TCP on the link's connection: logged once per peer.
+    pub fn note_unregistered(&self, session: &str) {
+        if !self.unregistered_noted.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            log::info!(
+                "{session}: a transfer's local memory is not registered with this engine: it rides TCP on the \
+                 same-host link's connection (the peer copies only memory this engine registered; register it to \
+                 use the link)"
+            );
+        }
+    }
+
     /// The link failed mid-transfer: TCP from now on.
     pub fn fall_back(&self, session: &str, reason: String) {
         self.failed.lock().get_or_insert_with(|| reason.clone());
@@ -511,11 +591,14 @@ mod tests {
 
     /// The initiator's answer to a challenge: the nonce written into `slot`.
     fn writes_into(slot: &mut ProbeSlot) -> impl FnMut(&str) -> Result<(), String> + '_ {
-        move |nonce| if slot.answer(nonce) { Ok(()) } else { Err("not a nonce".to_owned()) }
+        move |nonce| if slot.answer(nonce).is_some() { Ok(()) } else { Err("not a nonce".to_owned()) }
     }
 
+    /// This process's offer, answered from `slot`, naming a ring (`accept`
+    /// only records where it is).
     fn own_offer(slot: &ProbeSlot) -> Offer {
-        slot.offer(offer_or_why_not(true, HostIdentity::current().as_ref()).unwrap())
+        let offer = slot.offer(offer_or_why_not(true, HostIdentity::current().as_ref()).unwrap());
+        Offer { ring_addr: 0x1000, ring_len: ring::RING_LEN as u64, ..offer }
     }
 
     fn other(f: impl FnOnce(&mut HostIdentity)) -> HostIdentity {
@@ -572,7 +655,7 @@ mod tests {
         let (yes, pinned) = accept(true, &offer, from, local, &mut answered);
         assert!(yes.accepted, "{yes:?}");
         assert!(yes.reason.contains("kernel") && yes.reason.contains("nonce"), "{yes:?}");
-        assert_eq!(pinned.map(|p| p.pid()), Some(std::process::id()));
+        assert_eq!(pinned.map(|p| p.peer().pid()), Some(std::process::id()));
         let (no, pinned) = accept(false, &offer, from, local, &mut answered);
         assert!(pinned.is_none());
         assert!(!no.accepted && no.reason.contains("PDX_SAME_HOST=off"), "{no:?}");
@@ -605,6 +688,15 @@ mod tests {
         let (no, _) = accept(true, &old, from, local, &mut |_| panic!("an older offer is not challenged"));
         assert!(!no.accepted && no.reason.contains("older"), "{no:?}");
         assert!(EVALUATED.lock().len() > before);
+        // An offer without a ring (a pdx that sends its requests on the
+        // connection, where any holder of its socket could): declined
+        // unchecked; so is a ring the target would not read.
+        for (ring_addr, ring_len, why) in [(0, 0, "on the connection"), (0x1000, 8, "32 B"), (0x1000, 2 << 20, "1 MiB")]
+        {
+            let no_ring = Offer { ring_addr, ring_len, ..offer.clone() };
+            let (no, pinned) = accept(true, &no_ring, from, local, &mut |_| panic!("not challenged"));
+            assert!(!no.accepted && pinned.is_none() && no.reason.contains(why), "{no:?}");
+        }
         drop(client);
     }
 
@@ -614,9 +706,9 @@ mod tests {
         let offer = slot.offer(offer_or_why_not(true, HostIdentity::current().as_ref()).unwrap());
         assert!(offer.nonce_proof && offer.probe.len() == 2 * PROBE_LEN && offer.probe_addr != 0);
         for bad in ["", "00", "zz".repeat(PROBE_LEN).as_str(), "00".repeat(PROBE_LEN + 1).as_str(), "\u{e9}a"] {
-            assert!(!slot.answer(bad), "{bad:?}");
+            assert!(slot.answer(bad).is_none(), "{bad:?}");
         }
-        assert!(slot.answer(&"a5".repeat(PROBE_LEN)));
+        assert_eq!(slot.answer(&"a5".repeat(PROBE_LEN)), Some([0xa5; PROBE_LEN]));
         assert_eq!(*slot.0, [0xa5; PROBE_LEN]);
     }
 }

@@ -1,32 +1,34 @@
-//! The initiator's side of the same-host link: a window of requests goes
-//! out as 32-byte frames (the data header plus the initiator's address),
-//! and the target answers each with a status once it has copied the bytes
-//! itself. Local memory is driven group by group as over TCP
-//! ([`LocalMemory`]): host memory is copied where it is, device memory
-//! through the pinned buffers it is staged in; a group's buffers are not
-//! reused before the target confirmed every request in it.
+//! The initiator's side of the same-host link: a window of requests is
+//! written into the link's ring ([`super::ring`]), one message per group,
+//! and announced with a doorbell on the connection; the target reads it
+//! from this process's memory and answers each request with a status once
+//! it has copied the bytes itself. Local memory is driven group by group as
+//! over TCP ([`LocalMemory`]): host memory is copied where it is, device
+//! memory through the pinned buffers it is staged in; a group's buffers are
+//! not reused before the target confirmed every request in it.
 //!
-//! Frames (little-endian): `u64 size`, `u64 target address`, `u8 opcode`
-//! ([`OP_LOCAL_READ`] / [`OP_LOCAL_WRITE`]), 7 zero bytes, `u64 initiator
-//! address`. Statuses are v2 status frames: OK, REJECTED (the range is not
-//! the target's to serve; it closes the connection as over TCP), or
-//! [`STATUS_COPY_FAILED`] with the errno in bits 8 and up (the mechanism
-//! failed: the peer falls back to TCP).
+//! Before a window the target learns what this process registered
+//! ([`list_registered`]: the engine's host regions and its outbound staging
+//! buffers); it copies nothing of this process outside them. A window whose
+//! local memory is not all listed does not take the link (the caller runs
+//! it over TCP on the same connection).
+//!
+//! Statuses are v2 status frames: OK, REJECTED (the range is not the
+//! target's to serve; it closes the connection as over TCP), or the link's
+//! own codes ([`super::frames`]): a copy that failed (the mechanism: the
+//! peer falls back to TCP) or memory this process did not list.
 
-use super::super::initiator::window::{io_error, LocalMemory, WindowOutcome};
-use super::super::net::conn::Conn;
-use super::super::protocol::wire::{self, RequestHeader, HEADER_LEN, STATUS_LEN};
+use std::sync::Arc;
+
+use super::super::memory::local::{LocalMemory, WindowOutcome};
+use super::super::memory::regions::Regions;
+use super::super::memory::staging::{Side, Staging};
+use super::super::net::conn::{io_error, Conn};
+use super::super::protocol::wire::{self, STATUS_LEN};
+use super::frames::{encode_host, STATUS_COPY_FAILED, STATUS_NOT_REGISTERED};
+use super::ring::{encode_ranges, InitiatorLink, Kind, MAX_LISTED};
 use crate::error::{Error, ErrorKind};
 use crate::transfer::{Direction, Request};
-
-/// Opcodes of same-host requests (pdx-only; sent only on a connection
-/// whose hello accepted the link).
-pub(crate) const OP_LOCAL_READ: u8 = 0x52;
-pub(crate) const OP_LOCAL_WRITE: u8 = 0x53;
-/// Length of a same-host request frame.
-pub(crate) const FRAME_LEN: usize = HEADER_LEN + 8;
-/// Status of a request whose cross-process copy failed (errno above).
-pub(crate) const STATUS_COPY_FAILED: u32 = 2;
 
 /// Requests shorter than this ride inline on a same-host connection, as
 /// over TCP: for a few KiB the socket's own copies cost less than the
@@ -39,45 +41,34 @@ pub(crate) fn inline(reqs: &[Request]) -> bool {
     reqs.iter().all(|r| r.len < INLINE_BELOW)
 }
 
-/// The frame of one request.
-pub(crate) fn encode(direction: Direction, r: &Request) -> [u8; FRAME_LEN] {
-    let mut out = [0u8; FRAME_LEN];
-    out[..HEADER_LEN].copy_from_slice(&header_of(direction, r, (OP_LOCAL_READ, OP_LOCAL_WRITE)));
-    out[HEADER_LEN..].copy_from_slice(&(r.local as u64).to_le_bytes());
-    out
+/// The memory of this process a link lets the target copy from or into:
+/// the engine's registered host regions and its outbound staging buffers
+/// (where device memory is staged for the target).
+pub(crate) struct Registered {
+    regions: Arc<Regions>,
+    staging: Arc<Staging>,
 }
 
-/// The data header of `r` with the opcode of `direction` from `(read, write)`.
-pub(crate) fn header_of(direction: Direction, r: &Request, (read, write): (u8, u8)) -> [u8; HEADER_LEN] {
-    let mut out = [0u8; HEADER_LEN];
-    out[0..8].copy_from_slice(&(r.len as u64).to_le_bytes());
-    out[8..16].copy_from_slice(&r.remote.to_le_bytes());
-    out[16] = match direction {
-        Direction::Read => read,
-        Direction::Write => write,
-    };
-    out
-}
+impl Registered {
+    pub fn new(regions: Arc<Regions>, staging: Arc<Staging>) -> Registered {
+        Registered { regions, staging }
+    }
 
-/// A same-host request header (always acknowledged), `None` for any
-/// other request.
-pub(crate) fn decode_local(header: &[u8; HEADER_LEN]) -> Option<RequestHeader> {
-    decode_with(header, OP_LOCAL_READ, OP_LOCAL_WRITE)
-}
+    /// Changes whenever the memory does.
+    fn version(&self) -> (u64, usize) {
+        (self.regions.epoch(), self.staging.buffers_allocated(Side::Outbound))
+    }
 
-/// A header whose opcode is `read` or `write` (always acknowledged).
-pub(crate) fn decode_with(header: &[u8; HEADER_LEN], read: u8, write: u8) -> Option<RequestHeader> {
-    let direction = match header[16] {
-        op if op == read => Direction::Read,
-        op if op == write => Direction::Write,
-        _ => return None,
-    };
-    Some(RequestHeader { direction, acknowledged: true, ..RequestHeader::decode(header) })
-}
-
-/// The status frame of a failed copy.
-pub(crate) fn copy_failed_status(errno: i32) -> [u8; STATUS_LEN] {
-    wire::encode_status(STATUS_COPY_FAILED | (errno.clamp(0, 0xff_ffff) as u32) << 8)
+    /// The memory, as (start, length), at most [`MAX_LISTED`] ranges (by
+    /// address; memory past them rides TCP).
+    fn ranges(&self) -> Vec<(u64, u64)> {
+        let mut all = self.regions.host_ranges();
+        let (buffers, chunk) = self.staging.buffers(Side::Outbound);
+        all.extend(buffers.into_iter().map(|b| (b, chunk as u64)));
+        all.sort_unstable();
+        all.truncate(MAX_LISTED);
+        all
+    }
 }
 
 /// What a same-host window did, and whether the link itself failed (then
@@ -89,7 +80,8 @@ pub(crate) struct Ran {
 
 enum End {
     Rejected,
-    CopyFailed(String),
+    /// The link failed at the target (why): the peer goes back to TCP.
+    LinkFailed(String),
     Broken(Error),
 }
 
@@ -103,7 +95,15 @@ fn take_statuses(conn: &mut Conn, want: usize, got: &mut usize) -> Result<(), En
             Some(wire::STATUS_REJECTED) => return Err(End::Rejected),
             Some(code) if code & 0xff == STATUS_COPY_FAILED => {
                 let errno = std::io::Error::from_raw_os_error((code >> 8) as i32);
-                return Err(End::CopyFailed(super::xmem::explain(&errno)));
+                return Err(End::LinkFailed(format!(
+                    "the peer's cross-process copy failed: {}",
+                    super::xmem::explain(&errno)
+                )));
+            }
+            Some(code) if code & 0xff == STATUS_NOT_REGISTERED => {
+                return Err(End::LinkFailed(
+                    "the peer found a request naming memory this process did not list as registered".to_owned(),
+                ));
             }
             _ => return Err(End::Broken(Error::protocol("the peer sent a malformed status on the same-host link"))),
         }
@@ -114,8 +114,8 @@ fn take_statuses(conn: &mut Conn, want: usize, got: &mut usize) -> Result<(), En
 fn ended(confirmed: usize, end: End) -> Ran {
     let (rejected, e, link_failed) = match end {
         End::Rejected => (true, Error::new(ErrorKind::RemoteRejected, "rejected"), None),
-        End::CopyFailed(why) => {
-            let e = Error::new(ErrorKind::ConnectionLost, format!("the peer's cross-process copy failed: {why}"));
+        End::LinkFailed(why) => {
+            let e = Error::new(ErrorKind::ConnectionLost, why.clone());
             (false, e, Some(format!("the same-host link failed ({why}); back to TCP")))
         }
         End::Broken(e) => (false, e, None),
@@ -124,14 +124,54 @@ fn ended(confirmed: usize, end: End) -> Ran {
 }
 
 fn failed(confirmed: usize, e: Error) -> Ran {
-    Ran { outcome: WindowOutcome { confirmed, rejected: false, broken: Some(e) }, link_failed: None }
+    Ran { outcome: WindowOutcome::failed(confirmed, e), link_failed: None }
 }
 
-fn frames(direction: Direction, view: &[Request]) -> Vec<u8> {
-    view.iter().flat_map(|r| encode(direction, r)).collect()
+/// Write one message of `kind` into the ring, ring the doorbell and wait
+/// for `answers` more statuses (counted in `got`).
+fn post(
+    conn: &mut Conn,
+    link: &mut InitiatorLink,
+    kind: Kind,
+    entries: &[u8],
+    answers: usize,
+    got: &mut usize,
+) -> Result<(), End> {
+    let Some(bell) = link.post(kind, entries) else {
+        return Err(End::Broken(Error::new(
+            ErrorKind::ConnectionLost,
+            "the same-host link belongs to another process (this one was forked from it), or a message is larger \
+             than its ring",
+        )));
+    };
+    conn.send_all(&bell.encode()).map_err(|e| End::Broken(io_error(e)))?;
+    let want = *got + answers;
+    take_statuses(conn, want, got)
 }
 
-/// Run `reqs` (all non-empty, grouped by `memory`) on `conn`.
+/// Tell the target the memory `registered` names, unless the link already
+/// did for its current version: one message per [`Kind::max_entries`]
+/// ranges, each answered with one status. `Err`: the connection or the
+/// link failed (nothing of a window was sent).
+pub(crate) fn list_registered(conn: &mut Conn, link: &mut InitiatorLink, registered: &Registered) -> Result<(), Ran> {
+    let version = registered.version();
+    if link.listed_version() == Some(version) {
+        return Ok(());
+    }
+    let ranges = registered.ranges();
+    let mut kind = Kind::Regions;
+    // At least one message: an empty list replaces the last one too.
+    for chunk in ranges.chunks(kind.max_entries()).chain(ranges.is_empty().then_some(&[][..])) {
+        let mut got = 0;
+        post(conn, link, kind, &encode_ranges(chunk), 1, &mut got).map_err(|end| ended(0, end))?;
+        kind = Kind::MoreRegions;
+    }
+    link.set_listed(version, &ranges);
+    Ok(())
+}
+
+/// Run `reqs` (all non-empty, grouped by `memory`, every host range of it
+/// listed with the target) on `conn` through `link`.
 ///
 /// # Safety
 /// Every host view `memory` gives must be valid memory (readable for
@@ -139,17 +179,34 @@ fn frames(direction: Direction, view: &[Request]) -> Vec<u8> {
 /// copies from or into it.
 pub(crate) unsafe fn run_window(
     conn: &mut Conn,
+    link: &mut InitiatorLink,
     direction: Direction,
     reqs: &[Request],
     memory: &mut dyn LocalMemory,
 ) -> Ran {
     match direction {
-        Direction::Write => write(conn, memory),
-        Direction::Read => read(conn, reqs, memory),
+        Direction::Write => write(conn, link, memory),
+        Direction::Read => read(conn, link, reqs, memory),
     }
 }
 
-fn write(conn: &mut Conn, memory: &mut dyn LocalMemory) -> Ran {
+/// Send `view`'s requests in `direction` (as many messages as the ring
+/// needs), waiting for each message's statuses (counted in `got`).
+fn send_view(
+    conn: &mut Conn,
+    link: &mut InitiatorLink,
+    direction: Direction,
+    view: &[Request],
+    got: &mut usize,
+) -> Result<(), End> {
+    for chunk in view.chunks(Kind::Host.max_entries()) {
+        let frames: Vec<u8> = chunk.iter().flat_map(|r| encode_host(direction, r)).collect();
+        post(conn, link, Kind::Host, &frames, chunk.len(), got)?;
+    }
+    Ok(())
+}
+
+fn write(conn: &mut Conn, link: &mut InitiatorLink, memory: &mut dyn LocalMemory) -> Ran {
     let groups = memory.groups().len();
     let mut acked = 0usize;
     if let Err(e) = memory.stage_out(0) {
@@ -161,15 +218,12 @@ fn write(conn: &mut Conn, memory: &mut dyn LocalMemory) -> Ran {
                 return failed(acked, e);
             }
         }
-        let (out, n) = match memory.ready_out(g) {
-            Ok(view) => (frames(Direction::Write, &view), view.len()),
+        let view = match memory.ready_out(g) {
+            Ok(view) => view.into_owned(),
             Err(e) => return failed(acked, e),
         };
-        if let Err(e) = conn.send_all(&out) {
-            return failed(acked, io_error(e));
-        }
         // The group's buffers stay untouched until the target has read them.
-        if let Err(end) = take_statuses(conn, acked + n, &mut acked) {
+        if let Err(end) = send_view(conn, link, Direction::Write, &view, &mut acked) {
             return ended(acked, end);
         }
         if !memory.ahead() && g + 1 < groups {
@@ -178,10 +232,10 @@ fn write(conn: &mut Conn, memory: &mut dyn LocalMemory) -> Ran {
             }
         }
     }
-    Ran { outcome: WindowOutcome { confirmed: acked, rejected: false, broken: None }, link_failed: None }
+    Ran { outcome: WindowOutcome::done(acked), link_failed: None }
 }
 
-fn read(conn: &mut Conn, reqs: &[Request], memory: &mut dyn LocalMemory) -> Ran {
+fn read(conn: &mut Conn, link: &mut InitiatorLink, reqs: &[Request], memory: &mut dyn LocalMemory) -> Ran {
     let groups = memory.groups().to_vec();
     for (g, range) in groups.into_iter().enumerate() {
         let staged = match memory.recv_view(g) {
@@ -190,10 +244,7 @@ fn read(conn: &mut Conn, reqs: &[Request], memory: &mut dyn LocalMemory) -> Ran 
         };
         let view = staged.as_deref().unwrap_or(&reqs[range]);
         let mut got = 0usize;
-        let taken = conn
-            .send_all(&frames(Direction::Read, view))
-            .map_err(|e| End::Broken(io_error(e)))
-            .and_then(|()| take_statuses(conn, view.len(), &mut got));
+        let taken = send_view(conn, link, Direction::Read, view, &mut got);
         let landed = memory.landed(g, got);
         let end = match (taken, landed) {
             (Ok(()), Ok(())) => continue,
@@ -208,40 +259,7 @@ fn read(conn: &mut Conn, reqs: &[Request], memory: &mut dyn LocalMemory) -> Ran 
         return ran;
     }
     match memory.settle() {
-        Ok(()) => Ran {
-            outcome: WindowOutcome { confirmed: memory.confirmed(), rejected: false, broken: None },
-            link_failed: None,
-        },
+        Ok(()) => Ran { outcome: WindowOutcome::done(memory.confirmed()), link_failed: None },
         Err(e) => failed(memory.confirmed(), e),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn frames_round_trip_and_are_not_other_requests() {
-        let r = Request { local: 0x1000, remote: 0x7f00_0000_0000, len: 4096 };
-        let f = encode(Direction::Write, &r);
-        let header: [u8; HEADER_LEN] = f[..HEADER_LEN].try_into().unwrap();
-        let h = decode_local(&header).unwrap();
-        assert_eq!((h.direction, h.size, h.addr, h.acknowledged), (Direction::Write, 4096, 0x7f00_0000_0000, true));
-        assert_eq!(u64::from_le_bytes(f[HEADER_LEN..].try_into().unwrap()), 0x1000);
-        let read = decode_local(&encode(Direction::Read, &r)[..HEADER_LEN].try_into().unwrap()).unwrap();
-        assert_eq!(read.direction, Direction::Read);
-        for op in [
-            wire::OP_READ_V1,
-            wire::OP_WRITE_V1,
-            wire::OP_READ_V2,
-            wire::OP_WRITE_V2,
-            super::super::super::protocol::hello::OP_HELLO,
-        ] {
-            let mut other = header;
-            other[16] = op;
-            assert_eq!(decode_local(&other), None);
-        }
-        let code = wire::decode_status(copy_failed_status(libc::EPERM)).unwrap();
-        assert_eq!((code & 0xff, code >> 8), (STATUS_COPY_FAILED, libc::EPERM as u32));
     }
 }

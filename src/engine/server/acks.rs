@@ -33,6 +33,15 @@ impl Acks {
         Ok(())
     }
 
+    /// Send what is queued now.
+    pub fn flush(&mut self, conn: &Conn) -> io::Result<()> {
+        if !self.0.is_empty() {
+            conn.send_all(&self.0)?;
+            self.0.clear();
+        }
+        Ok(())
+    }
+
     /// Refuse a request: what is queued, then REJECTED for it (v2), go out
     /// now; the caller closes the connection (v1 has no other answer).
     pub fn reject(&mut self, conn: &Conn, acknowledged: bool) {

@@ -1,18 +1,21 @@
 //! The data port: persistent connections serving 24-byte requests in order,
 //! each checked against the registered regions before memory is touched.
 
+use std::any::Any;
 use std::io;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+
+use serde_json::Value;
 
 use super::super::net::conn::{Conn, MAX_IO_CHUNK};
 use super::super::protocol::hello;
 use super::super::protocol::wire::{RequestHeader, HEADER_LEN};
-use super::super::samehost;
-use super::super::samehost::xmem::PeerProcess;
+use super::super::samehost::frames::is_link_header;
+use super::super::samehost::negotiate;
+use super::super::samehost::ring::TargetLink;
 use super::acks::Acks;
-use super::local::{is_same_host_frame, serve_frame, LocalServing};
+use super::local::{serve_doorbell, LocalServing};
 use super::Serving;
 use crate::transfer::stats::Stats;
 use crate::transfer::Direction;
@@ -33,8 +36,8 @@ impl Drop for IdleAgain<'_> {
 /// How a connection goes on after its hello.
 enum AfterHello {
     Close,
-    /// Serve requests; with the same-host link to this process when accepted.
-    Serve(Option<Arc<PeerProcess>>),
+    /// Serve requests; with the same-host link when accepted.
+    Serve(Option<Arc<TargetLink>>),
 }
 
 /// Answer a hello with our instance (and, to a same-host offer, our
@@ -57,13 +60,19 @@ fn answer_hello(inner: &Serving, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> 
     if !for_us {
         request.same_host = None;
     }
-    // The process granted the link, once an offer is checked.
+    // The link granted, once an offer is checked.
     let mut link = None;
     let stream = conn.stream();
     let addrs = stream.peer_addr().and_then(|from| Ok((from, stream.local_addr()?))).map_err(|e| e.to_string());
-    let mut check = |offer: &samehost::Offer, conn: &mut Conn| {
-        let challenge = &mut |nonce: &str| hello::challenge(conn, own, nonce);
-        let (answer, granted) = same_host_answer(inner, &addrs, offer, challenge);
+    let enabled = inner.settings.same_host;
+    let mut check = |offer: &Value, conn: Option<&mut Conn>| {
+        let (answer, granted) = match conn {
+            Some(conn) => {
+                let challenge = &mut |nonce: &str| hello::challenge(conn, own, nonce);
+                negotiate::answer(enabled, offer, addrs.clone(), Some(challenge))
+            }
+            None => negotiate::answer(enabled, offer, addrs.clone(), None),
+        };
         link = granted.map(Arc::new);
         answer
     };
@@ -83,7 +92,7 @@ fn answer_hello(inner: &Serving, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> 
             }
         };
     }
-    let answer = request.same_host.take().map(|offer| check(&offer, conn));
+    let answer = request.same_host.take().map(|offer| check(&offer, Some(conn)));
     let reply = hello::Body { instance: Some(own.clone()), same_host_answer: answer, ..hello::Body::default() };
     if let Err(e) = conn.send_all(&hello::encode_reply_body(&reply)) {
         log::debug!("data connection: hello reply: {e}");
@@ -100,30 +109,6 @@ fn answer_hello(inner: &Serving, conn: &mut Conn, header: &[u8; HEADER_LEN]) -> 
             AfterHello::Close
         }
     }
-}
-
-/// Our answer to a same-host offer on the connection between `addrs`
-/// (the initiator's, ours), and the process granted the link, pinned.
-fn same_host_answer(
-    inner: &Serving,
-    addrs: &Result<(SocketAddr, SocketAddr), String>,
-    offer: &samehost::Offer,
-    challenge: samehost::Challenge<'_>,
-) -> (samehost::Answer, Option<PeerProcess>) {
-    let (answer, granted) = match addrs {
-        Ok((from, local)) => samehost::accept(inner.settings.same_host, offer, *from, *local, challenge),
-        Err(e) => (
-            samehost::Answer {
-                accepted: false,
-                reason: format!("the peer cannot read the connection's addresses: {e}"),
-                device_ipc: false,
-                device_reason: String::new(),
-            },
-            None,
-        ),
-    };
-    log::debug!("data connection: same-host link for pid {}: {} ({})", offer.host.pid, answer.accepted, answer.reason);
-    (answer, granted)
 }
 
 /// Count and log (at most once a second per address) a data connection
@@ -143,8 +128,8 @@ pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::budge
     // Only a connection's first request may be a hello (a connection served
     // from the readiness loop may have been parked after it).
     let mut first = !conn.resumed();
-    // The initiator's process once the same-host link is accepted.
-    let mut same_host = conn.same_host_peer();
+    // The same-host link, once accepted.
+    let mut same_host = conn.extension::<TargetLink>();
     loop {
         let header = match conn.recv_header_idle::<HEADER_LEN>(&stopping) {
             // Only a connection's first request may be a hello.
@@ -157,14 +142,14 @@ pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::budge
                 match hello {
                     AfterHello::Serve(link) => {
                         same_host = link.clone();
-                        conn.set_same_host_peer(link);
+                        conn.set_extension(link.map(|l| l as Arc<dyn Any + Send + Sync>));
                         continue;
                     }
                     AfterHello::Close => break,
                 }
             }
-            Ok(Some(h)) if is_same_host_frame(&h) => {
-                let Some(peer) = same_host.as_deref() else {
+            Ok(Some(h)) if is_link_header(&h) => {
+                let Some(link) = same_host.as_deref() else {
                     log::debug!("data connection: a same-host request on a connection without the link; closing");
                     break;
                 };
@@ -176,7 +161,7 @@ pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::budge
                     stats: &inner.stats,
                     stopping: &stopping,
                 };
-                if serve_frame(&cx, conn, &mut acks, peer, &h) {
+                if serve_doorbell(&cx, conn, &mut acks, link, &h) {
                     continue;
                 }
                 break;

@@ -1,12 +1,19 @@
 //! Serving same-host requests (the target side of the link in
-//! [`super::super::samehost`]): each request is checked against the
-//! registered regions exactly as over TCP, then this engine copies the
-//! bytes itself between the initiator's memory (at the address of the
-//! request in hand, never another) and its region: one cross-process copy
-//! for host memory; for device memory, through one pinned buffer, the
-//! device copy synchronized before the acknowledgement. Device memory of
-//! the initiator arrives as CUDA IPC handles ([`serve_ipc`]): one copy from
-//! or into it on a device of ours, synchronized before the acknowledgement.
+//! [`super::super::samehost`]). A doorbell on the connection announces a
+//! message in the initiator's ring; the link reads it from the pinned
+//! process and checks it ([`TargetLink::take`]) before anything is served,
+//! so a process that merely holds the initiator's socket moves no byte.
+//! Then each request is checked against the registered regions exactly as
+//! over TCP, and the initiator's range against the memory the initiator
+//! listed as registered (nothing else of it is ever copied); then this
+//! engine copies the bytes itself between the initiator's memory (at the
+//! address of the request in hand, never another) and its region: one
+//! cross-process copy for host memory; for device memory, through one
+//! pinned buffer, the device copy synchronized before the acknowledgement.
+//! Device memory of the initiator arrives as CUDA IPC handles
+//! ([`serve_ipc`]): one copy from or into it on a device of ours,
+//! synchronized before the acknowledgement. A message's statuses go out
+//! together once it is served.
 
 use std::io;
 
@@ -15,8 +22,9 @@ use super::super::memory::regions::{Hold, Region, Regions};
 use super::super::memory::staging::{Side, Staging};
 use super::super::net::conn::Conn;
 use super::super::protocol::wire::{RequestHeader, HEADER_LEN};
-use super::super::samehost::device::{self, Unusable};
-use super::super::samehost::window::{copy_failed_status, decode_local, FRAME_LEN};
+use super::super::samehost::device::Unusable;
+use super::super::samehost::frames::{copy_failed_status, link_status, Doorbell, STATUS_NOT_REGISTERED};
+use super::super::samehost::ring::{Message, Refusal, TargetLink};
 use super::super::samehost::xmem::{self, PeerProcess};
 use super::acks::Acks;
 use crate::error::{Error, ErrorKind};
@@ -47,45 +55,144 @@ enum Failed {
     Stopped,
 }
 
-/// Whether `header` opens a same-host request (host memory, or device
-/// memory by CUDA IPC); its tail follows on the connection.
-pub(crate) fn is_same_host_frame(header: &[u8; HEADER_LEN]) -> bool {
-    decode_local(header).is_some() || device::decode_ipc(header).is_some()
+/// Serve the doorbell `header` on the connection of `link`: the message it
+/// announces, read from the initiator's ring, every request answered (the
+/// statuses sent once all are served). `false`: the connection closes (a
+/// doorbell that is not the pinned process's, a request refused, or a
+/// request frame sent on the connection itself).
+pub(crate) fn serve_doorbell(
+    cx: &LocalServing<'_>,
+    conn: &mut Conn,
+    acks: &mut Acks,
+    link: &TargetLink,
+    header: &[u8; HEADER_LEN],
+) -> bool {
+    let pid = link.peer().pid();
+    let Some(bell) = Doorbell::decode(header) else {
+        log::warn!(
+            "same-host link with pid {pid}: a request sent on the connection itself (an older pdx, or a process \
+             other than the one granted the link that holds its socket); closing, nothing served"
+        );
+        return false;
+    };
+    let served = match link.take(bell) {
+        Ok(Message::Listed) => {
+            acks.ok(true);
+            true
+        }
+        Ok(Message::Host(frames)) => serve_host(cx, conn, acks, link, &frames),
+        Ok(Message::Device(frames)) => serve_device(cx, conn, acks, link.peer(), &frames),
+        Err(Refusal::Violation(why)) => {
+            log::warn!("same-host link with pid {pid}: {why}; closing, nothing served");
+            return false;
+        }
+        Err(Refusal::Copy(e)) => {
+            log::warn!(
+                "same-host link: reading pid {pid}'s requests failed: {}; it falls back to TCP",
+                xmem::explain(&e)
+            );
+            let status = copy_failed_status(e.raw_os_error().unwrap_or(libc::EIO));
+            // SAFETY: a local array, readable for the call.
+            let _ = unsafe { acks.send_with(conn, &[(status.as_ptr(), status.len())]) };
+            return false;
+        }
+    };
+    // The message's statuses, together (and those before a refusal are
+    // already out).
+    served && acks.flush(conn).map_err(|e| log::debug!("same-host link: {e}")).is_ok()
 }
 
-/// Serve the same-host request `header` opens (see [`is_same_host_frame`]),
-/// from the process `peer` (granted the link): its tail read here, then
-/// [`serve_local`] or [`serve_ipc`] (the initiator's allocations opened
-/// once per connection, closed with it). `false`: the connection closes.
-pub(crate) fn serve_frame(
+/// Refuse a request naming initiator memory the initiator did not list:
+/// the statuses before it, then [`STATUS_NOT_REGISTERED`]; the connection
+/// closes and the initiator goes back to TCP.
+fn not_listed(cx: &LocalServing<'_>, conn: &Conn, acks: &mut Acks, pid: u32, header: &RequestHeader, theirs: u64) {
+    Stats::bump(&cx.stats.requests_refused);
+    log::warn!(
+        "same-host link: pid {pid} asked for {} of {} bytes at its {theirs:#x}, outside the memory it listed as \
+         registered; refused, nothing copied",
+        header.direction.name(),
+        header.size
+    );
+    let status = link_status(STATUS_NOT_REGISTERED, 0);
+    // SAFETY: a local array, readable for the call.
+    let _ = unsafe { acks.send_with(conn, &[(status.as_ptr(), status.len())]) };
+}
+
+/// Serve a message's host-memory requests in order (a run of small ones
+/// with one vectored copy); `false`: the connection closes.
+fn serve_host(
+    cx: &LocalServing<'_>,
+    conn: &mut Conn,
+    acks: &mut Acks,
+    link: &TargetLink,
+    frames: &[(RequestHeader, u64)],
+) -> bool {
+    let peer = link.peer();
+    let mut i = 0;
+    while i < frames.len() {
+        let (h, theirs) = frames[i];
+        if !link.covers(theirs, h.size) {
+            not_listed(cx, conn, acks, peer.pid(), &h, theirs);
+            return false;
+        }
+        let Some(hold) = hold_or_refuse(cx, conn, acks, &h) else { return false };
+        let region = hold.region();
+        let stop = || region.is_revoked() || (cx.stopping)();
+        let copied = match &region.device {
+            None if (h.size as usize) < RUN_BYTES => {
+                let more = gather(cx, conn, link, &h, &frames[i + 1..]);
+                if !more.is_empty() {
+                    let n = 1 + more.len();
+                    let mut run = vec![(h, theirs, hold)];
+                    run.extend(more);
+                    if !serve_run(cx, conn, acks, peer, run) {
+                        return false;
+                    }
+                    i += n;
+                    continue;
+                }
+                copy_host(peer, &h, theirs, &stop)
+            }
+            None => copy_host(peer, &h, theirs, &stop),
+            Some(dev) => cx
+                .staging
+                .lease(Side::Inbound, dev, 1, &stop)
+                .map_err(Failed::Device)
+                .and_then(|lease| copy_device(&lease, cx.staging.chunk(), peer, &h, theirs, &stop)),
+        };
+        drop(hold);
+        if !answer(cx, conn, acks, &h, copied) {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Serve a message's device-memory requests (CUDA IPC) in order, while the
+/// process granted the link still runs; `false`: the connection closes.
+fn serve_device(
     cx: &LocalServing<'_>,
     conn: &mut Conn,
     acks: &mut Acks,
     peer: &PeerProcess,
-    header: &[u8; HEADER_LEN],
+    frames: &[(RequestHeader, DeviceExport)],
 ) -> bool {
-    if let Some(h) = decode_local(header) {
-        let mut theirs = [0u8; 8];
-        if let Err(e) = conn.recv_exact(&mut theirs) {
-            log::debug!("same-host link: {e}");
+    // The initiator's allocations, opened once per connection, closed with it.
+    let imports = conn.attachment(|| PeerImports::new(format!("pid {}", peer.pid())));
+    for (h, theirs) in frames {
+        // Device memory arrives as handles its exporter chose to hand out, but
+        // only while the process granted the link still runs.
+        if !peer.running() {
+            log::debug!("same-host link: pid {} has exited; closing", peer.pid());
+            let _ = acks.flush(conn);
             return false;
         }
-        return serve_local(cx, conn, acks, peer, &h, u64::from_le_bytes(theirs));
+        if !serve_ipc(cx, conn, acks, &imports, h, theirs) {
+            return false;
+        }
     }
-    let Some(h) = device::decode_ipc(header) else { return false };
-    let mut tail = [0u8; device::TAIL_LEN];
-    if let Err(e) = conn.recv_exact(&mut tail) {
-        log::debug!("same-host link: {e}");
-        return false;
-    }
-    // Device memory arrives as handles its exporter chose to hand out, but
-    // only while the process granted the link still runs.
-    if !peer.running() {
-        log::debug!("same-host link: pid {} has exited; closing", peer.pid());
-        return false;
-    }
-    let imports = conn.attachment(|| PeerImports::new(format!("pid {}", peer.pid())));
-    serve_ipc(cx, conn, acks, &imports, &h, &device::decode_tail(&tail))
+    true
 }
 
 /// The region of `header`, held (the connection listed with it) while the
@@ -107,65 +214,33 @@ fn hold_or_refuse(cx: &LocalServing<'_>, conn: &Conn, acks: &mut Acks, header: &
     hold
 }
 
-/// Serve one same-host request from process `peer` (`header` checked
-/// here, the initiator's bytes at `theirs`). `false`: the connection closes.
-fn serve_local(
-    cx: &LocalServing<'_>,
-    conn: &mut Conn,
-    acks: &mut Acks,
-    peer: &PeerProcess,
-    header: &RequestHeader,
-    theirs: u64,
-) -> bool {
-    let Some(hold) = hold_or_refuse(cx, conn, acks, header) else { return false };
-    let region = hold.region();
-    let stop = || region.is_revoked() || (cx.stopping)();
-    let copied = match &region.device {
-        None if (header.size as usize) < RUN_BYTES => {
-            let more = gather(cx, conn, header);
-            if !more.is_empty() {
-                let mut run = vec![(*header, theirs, hold)];
-                run.extend(more);
-                return serve_run(cx, conn, acks, peer, run);
-            }
-            copy_host(peer, header, theirs, &stop)
-        }
-        None => copy_host(peer, header, theirs, &stop),
-        Some(dev) => cx
-            .staging
-            .lease(Side::Inbound, dev, 1, &stop)
-            .map_err(Failed::Device)
-            .and_then(|lease| copy_device(&lease, cx.staging.chunk(), peer, header, theirs, &stop)),
-    };
-    drop(hold);
-    answer(cx, conn, acks, header, copied)
-}
-
 /// Most requests one vectored copy serves together (within `IOV_MAX`), and
-/// their bytes: a run of small pipelined requests costs one system call.
+/// their bytes: a run of small requests costs one system call.
 const RUN_REQUESTS: usize = 64;
 const RUN_BYTES: usize = 4 << 20;
 
-/// Requests pipelined right behind `first` that one vectored copy can serve
-/// with it (same-host, the same direction, host regions, within the run's
-/// bounds), each held and its frame consumed. Anything else is left for
-/// the next turn of the connection's loop (a bad range is refused there).
-fn gather(cx: &LocalServing<'_>, conn: &mut Conn, first: &RequestHeader) -> Vec<(RequestHeader, u64, Hold)> {
+/// Requests of the message right behind `first` (`next`) that one vectored
+/// copy can serve with it (the same direction, listed, on host regions,
+/// within the run's bounds), each held. The first that cannot is left for
+/// the next turn (a bad range is refused there).
+fn gather(
+    cx: &LocalServing<'_>,
+    conn: &Conn,
+    link: &TargetLink,
+    first: &RequestHeader,
+    next: &[(RequestHeader, u64)],
+) -> Vec<(RequestHeader, u64, Hold)> {
     let mut run = Vec::new();
     let mut bytes = first.size as usize;
-    while run.len() + 1 < RUN_REQUESTS {
-        let Some(frame) = conn.peek_buffered::<FRAME_LEN>() else { break };
-        let Some(h) = frame[..HEADER_LEN].try_into().ok().and_then(|h| decode_local(&h)) else { break };
+    for &(h, theirs) in next.iter().take(RUN_REQUESTS - 1) {
         if h.direction != first.direction || h.size == 0 || bytes + h.size as usize > RUN_BYTES {
+            break;
+        }
+        if !link.covers(theirs, h.size) {
             break;
         }
         let region = cx.regions.lookup(h.addr, h.size).filter(|r| r.device.is_none());
         let Some(hold) = region.and_then(|r| r.hold(conn.raw_fd())) else { break };
-        let mut raw = [0u8; FRAME_LEN];
-        if conn.recv_exact(&mut raw).is_err() {
-            break; // it was buffered: cannot happen
-        }
-        let theirs = u64::from_le_bytes(raw[HEADER_LEN..].try_into().unwrap_or_default());
         bytes += h.size as usize;
         run.push((h, theirs, hold));
     }
@@ -185,6 +260,7 @@ fn serve_run(
 ) -> bool {
     let stopped = || (cx.stopping)() || run.iter().any(|(_, _, hold)| hold.region().is_revoked());
     if stopped() {
+        let _ = acks.flush(conn);
         return false;
     }
     let locals: Vec<(*mut u8, usize)> = run.iter().map(|(h, _, _)| (h.addr as *mut u8, h.size as usize)).collect();
@@ -206,14 +282,7 @@ fn serve_run(
             failed => return answer(cx, conn, acks, h, failed),
         }
     }
-    // One send acknowledges the run (or more, if more is pipelined).
-    match acks.flush_unless_pipelined(conn) {
-        Ok(()) => true,
-        Err(e) => {
-            log::debug!("same-host link: {e}");
-            false
-        }
-    }
+    true
 }
 
 /// Serve one device request over the link (CUDA IPC: the initiator's
@@ -283,8 +352,8 @@ fn copy_ipc(
     })
 }
 
-/// Acknowledge a served request, or answer why not (`false`: the
-/// connection closes).
+/// Acknowledge a served request (queued: the message's statuses go out
+/// together), or answer why not (`false`: the connection closes).
 fn answer(
     cx: &LocalServing<'_>,
     conn: &Conn,
@@ -296,13 +365,7 @@ fn answer(
         Ok(()) => {
             cx.stats.served(header.direction, header.size);
             acks.ok(true);
-            match acks.flush_unless_pipelined(conn) {
-                Ok(()) => true,
-                Err(e) => {
-                    log::debug!("same-host link: {e}");
-                    false
-                }
-            }
+            true
         }
         Err(Failed::Copy(e)) => {
             log::warn!(
@@ -339,7 +402,11 @@ fn answer(
             acks.reject(conn, true);
             false
         }
-        Err(Failed::Stopped) => false,
+        Err(Failed::Stopped) => {
+            // What was served before it is confirmed.
+            let _ = acks.flush(conn);
+            false
+        }
     }
 }
 

@@ -44,6 +44,8 @@ struct Half {
 struct HalfState {
     free: Vec<usize>,
     allocated: usize,
+    /// Every buffer allocated (they are kept until the pool drops).
+    all: Vec<usize>,
 }
 
 /// A device and the streams of its context no lease holds.
@@ -92,6 +94,20 @@ impl Staging {
         self.cap
     }
 
+    /// Every buffer of `side` allocated so far, with their length: host
+    /// memory this engine owns and hands to peers to copy (the same-host
+    /// link lists the outbound ones as registered).
+    pub fn buffers(&self, side: Side) -> (Vec<u64>, usize) {
+        let all = self.halves[side as usize].state.lock().all.iter().map(|&b| b as u64).collect();
+        (all, self.chunk)
+    }
+
+    /// How many buffers of `side` were allocated (they are never freed
+    /// before the pool): changes whenever [`Staging::buffers`] does.
+    pub fn buffers_allocated(&self, side: Side) -> usize {
+        self.halves[side as usize].state.lock().all.len()
+    }
+
     fn take_buffer(&self, side: Side, dev: &Arc<Device>, deadline: Option<Instant>) -> Result<Option<usize>> {
         let half = &self.halves[side as usize];
         let mut st = half.state.lock();
@@ -113,6 +129,7 @@ impl Staging {
                     return Err(device_error(e));
                 }
                 self.owner.lock().get_or_insert_with(|| dev.clone());
+                half.state.lock().all.push(p as usize);
                 return Ok(Some(p as usize));
             }
             let Some(deadline) = deadline else { return Ok(None) };
@@ -202,6 +219,11 @@ pub struct Lease<'a> {
 }
 
 impl Lease<'_> {
+    /// The bytes of each buffer.
+    pub(crate) fn chunk(&self) -> usize {
+        self.pool.chunk
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.bufs.len()
     }

@@ -10,8 +10,8 @@ use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::super::super::initiator::window::LocalMemory;
 use super::super::cuda::Device;
+use super::super::local::LocalMemory;
 use super::pool::{Lease, Side, Staging};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::Request;
@@ -190,6 +190,13 @@ impl LocalMemory for StagedMemory<'_> {
 
     fn confirmed(&self) -> usize {
         self.confirmed
+    }
+
+    /// The lease's buffers, and the window's host requests where they are.
+    fn host_ranges_all(&self, inside: &mut dyn FnMut(u64, usize) -> bool) -> bool {
+        let chunk = self.lease.chunk();
+        (0..self.lease.len()).all(|b| inside(self.lease.buf(b) as u64, chunk))
+            && self.reqs.iter().zip(&self.on_device).all(|(r, &d)| d || inside(r.local as u64, r.len))
     }
 }
 
