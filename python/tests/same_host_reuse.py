@@ -16,7 +16,8 @@ still run on the link afterwards. It prints one JSON line.
   honest write through it. The child sends request frames on the connection
   itself (the way pdx once sent them), a doorbell for a message it wrote
   into its own copy of the ring (the next sequence number), and a doorbell
-  replaying the last message.
+  replaying the last message. Last, the parent itself asks through its own
+  ring for `private`, which it never listed.
 - `PDX_API`: the link is pdx's own: a pdx engine writes a registered buffer
   to the target (on the link). The child calls pdx through its parent's
   engine handle naming `private` (both directions), then sends the request
@@ -118,8 +119,12 @@ secret, report = fork_child(attempt)
 # The honest path, afterwards: a fresh link, a write and a read through it.
 sock, ring, honest_after = linked()
 honest_after += window(sock, ring, [(0x52, base, N, ctypes.addressof(mine))])
+# The second fence: the parent itself, through its own ring, naming memory
+# it never listed (pdx never does): refused, nothing copied.
+sock, ring, _ = linked()
+unlisted = window(sock, ring, [(0x53, pull_into, N, ctypes.addressof(private))])
 out(secret=secret.hex(), now=private.raw.hex(), child=report, attempts=[w for w, _ in attempts],
-    honest_before=honest_before, honest_after=honest_after)
+    honest_before=honest_before, honest_after=honest_after, unlisted=unlisted)
 '''
 
 PDX_API = FORK + r'''

@@ -65,6 +65,9 @@ def test_a_child_reusing_a_hand_built_link_moves_nothing(target, who):
     # The parent's own link worked before, and a new one after.
     assert r["honest_before"] and all(ok(s) for s in r["honest_before"]), r
     assert len(r["honest_after"]) == 3 and all(ok(s) for s in r["honest_after"]), r
+    # Memory the parent never listed as registered: "not registered" (4), even from the parent itself.
+    (unlisted,) = r["unlisted"]
+    assert unlisted is not None and unlisted & 0xFFFFFFFF == 4, r
 
 
 @pytest.mark.parametrize("who", ["other-user", "same-user"])

@@ -72,7 +72,7 @@ fn not_ours(lane: &Lane) -> WindowOutcome {
     let e = format!(
         "a data connection of process {} (this process, {}, was forked from it): it opens its own",
         lane.opened_by,
-        std::process::id()
+        samehost::this_process()
     );
     WindowOutcome::failed(0, Error::new(ErrorKind::ConnectionLost, e))
 }

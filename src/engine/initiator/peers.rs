@@ -99,7 +99,7 @@ struct Negotiated {
 impl Lane {
     /// Whether this process opened the lane (not a parent it was forked from).
     pub fn ours(&self) -> bool {
-        self.opened_by == std::process::id()
+        self.opened_by == samehost::this_process()
     }
 
     /// A lane with CUDA IPC opened before a device region of this engine
@@ -299,7 +299,7 @@ impl Peer {
         let exports_epoch = self.dialer.exports.epoch();
         let rail = rail.cloned();
         let registered = self.dialer.registered.clone();
-        let opened_by = std::process::id();
+        let opened_by = samehost::this_process();
         Ok(Lane {
             conn,
             v2,

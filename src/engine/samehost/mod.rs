@@ -46,6 +46,40 @@ use serde::{Deserialize, Serialize};
 /// Name of the path in statistics, logs and `pdx_peer_info`.
 pub(crate) const PATH: &str = "same-host";
 
+/// This process's pid, without a system call on every use (a link checks
+/// it for every window: it runs only in the process that made it). Cached
+/// once a `fork` handler is in place that forgets it in the child (it only
+/// stores to an atomic, as a handler there may), so a forked child reads
+/// its own. Where the handler cannot be installed, or a child comes from a
+/// raw `clone` that runs no handlers, what a link proves still holds: the
+/// target reads requests from the process it pinned, never from a child.
+pub(crate) fn this_process() -> u32 {
+    use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+    /// 0: no handler yet; 1: being installed; 2: installed; 3: failed (never cache).
+    static HANDLER: AtomicU8 = AtomicU8::new(0);
+    static PID: AtomicU32 = AtomicU32::new(0);
+    extern "C" fn forked_child() {
+        PID.store(0, Ordering::Release);
+    }
+    let cached = PID.load(Ordering::Acquire);
+    if cached != 0 {
+        return cached;
+    }
+    let pid = std::process::id();
+    if HANDLER.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        // SAFETY: registers a child handler that only stores to an atomic
+        // (async-signal-safe); no prepare or parent handler.
+        let rc = unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+        HANDLER.store(if rc == 0 { 2 } else { 3 }, Ordering::Release);
+    }
+    // Cached only once the handler is in: a fork before that leaves the
+    // child nothing cached.
+    if HANDLER.load(Ordering::Acquire) == 2 {
+        PID.store(pid, Ordering::Release);
+    }
+    pid
+}
+
 /// What identifies this process on this host, as a descriptor carries it
 /// (`pdx_host`; Mooncake ignores the field).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -65,7 +99,7 @@ impl HostIdentity {
     /// namespace or user since).
     pub fn current() -> Option<HostIdentity> {
         static OWN: Mutex<Option<(u32, Option<HostIdentity>)>> = Mutex::new(None);
-        let pid = std::process::id();
+        let pid = this_process();
         let mut own = OWN.lock();
         match &*own {
             Some((p, id)) if *p == pid => id.clone(),
@@ -383,7 +417,12 @@ pub(crate) fn accept(
         );
     }
     if !(ring::HEAD_LEN as u64..=ring::MAX_RING_LEN).contains(&offer.ring_len) {
-        return refused(format!("the offered ring is {} bytes; the peer reads rings of 32 B to 1 MiB", offer.ring_len));
+        return refused(format!(
+            "the offered ring is {} bytes; the peer reads rings of {} B to {} KiB",
+            offer.ring_len,
+            ring::HEAD_LEN,
+            ring::MAX_RING_LEN >> 10
+        ));
     }
     match check_with_kernel(&own, offer, from, local, challenge) {
         Ok((peer, key)) => {
@@ -607,6 +646,25 @@ mod tests {
         h
     }
 
+    /// The cached pid is this process's, and a forked child's own.
+    #[test]
+    fn this_process_is_the_callers_after_fork_too() {
+        assert_eq!(this_process(), std::process::id());
+        assert_eq!(this_process(), std::process::id(), "cached");
+        // SAFETY: the child makes only atomic loads and system calls, then _exits.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0);
+        if child == 0 {
+            // SAFETY: as above.
+            unsafe { libc::_exit(if this_process() == libc::getpid() as u32 { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child saw its parent's pid");
+        assert_eq!(this_process(), std::process::id());
+    }
+
     #[test]
     fn reasons_name_the_difference() {
         let off = offer_or_why_not(false, HostIdentity::current().as_ref()).unwrap_err();
@@ -691,7 +749,8 @@ mod tests {
         // An offer without a ring (a pdx that sends its requests on the
         // connection, where any holder of its socket could): declined
         // unchecked; so is a ring the target would not read.
-        for (ring_addr, ring_len, why) in [(0, 0, "on the connection"), (0x1000, 8, "32 B"), (0x1000, 2 << 20, "1 MiB")]
+        for (ring_addr, ring_len, why) in
+            [(0, 0, "on the connection"), (0x1000, 8, "32 B"), (0x1000, 2 << 20, "256 KiB")]
         {
             let no_ring = Offer { ring_addr, ring_len, ..offer.clone() };
             let (no, pinned) = accept(true, &no_ring, from, local, &mut |_| panic!("not challenged"));

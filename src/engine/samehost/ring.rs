@@ -33,6 +33,14 @@
 //! link listed (checked per request). The initiator writes the next message
 //! only once the target answered the last one (it read the ring before it
 //! answered), so one slot is the whole ring.
+//!
+//! Extending it: anything more the initiator tells the target about its
+//! requests needs the same proof, so it is a new [`Kind`] of message, or a
+//! word in the ring the target reads the same way. While a message is
+//! served the target reads nothing from the connection; to stop serving
+//! requests already announced (a cancel), the initiator can write a word
+//! past the message area that the target re-reads between requests (8 bytes
+//! through the kernel, from the pinned process).
 
 use std::io;
 use std::ptr::NonNull;
@@ -46,15 +54,18 @@ use super::xmem::PeerProcess;
 
 /// Bytes of an initiator's ring: the longest message.
 pub(crate) const RING_LEN: usize = 64 << 10;
-/// The longest ring a target reads from (what an offer may name).
-pub(crate) const MAX_RING_LEN: u64 = 1 << 20;
+/// The longest ring a target reads from (what an offer may name): the
+/// most a link makes the target hold for one message, as a connection's
+/// receive buffer does.
+pub(crate) const MAX_RING_LEN: u64 = 256 << 10;
 /// Length of the link's key (the hello's challenge nonce).
 pub(crate) const KEY_LEN: usize = 16;
 /// A message's head: key, `u64` sequence number, `u8` kind, 3 zero bytes,
 /// `u32` count of entries.
 pub(crate) const HEAD_LEN: usize = KEY_LEN + 16;
-/// Most ranges of the initiator's memory a target keeps listed for a link.
-pub(crate) const MAX_LISTED: usize = 1 << 16;
+/// Most ranges of the initiator's memory a target keeps listed for a link
+/// (256 KiB of them; an initiator's memory past them rides TCP).
+pub(crate) const MAX_LISTED: usize = 1 << 14;
 /// Bytes of one listed range: `u64` start, `u64` length.
 const RANGE_LEN: usize = 16;
 
@@ -213,7 +224,14 @@ pub(crate) struct InitiatorLink {
 impl InitiatorLink {
     /// The link of `ring` with `key`, made by this process.
     pub fn new(ring: Ring, key: [u8; KEY_LEN]) -> InitiatorLink {
-        InitiatorLink { ring, key, next_seq: 1, made_for: std::process::id(), listed: Vec::new(), listed_version: None }
+        InitiatorLink {
+            ring,
+            key,
+            next_seq: 1,
+            made_for: super::this_process(),
+            listed: Vec::new(),
+            listed_version: None,
+        }
     }
 
     /// Whether the target holds `[addr, addr + len)` as registered memory of
@@ -240,7 +258,8 @@ impl InitiatorLink {
     /// target would read its parent's ring, never the child's).
     pub fn post(&mut self, kind: Kind, entries: &[u8]) -> Option<Doorbell> {
         let count = entries.len() / kind.entry_len();
-        if entries.len() % kind.entry_len() != 0 || count > kind.max_entries() || self.made_for != std::process::id() {
+        if entries.len() % kind.entry_len() != 0 || count > kind.max_entries() || self.made_for != super::this_process()
+        {
             return None;
         }
         let head = Head { key: self.key, seq: self.next_seq, kind: kind as u8, count: count as u32 };
