@@ -11,8 +11,10 @@
 # runs without LD_LIBRARY_PATH. readelf checks the SONAME, what each program
 # records as NEEDED, and its run path. Nothing may be written into the copy.
 # cargo's target directory is the checkout's (CARGO_TARGET_DIR, else target/),
-# passed as PDX_CARGO_TARGET_DIR: after the checkout's own build, cargo has
-# nothing to compile.
+# passed as PDX_CARGO_TARGET_DIR. The script runs `cargo build --release` (the
+# README's build) first, and fails if the CMake build's cargo step then
+# compiles anything: CMake must reuse what cargo built (same packages, same
+# features), not rebuild libpdx.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -41,9 +43,16 @@ done | tar --null --no-recursion -T - -cf - | tar -xf - -C "$src"
 [ -f "$src/CMakeLists.txt" ] && [ ! -e "$src/target" ] && [ ! -e "$src/build" ] || fail "the copy is not a clean tree"
 listing "$src" >"$tmp/src.before"
 build=$tmp/build
+# The README's `cargo build --release`, in the copy (it writes only into the target directory).
+quiet cargo build --release --manifest-path "$src/Cargo.toml" --target-dir "$cargo_target"
 quiet cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPDX_BUILD_TESTS=OFF \
   -DPDX_CARGO_TARGET_DIR="$cargo_target"
+start=$SECONDS
 quiet cmake --build "$build" -j 2
+if grep -E '^ *Compiling ' "$tmp/log" >&2; then
+  fail "CMake's cargo step compiled the crates above right after cargo build --release (it must select the same packages)"
+fi
+echo "ok: after cargo build --release, the CMake build compiled nothing ($((SECONDS - start)) s)"
 soname=$(readelf -d "$build/pdx-lib/libpdx.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 
 echo "== install to a fresh prefix"
