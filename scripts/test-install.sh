@@ -15,6 +15,10 @@
 # README's build) first, and fails if the CMake build's cargo step then
 # compiles anything: CMake must reuse what cargo built (same packages, same
 # features), not rebuild libpdx.
+# Mooncake's C API: the installed transfer_engine.pc sits beside
+# libtransfer_engine.so in <libdir>/pdx/mooncake (never in <libdir>/pkgconfig),
+# and the example of docs/mooncake-c-api.md (c_tests/consumers/mooncake_c_api.c,
+# shown there whole) is built with the compile line the document gives.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -87,10 +91,30 @@ mchdr=$(pkg-config --variable=includedir pdx)/mooncake
 [ ! -e "$libdir/libtransfer_engine.so" ] || fail "libtransfer_engine.so shadows Mooncake's in $libdir"
 got=$(readelf -d "$mcdir/libtransfer_engine.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 [ "$got" = libtransfer_engine.so ] || fail "libtransfer_engine.so has SONAME '$got'"
-exe=$tmp/c_mooncake
-"$cc" "${cflags[@]}" "$src/c_tests/consumers/mooncake_c_api.c" -o "$exe" -I"$mchdr" -L"$mcdir" -ltransfer_engine \
-  -Wl,-rpath,"$mcdir"
-needed "$exe" | grep -qx libtransfer_engine.so || fail "c_mooncake does not record NEEDED libtransfer_engine.so"
+mcpc=$mcdir/pkgconfig/transfer_engine.pc
+[ -f "$mcpc" ] || fail "no transfer_engine.pc in $mcdir/pkgconfig"
+[ "$(find "$prefix" -name transfer_engine.pc)" = "$mcpc" ] || fail "transfer_engine.pc installed elsewhere too"
+# The example and its compile line, as docs/mooncake-c-api.md shows them.
+example=$src/c_tests/consumers/mooncake_c_api.c
+doc=$src/docs/mooncake-c-api.md
+python3 - "$doc" "$example" <<'PY' || fail "docs/mooncake-c-api.md does not show $(basename "$example") whole"
+import sys
+doc, example = (open(p).read() for p in sys.argv[1:])
+sys.exit(0 if f"```c\n{example}```\n" in doc else 1)
+PY
+compile='cc mooncake_c_api.c -o mooncake_c_api $(pkg-config --cflags --libs transfer_engine) -Wl,-rpath,$(pkg-config --variable=libdir transfer_engine)'
+grep -qF -- "$compile" "$doc" || fail "docs/mooncake-c-api.md lacks the compile line: $compile"
+exe=$tmp/mooncake_c_api
+(
+  export PKG_CONFIG_PATH=$mcdir/pkgconfig
+  [ "$(pkg-config --variable=libdir transfer_engine)" = "$mcdir" ] || fail "transfer_engine.pc names another libdir"
+  cflags_te=$(pkg-config --cflags transfer_engine | xargs)
+  [ "$cflags_te" = "-I$mchdr" ] || fail "transfer_engine.pc: cflags $cflags_te"
+  cd "$tmp" && cp "$example" . && eval "${compile/#cc /$cc ${cflags[*]} }"
+)
+needed "$exe" | grep -qx libtransfer_engine.so || fail "mooncake_c_api does not record NEEDED libtransfer_engine.so"
+[ "$(runpath "$exe")" = "$mcdir" ] || fail "mooncake_c_api run path is '$(runpath "$exe")'"
+needed "$exe" | grep -q libpdx && fail "mooncake_c_api needs libpdx too"
 RUST_LOG=off "$exe"
 
 echo "== C, pkg-config --static, static-only prefix"
