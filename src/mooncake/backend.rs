@@ -13,7 +13,7 @@ use mooncake_sys::{
 use parking_lot::{Mutex, RwLock};
 
 use super::batches::{McBatch, Task};
-use super::convert::{check, task_state};
+use super::convert::{check, check_notify_frame, notify_cstrings, task_state};
 use super::topology;
 use crate::config::env::{self, vars, ProcessEnv};
 use crate::config::transport::TransportChoice;
@@ -62,28 +62,6 @@ pub struct MooncakeBackend {
 
 fn cstring(s: &str, what: &str) -> Result<CString> {
     CString::new(s).map_err(|_| Error::invalid_argument(format!("{what} contains a NUL byte")))
-}
-
-/// A notification as Mooncake's C API takes it: two C strings, so a NUL
-/// byte cannot pass (refused, never cut short).
-fn notify_cstrings(note: &Notification) -> Result<(CString, CString)> {
-    let nul = |what: &str| {
-        Error::invalid_argument(format!(
-            "the notification's {what} has a NUL byte, which Mooncake's C API cannot carry (its strings end at the \
-             first NUL); the tcp engine carries any bytes"
-        ))
-    };
-    let name = CString::new(note.name.clone()).map_err(|_| nul("name"))?;
-    let msg = CString::new(note.msg.clone()).map_err(|_| nul("message"))?;
-    Ok((name, msg))
-}
-
-/// The fewest bytes of the handshake frame Mooncake writes for `note`
-/// (`{"name":"...","notify_msg":"..."}` and its newline, every byte at
-/// least once; its writer escapes bytes above 0x7f as `\uXXXX`, longer).
-fn least_frame_len(note: &Notification) -> usize {
-    const FRAME_TEXT: usize = r#"{"name":"","notify_msg":""}"#.len() + 2;
-    note.len().saturating_add(FRAME_TEXT)
 }
 
 /// The sync deadline: `MC_TRANSFER_TIMEOUT` seconds (at least 5, as in
@@ -672,23 +650,11 @@ impl TransferBackend for MooncakeBackend {
     }
 
     /// No NUL byte (Mooncake's C API takes C strings), and a frame that can
-    /// fit the peer's handshake frame limit: refused before Mooncake would
-    /// send a frame the peer closes unread. Mooncake's writer escapes bytes
-    /// above 0x7f, so a frame near the limit may still be too long.
+    /// fit the peer's handshake frame limit (see [`check_notify_frame`]).
     fn check_notification(&self, note: &Notification) -> Result<()> {
         Notification::check_size(note.name.len(), note.msg.len())?;
         notify_cstrings(note)?;
-        let least = least_frame_len(note);
-        if least > self.handshake_max_len {
-            return Err(Error::invalid_argument(format!(
-                "a notification of {} bytes (name and message; a handshake frame of at least {least} bytes) is over \
-                 the peer's handshake frame limit of {} bytes: a peer closes a longer frame unread \
-                 (MC_HANDSHAKE_MAX_LENGTH, 1 MiB by default). Raise it on both sides, or send less",
-                note.len(),
-                self.handshake_max_len
-            )));
-        }
-        Ok(())
+        check_notify_frame(note, self.handshake_max_len)
     }
 
     /// Initiator-side counters only: Mooncake serves peers itself and
