@@ -157,6 +157,7 @@ class TransferNotify:
 
     @property
     def name(self) -> str | bytes:
+        """The name: a str when its bytes are UTF-8, else the bytes."""
         return note_value(self._name)
 
     @name.setter
@@ -165,6 +166,7 @@ class TransferNotify:
 
     @property
     def msg(self) -> str | bytes:
+        """The message: a str when its bytes are UTF-8, else the bytes."""
         return note_value(self._msg)
 
     @msg.setter
