@@ -211,7 +211,9 @@ def test_notification_bytes_both_ways(sides):
     assert ours.lib.genNotifyInEngine(ours.e, seg, NotifyMsg(b"n\xff", every)) == 0, ours.why()
     assert ours.post(seg, WRITE, [(0, buf.addr, 4096)], notify=("push", "x")) == 0
     assert ours.lib.genNotifyInEngine(ours.e, seg, NotifyMsg(b"PUSH_REG", push)) == 0, ours.why()
-    assert mc.wait_notifies_bytes(3) == [(b"n\xff", every), (b"push", b"x"), (b"PUSH_REG", push)]
+    # Three sends that may ride different connections: their order of arrival is not
+    # promised (by Mooncake either), their bytes are.
+    assert sorted(mc.wait_notifies_bytes(3)) == sorted([(b"n\xff", every), (b"push", b"x"), (b"PUSH_REG", push)])
 
     sent = [(b"PUSH_REG", push), (b"every", every), (b"nul", b"before\x00after")]
     for i, (name, msg) in enumerate(sent):
@@ -226,5 +228,5 @@ def test_notification_bytes_both_ways(sides):
         assert ours.lib.freeNotifsMsgBuf(msgs, size.value) == 0
         time.sleep(0.01)
     cut = [(mooncake_writer.received(n).split(b"\0")[0], mooncake_writer.received(m).split(b"\0")[0]) for n, m in sent]
-    assert got == cut
-    assert got[2] == (b"nul", b"before")
+    assert sorted(got) == sorted(cut)
+    assert (b"nul", b"before") in got
