@@ -17,6 +17,10 @@ use super::super::samehost::xmem::PeerProcess;
 use super::deadline::{Stall, SLICE};
 use super::spin::Spin;
 
+mod flow;
+
+pub use flow::{Flow, Pace};
+
 /// Receive buffer size; payloads at least half this size bypass it.
 const RECV_BUF: usize = 256 * 1024;
 
@@ -66,6 +70,13 @@ pub struct Conn {
     /// bytes are there, so the first receive takes them without polling
     /// (and without counting as a poll that caught them).
     woken: bool,
+    /// The socket's `SO_RCVLOWAT` as last set here.
+    rcvlowat: usize,
+    /// The socket timeouts given to [`Conn::new`] (receive, send), and
+    /// the shorter ones [`Conn::recv_flowing`] / [`Conn::send_flowing`]
+    /// have in place while they wait.
+    timeouts: (Duration, Duration),
+    short_timeouts: (Option<Duration>, Option<Duration>),
 }
 
 /// The stall clock of the task a lane currently serves, with its limits.
@@ -90,9 +101,11 @@ impl Conn {
     /// Wrap a connected stream: `TCP_NODELAY` on, send and receive timeouts
     /// set (each bounds one syscall, i.e. a sliding progress deadline).
     pub fn new(stream: TcpStream, send_timeout: Duration, recv_timeout: Duration) -> io::Result<Conn> {
+        let (send_timeout, recv_timeout) =
+            (send_timeout.max(Duration::from_millis(1)), recv_timeout.max(Duration::from_millis(1)));
         stream.set_nodelay(true)?;
-        stream.set_write_timeout(Some(send_timeout.max(Duration::from_millis(1))))?;
-        stream.set_read_timeout(Some(recv_timeout.max(Duration::from_millis(1))))?;
+        stream.set_write_timeout(Some(send_timeout))?;
+        stream.set_read_timeout(Some(recv_timeout))?;
         Ok(Conn {
             stream,
             buf: vec![0u8; RECV_BUF].into_boxed_slice(),
@@ -111,6 +124,9 @@ impl Conn {
             same_host_peer: None,
             attachment: None,
             woken: false,
+            rcvlowat: 1,
+            timeouts: (recv_timeout, send_timeout),
+            short_timeouts: (None, None),
         })
     }
 
@@ -241,22 +257,38 @@ impl Conn {
         made
     }
 
-    /// Give up the receive buffer while nothing is buffered (a parked
-    /// connection holds none); `None` if bytes are buffered or it has none.
+    /// Give up the receive buffer, keeping only the bytes buffered, if any
+    /// (a parked connection holds no more than those); `None` if it has no
+    /// whole buffer to give.
     pub fn take_buffer(&mut self) -> Option<Box<[u8]>> {
-        if self.buffered() > 0 || self.buf.is_empty() {
+        if self.buf.len() != RECV_BUF {
             return None;
         }
-        (self.start, self.end) = (0, 0);
-        Some(std::mem::take(&mut self.buf))
+        let whole = std::mem::take(&mut self.buf);
+        if self.buffered() > 0 {
+            self.buf = whole[self.start..self.end].into();
+        }
+        (self.start, self.end) = (0, self.buf.len());
+        Some(whole)
     }
 
-    /// Give the connection a receive buffer again: `buf`, or a new one.
+    /// Give the connection a whole receive buffer again: `buf`, or a new
+    /// one (with the bytes it kept, see [`Conn::take_buffer`]).
     pub fn lend_buffer(&mut self, buf: Option<Box<[u8]>>) {
-        if self.buf.is_empty() {
-            self.buf = buf.filter(|b| b.len() == RECV_BUF).unwrap_or_else(|| vec![0u8; RECV_BUF].into_boxed_slice());
-            (self.start, self.end) = (0, 0);
+        if self.buf.len() != RECV_BUF {
+            let mut whole =
+                buf.filter(|b| b.len() == RECV_BUF).unwrap_or_else(|| vec![0u8; RECV_BUF].into_boxed_slice());
+            let kept = self.buffered();
+            whole[..kept].copy_from_slice(&self.buf[self.start..self.end]);
+            self.buf = whole;
+            (self.start, self.end) = (0, kept);
         }
+    }
+
+    /// Whether it is served from a readiness loop (see
+    /// [`Conn::set_park_when_idle`]).
+    pub fn parks_when_idle(&self) -> bool {
+        self.park_when_idle
     }
 
     /// Wait until the socket has something to read (bytes, end of stream or
