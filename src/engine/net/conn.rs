@@ -72,11 +72,10 @@ pub struct Conn {
     woken: bool,
     /// The socket's `SO_RCVLOWAT` as last set here.
     rcvlowat: usize,
-    /// The socket timeouts given to [`Conn::new`] (receive, send), and
-    /// the shorter ones [`Conn::recv_flowing`] / [`Conn::send_flowing`]
-    /// have in place while they wait.
-    timeouts: (Duration, Duration),
-    short_timeouts: (Option<Duration>, Option<Duration>),
+    /// The receive timeout given to [`Conn::new`], and the shorter one
+    /// [`Conn::recv_flowing`] has in place while it waits.
+    recv_timeout: Duration,
+    short_recv_timeout: Option<Duration>,
 }
 
 /// The stall clock of the task a lane currently serves, with its limits.
@@ -101,10 +100,9 @@ impl Conn {
     /// Wrap a connected stream: `TCP_NODELAY` on, send and receive timeouts
     /// set (each bounds one syscall, i.e. a sliding progress deadline).
     pub fn new(stream: TcpStream, send_timeout: Duration, recv_timeout: Duration) -> io::Result<Conn> {
-        let (send_timeout, recv_timeout) =
-            (send_timeout.max(Duration::from_millis(1)), recv_timeout.max(Duration::from_millis(1)));
+        let recv_timeout = recv_timeout.max(Duration::from_millis(1));
         stream.set_nodelay(true)?;
-        stream.set_write_timeout(Some(send_timeout))?;
+        stream.set_write_timeout(Some(send_timeout.max(Duration::from_millis(1))))?;
         stream.set_read_timeout(Some(recv_timeout))?;
         Ok(Conn {
             stream,
@@ -125,8 +123,8 @@ impl Conn {
             attachment: None,
             woken: false,
             rcvlowat: 1,
-            timeouts: (recv_timeout, send_timeout),
-            short_timeouts: (None, None),
+            recv_timeout,
+            short_recv_timeout: None,
         })
     }
 

@@ -6,7 +6,7 @@
 //! caller.
 
 use std::io::{self, IoSlice};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use socket2::SockRef;
 
@@ -32,6 +32,15 @@ pub enum Flow {
     /// counted, and the caller gives the connection back to its readiness
     /// loop until the peer goes on.
     Stalled,
+}
+
+/// A stretch of `wait` in a [`Pace`]: when it ends, the bytes it must
+/// move, and those it moved.
+#[derive(Default)]
+struct Window {
+    ends: Option<Instant>,
+    want: usize,
+    got: usize,
 }
 
 impl Conn {
@@ -62,36 +71,29 @@ impl Conn {
         Ok(())
     }
 
-    /// The receive (`receiving`) or send timeout: `short`, or (`None`) the
-    /// one given to [`Conn::new`] again. A system call only when it changes.
-    fn set_short_timeout(&mut self, receiving: bool, short: Option<Duration>) -> io::Result<()> {
-        let (now, configured) = if receiving {
-            (&mut self.short_timeouts.0, self.timeouts.0)
-        } else {
-            (&mut self.short_timeouts.1, self.timeouts.1)
-        };
-        if *now == short {
+    /// The receive timeout: `short`, or (`None`) the one given to
+    /// [`Conn::new`] again. A system call only when it changes.
+    fn set_short_recv_timeout(&mut self, short: Option<Duration>) -> io::Result<()> {
+        if self.short_recv_timeout == short {
             return Ok(());
         }
-        let t = Some(short.unwrap_or(configured).max(Duration::from_millis(1)));
-        if receiving {
-            self.stream.set_read_timeout(t)?;
-        } else {
-            self.stream.set_write_timeout(t)?;
-        }
-        *now = short;
+        self.stream.set_read_timeout(Some(short.unwrap_or(self.recv_timeout).max(Duration::from_millis(1))))?;
+        self.short_recv_timeout = short;
         Ok(())
     }
 
     /// Receive `len` bytes into `ptr`, from `*done` on, while they keep
-    /// coming at `pace`: whenever nothing is queued, the next `floor` bytes
-    /// (the rest, if fewer) must arrive within `wait`. [`Flow::Done`] once
-    /// all are in; [`Flow::Stalled`] when they did not: `*done` counts what
-    /// landed, and `SO_RCVLOWAT` is left at the next `floor` bytes (or the rest), so that
-    /// the socket turns readable when the payload flows again (the bytes of
-    /// a trickle wait in the kernel meanwhile). Large remainders go straight
-    /// into the destination, a whole chunk per receive; `stop` is checked
-    /// between receives and aborts when it returns true.
+    /// coming at `pace`: once nothing is queued, each `wait` must bring the
+    /// next `floor` bytes (the rest, if fewer). [`Flow::Done`] once all are
+    /// in; [`Flow::Stalled`] when they did not: `*done` counts what landed,
+    /// and `SO_RCVLOWAT` is left at the next `floor` bytes (or the rest), so
+    /// that the socket turns readable when the payload flows again (the
+    /// bytes of a trickle wait in the kernel meanwhile). A large rest goes
+    /// straight into the destination, a whole chunk per receive (bounded by
+    /// `wait` through the socket's receive timeout); a small one is polled
+    /// for the spin window, then waited for with `poll` (no socket option
+    /// changes per request). `stop` is checked between receives and aborts
+    /// when it returns true.
     ///
     /// # Safety
     /// `ptr..ptr+len` must be writable for the duration of the call.
@@ -105,7 +107,7 @@ impl Conn {
     ) -> io::Result<Flow> {
         // SAFETY: forwarded from the caller.
         let flow = unsafe { self.recv_flowing_inner(ptr, len, done, stop, pace) };
-        let restored = self.set_short_timeout(true, None);
+        let restored = self.set_short_recv_timeout(None);
         let lowat = match flow {
             Ok(Flow::Stalled) => (len - *done).min(pace.floor),
             _ => 1,
@@ -129,6 +131,9 @@ impl Conn {
         pace: Pace,
     ) -> io::Result<Flow> {
         let Pace { wait, floor } = pace;
+        // A small rest is waited for in windows of `wait`, each of which
+        // must bring the next `floor` bytes (or the rest).
+        let mut window = Window::default();
         let mut stalled = false;
         loop {
             let n = self.buffered().min(len - *done);
@@ -151,21 +156,105 @@ impl Conn {
             // SAFETY: forwarded from the caller.
             match unsafe { self.take_payload(ptr, len, done, libc::MSG_DONTWAIT) } {
                 Ok(0) => return Err(Self::eof()),
-                Ok(_) => continue,
+                Ok(n) => {
+                    window.got += n;
+                    continue;
+                }
                 Err(e) if e.kind() == io::ErrorKind::TimedOut => {}
                 Err(e) => return Err(e),
             }
-            // Nothing queued: the next `floor` bytes within `wait`, or stalled.
-            let want = (len - *done).min(floor);
-            self.set_rcvlowat(want)?;
-            self.set_short_timeout(true, Some(wait))?;
-            let flags = if len - *done >= RECV_BUF / 2 { libc::MSG_WAITALL } else { 0 };
+            let rest = len - *done;
+            let want = rest.min(floor);
+            if rest >= RECV_BUF / 2 {
+                // A large rest: one receive of a whole chunk, for `wait` at
+                // most, must bring the next `floor` bytes.
+                self.set_rcvlowat(want)?;
+                self.set_short_recv_timeout(Some(wait))?;
+                // SAFETY: forwarded from the caller.
+                match unsafe { self.take_payload(ptr, len, done, libc::MSG_WAITALL) } {
+                    Ok(0) => return Err(Self::eof()),
+                    Ok(n) => stalled = n < want,
+                    Err(e) if e.kind() == io::ErrorKind::TimedOut => stalled = true,
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
+            // A small rest: polled for the spin window (as a receive of the
+            // next request is), then waited for within the window.
             // SAFETY: forwarded from the caller.
-            match unsafe { self.take_payload(ptr, len, done, flags) } {
-                Ok(0) => return Err(Self::eof()),
-                Ok(n) => stalled = n < want,
-                Err(e) if e.kind() == io::ErrorKind::TimedOut => stalled = true,
+            match unsafe { self.spin_payload(ptr, len, done) } {
+                Ok(0) => {}
+                Ok(n) => {
+                    window.got += n;
+                    continue;
+                }
                 Err(e) => return Err(e),
+            }
+            let now = Instant::now();
+            if window.ends.is_none_or(|end| now >= end) {
+                if window.ends.is_some() && window.got < window.want {
+                    stalled = true;
+                    continue;
+                }
+                window = Window { ends: Some(now + wait), want, got: 0 };
+            }
+            stalled = !self.ready_by(libc::POLLIN, window.ends.unwrap_or(now))?;
+        }
+    }
+
+    /// Take what arrives within the spin window (only while another thread
+    /// is free, see [`Conn::set_spin_while`]): the bytes taken, 0 if none.
+    ///
+    /// # Safety
+    /// As [`Conn::recv_flowing`].
+    unsafe fn spin_payload(&mut self, ptr: *mut u8, len: usize, done: &mut usize) -> io::Result<usize> {
+        let mut window = self.spin.window();
+        if self.spin_while.as_ref().is_some_and(|free| free.load(std::sync::atomic::Ordering::Relaxed) == 0) {
+            window = Duration::ZERO;
+        }
+        if window.is_zero() {
+            return Ok(0);
+        }
+        let started = Instant::now();
+        loop {
+            // SAFETY: forwarded from the caller.
+            match unsafe { self.take_payload(ptr, len, done, libc::MSG_DONTWAIT) } {
+                Ok(0) => return Err(Self::eof()),
+                Ok(n) => {
+                    self.spin.hit();
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {}
+                Err(e) => return Err(e),
+            }
+            if started.elapsed() >= window {
+                self.spin.miss();
+                return Ok(0);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Wait until the socket is ready for `events` (`POLLIN`, `POLLOUT`;
+    /// an end of stream or an error counts) or `by` passes; true if ready.
+    fn ready_by(&self, events: libc::c_short, by: Instant) -> io::Result<bool> {
+        loop {
+            let left = by.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            let mut fds = libc::pollfd { fd: self.raw_fd(), events, revents: 0 };
+            let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+            // SAFETY: one valid pollfd for the call.
+            match unsafe { libc::poll(&mut fds, 1, ms) } {
+                n if n > 0 => return Ok(true),
+                0 => {}
+                _ => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
             }
         }
     }
@@ -195,9 +284,9 @@ impl Conn {
     }
 
     /// Send `prefix`, then `len` bytes from `ptr`, from byte `*sent` of the
-    /// two on, while the peer keeps taking them at `pace`: once the socket
-    /// has no room, each `floor` bytes (the rest, if fewer) must go within
-    /// `wait`.
+    /// two on, while the peer keeps taking them at `pace`: sends never
+    /// block; once the socket has no room, each `wait` (waited for with
+    /// `poll`) must take the next `floor` bytes (the rest, if fewer).
     /// [`Flow::Done`] once all are sent; [`Flow::Stalled`] when they did
     /// not (`*sent` counts what went): the caller waits for the socket to
     /// turn writable. `stop` is checked between sends and aborts when it
@@ -215,11 +304,7 @@ impl Conn {
         pace: Pace,
     ) -> io::Result<Flow> {
         // SAFETY: forwarded from the caller.
-        let flow = unsafe { self.send_flowing_inner(prefix, ptr, len, sent, stop, pace) };
-        let restored = self.set_short_timeout(false, None);
-        let flow = flow?;
-        restored?;
-        Ok(flow)
+        unsafe { self.send_flowing_inner(prefix, ptr, len, sent, stop, pace) }
     }
 
     /// [`Conn::send_flowing`] but for restoring the socket's settings.
@@ -237,8 +322,9 @@ impl Conn {
     ) -> io::Result<Flow> {
         let Pace { wait, floor } = pace;
         let total = prefix.len() + len;
-        // Past the first send that found no room, sends block (for `wait` at most).
-        let mut blocking = false;
+        // Once the socket has no room: windows of `wait`, each of which must
+        // take the next `floor` bytes (or the rest).
+        let mut window = Window::default();
         while *sent < total {
             if stop() {
                 return Err(io::Error::new(io::ErrorKind::Interrupted, "source region was unregistered"));
@@ -253,27 +339,29 @@ impl Conn {
             };
             let head = prefix.get(*sent..).unwrap_or_default();
             let pieces = [IoSlice::new(head), IoSlice::new(payload)];
-            let flags = if blocking { libc::MSG_NOSIGNAL } else { libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT };
-            let want = (total - *sent).min(floor);
+            let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
             match SockRef::from(&self.stream).send_vectored_with_flags(&pieces, flags) {
                 Ok(n) => {
                     *sent += n;
+                    window.got += n;
                     if n > 0 {
                         self.progressed();
                     }
-                    if blocking && n < want {
-                        return Ok(Flow::Stalled);
-                    }
+                    continue;
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if blocking {
-                        return Ok(Flow::Stalled);
-                    }
-                    self.set_short_timeout(false, Some(wait))?;
-                    blocking = true;
-                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
+            }
+            let now = Instant::now();
+            if window.ends.is_none_or(|end| now >= end) {
+                if window.ends.is_some() && window.got < window.want {
+                    return Ok(Flow::Stalled);
+                }
+                window = Window { ends: Some(now + wait), want: (total - *sent).min(floor), got: 0 };
+            }
+            if !self.ready_by(libc::POLLOUT, window.ends.unwrap_or(now))? {
+                return Ok(Flow::Stalled);
             }
         }
         Ok(Flow::Done)
@@ -378,7 +466,6 @@ mod tests {
         let flow = unsafe { conn.send_flowing(&prefix, data.as_ptr(), LEN, &mut sent, &|| false, PACE) }.unwrap();
         assert_eq!(flow, Flow::Stalled);
         assert!(sent > 0 && sent < LEN, "{sent} bytes went before it stalled");
-        assert_eq!(conn.stream.write_timeout().unwrap(), Some(Duration::from_secs(5)), "the timeout is restored");
         let reader = std::thread::spawn(move || {
             let mut got = vec![0u8; prefix.len() + LEN];
             client.read_exact(&mut got).unwrap();
