@@ -198,6 +198,9 @@ impl Conn {
                 }
                 window = Window { ends: Some(now + wait), want, got: 0 };
             }
+            // Readable at the first byte (a low-water mark left by a large
+            // rest or a park may be past what is left to come).
+            self.set_rcvlowat(1)?;
             stalled = !self.ready_by(libc::POLLIN, window.ends.unwrap_or(now))?;
         }
     }
@@ -422,6 +425,36 @@ mod tests {
         assert!(dst == payload, "landed byte for byte");
         assert_eq!(conn.rcvlowat, 1);
         assert_eq!(conn.stream.read_timeout().unwrap(), Some(Duration::from_secs(5)), "the timeout is restored");
+    }
+
+    /// The small rest after a large one is waited for byte by byte: the
+    /// large rest's low-water mark (the next `floor` bytes) does not make
+    /// the last few KiB wait for bytes that will never come.
+    #[test]
+    fn the_tail_after_a_large_rest_is_not_held_to_the_floor() {
+        const LEN: usize = 300 << 10;
+        let pace = Pace { wait: Duration::from_millis(500), floor: 64 << 10 };
+        let (client, mut conn) = pair();
+        let payload: Vec<u8> = (0..LEN).map(|i| (i % 239) as u8).collect();
+        let sent = payload.clone();
+        let sender = std::thread::spawn(move || {
+            let mut client = client;
+            client.write_all(&sent[..100 << 10]).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            // The large rest's receive returns with these at its wait's end...
+            client.write_all(&sent[100 << 10..LEN - (30 << 10)]).unwrap();
+            std::thread::sleep(Duration::from_millis(600));
+            // ... and the last 30 KiB (under the floor) come within the next.
+            client.write_all(&sent[LEN - (30 << 10)..]).unwrap();
+            client
+        });
+        let mut dst = vec![0u8; LEN];
+        let mut done = 0;
+        // SAFETY: `dst` is writable for its length.
+        let flow = unsafe { conn.recv_flowing(dst.as_mut_ptr(), LEN, &mut done, &|| false, pace) }.unwrap();
+        assert_eq!((flow, done), (Flow::Done, LEN));
+        assert!(dst == payload);
+        drop(sender.join().unwrap());
     }
 
     /// A trickle below the floor stalls within a few waits, not when the
