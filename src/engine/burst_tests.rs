@@ -1,7 +1,9 @@
 //! A target under bursts and trickles (issue 41): hundreds of handshakes
 //! arriving at once are all answered (none is shed while it makes
 //! progress), and data connections trickling half a request header hold no
-//! thread and do not delay an authenticated peer's write. Loopback only
+//! thread and do not delay an authenticated peer's write; requests whose
+//! payloads stall mid-way (issue 53) hold no thread either, and a peer on
+//! another address is served through hundreds of them. Loopback only
 //! (the bursts across network namespaces are scripts/burst.py, run by
 //! python/tests/test_burst.py); every wait is bounded.
 
@@ -259,4 +261,170 @@ fn a_handshake_always_closed_fails_naming_every_try() {
     assert!(e.message().contains(&format!("{tries} tries (try 1: ")), "{e}");
     assert!(e.message().contains(&format!("try {tries}: ")), "{e}");
     assert!(took < engine.inner.settings.handshake_timeout, "{took:?}");
+}
+
+/// Connections that each stall a request of `announce` bytes on the
+/// target's region (issue 53: stalled payloads on the data port), from the
+/// addresses in `from` (round robin): a WRITE that sends 1,000 bytes of its
+/// payload, then one byte every `every`; or a READ whose answer is taken
+/// one byte every `every` (through a 4 KiB receive buffer, so that the
+/// target's send buffer fills at once). Connections the target closes are
+/// dropped, not reopened.
+struct Stalled {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<usize>,
+}
+
+impl Stalled {
+    fn start(
+        data: SocketAddr,
+        from: &[IpAddr],
+        count: usize,
+        request: (Direction, u64, u64),
+        every: Duration,
+    ) -> Stalled {
+        let (direction, remote, announce) = request;
+        let header = wire::RequestHeader { size: announce, addr: remote, direction, acknowledged: true };
+        let mut opening = header.encode().to_vec();
+        if direction == Direction::Write {
+            opening.extend_from_slice(&[0x5a; 1000]);
+        }
+        let mut open: Vec<TcpStream> = (0..count)
+            .map(|i| {
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+                s.set_recv_buffer_size(4096).unwrap();
+                s.bind(&SocketAddr::new(from[i % from.len()], 0).into()).unwrap();
+                s.connect(&data.into()).expect("a stalling connection opens");
+                let mut c: TcpStream = s.into();
+                c.set_nodelay(true).unwrap();
+                c.write_all(&opening).unwrap();
+                c.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+                c.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+                c
+            })
+            .collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stop2.load(Ordering::Acquire) {
+                let next = Instant::now() + every;
+                while Instant::now() < next && !stop2.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                open.retain_mut(|c| match direction {
+                    Direction::Write => c.write_all(&[0x5a]).is_ok(),
+                    // Nothing to read yet (the answer not begun) is still open.
+                    Direction::Read => match (&*c).read(&mut [0u8; 1]) {
+                        Ok(n) => n > 0,
+                        Err(e) => matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+                    },
+                });
+            }
+            // Still open: the target has not closed them (a write still goes).
+            open.iter().filter(|c| (&**c).write_all(&[0x5a]).is_ok()).count()
+        });
+        Stalled { stop, thread }
+    }
+
+    /// Stop trickling; how many connections were still open (not closed by the target).
+    fn stop(self) -> usize {
+        self.stop.store(true, Ordering::Release);
+        self.thread.join().unwrap()
+    }
+}
+
+/// `count` connections from the addresses `from` stall their requests of
+/// `direction` for `announce` bytes on the target's region (a byte a
+/// second, always inside the 30 s progress bound: a WRITE's payload sent,
+/// or a READ's answer taken; a READ's answer must be longer than the
+/// kernel queues on the connection, about 3 MB on loopback, to stall). Meanwhile a new pdx peer on 127.0.0.1 writes and reads
+/// back 64 KiB, round after round: each transfer finishes within 5 s, and
+/// the target's threads stay within the bound. The attackers' connections
+/// are still open at the end (the attack was in force throughout), and
+/// once they close, the region they held unregisters at once.
+///
+/// The issue's attacker sent a byte every 5 s; a second is the same attack
+/// to the target (each byte moves long after the target stopped waiting on
+/// the socket, and long before the progress bound closes it), in a fifth of
+/// the time.
+fn a_peer_is_served_past_stalled_payloads(count: usize, from: &[IpAddr], direction: Direction, announce: usize) {
+    const SLOT: usize = 64 << 10;
+    const ROUNDS: usize = 6;
+    ensure_fds(4 * count as u64 + 1024);
+    let target = Engine::start_with("127.0.0.1", Settings::from_env()).expect("engine starts");
+    let region = vec![0u8; announce + SLOT];
+    let remote = region.as_ptr() as u64;
+    target.register(remote, region.len() as u64).unwrap();
+    let data = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), target.data_port());
+    let peak = ThreadPeak::start(&target);
+    let request = (direction, remote, announce as u64);
+    let attack = Stalled::start(data, from, count, request, Duration::from_secs(1));
+    // Every request has begun and stalled.
+    std::thread::sleep(Duration::from_millis(1500));
+    let peer = Engine::start_with("127.0.0.1", Settings::from_env()).expect("engine starts");
+    let slot = remote + announce as u64;
+    let mut took = Vec::new();
+    let mut failed = Vec::new();
+    for round in 0..ROUNDS {
+        let src = vec![round as u8 + 1; SLOT];
+        let mut back = vec![0u8; SLOT];
+        let t0 = Instant::now();
+        let w = Request { local: src.as_ptr() as usize, remote: slot, len: SLOT };
+        // SAFETY: `src` and `region` outlive the call.
+        let write = unsafe { peer.transfer_sync(target.session_id(), Direction::Write, vec![w]) };
+        let write_took = t0.elapsed();
+        let t1 = Instant::now();
+        let r = Request { local: back.as_mut_ptr() as usize, remote: slot, len: SLOT };
+        // SAFETY: `back` and `region` outlive the call.
+        let read = unsafe { peer.transfer_sync(target.session_id(), Direction::Read, vec![r]) };
+        let read_took = t1.elapsed();
+        took.push((write_took, read_took));
+        match (write, read) {
+            (Ok(()), Ok(())) if back == src => {}
+            (Ok(()), Ok(())) => failed.push(format!("round {round}: read back other bytes")),
+            (w, r) => failed.push(format!("round {round}: write {w:?}, read {r:?}")),
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let still_open = attack.stop();
+    let peak = peak.stop();
+    println!(
+        "{count} stalled {} KiB {direction:?} requests from {from:?}: {} of {ROUNDS} rounds failed, WRITE+READ \
+         took {took:?}; {still_open} attacking connections still open at the end; engine threads at most {peak}",
+        announce >> 10,
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{failed:?}");
+    let slowest = took.iter().map(|(w, r)| *w.max(r)).max().unwrap_or_default();
+    assert!(slowest < Duration::from_secs(5), "a 64 KiB transfer took {slowest:?}");
+    assert_eq!(still_open, count, "the attack was in force throughout (the target closed none)");
+    assert!(peak <= thread_bound(), "{peak} threads (bound {})", thread_bound());
+    // Closed, the stalled requests let go of the region.
+    let t0 = Instant::now();
+    target.unregister(remote).expect("the region unregisters once the stalled requests are gone");
+    assert!(t0.elapsed() < Duration::from_secs(5), "unregistering took {:?}", t0.elapsed());
+}
+
+/// On main before issue 53: the peer's first 64 KiB write took 21.6 s, 134 threads.
+#[test]
+fn a_peer_is_served_past_120_stalled_write_payloads() {
+    a_peer_is_served_past_stalled_payloads(
+        120,
+        &[IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))],
+        Direction::Write,
+        512 << 10,
+    );
+}
+
+/// On main before issue 53: every write and read failed (30 s each), 62 threads.
+#[test]
+fn a_peer_is_served_past_400_stalled_write_payloads_from_two_addresses() {
+    let from = [IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3))];
+    a_peer_is_served_past_stalled_payloads(400, &from, Direction::Write, 512 << 10);
+}
+
+/// 8 MiB answers each (about 3 MB of each sits in the kernel's buffers).
+#[test]
+fn a_peer_is_served_past_64_stalled_read_answers() {
+    a_peer_is_served_past_stalled_payloads(64, &[IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))], Direction::Read, 8 << 20);
 }

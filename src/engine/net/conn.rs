@@ -17,6 +17,10 @@ use super::deadline::{Stall, SLICE};
 use super::spin::Spin;
 use crate::error::{Error, ErrorKind};
 
+mod flow;
+
+pub use flow::{Flow, Pace};
+
 /// Receive buffer size; payloads at least half this size bypass it.
 const RECV_BUF: usize = 256 * 1024;
 
@@ -67,6 +71,12 @@ pub struct Conn {
     /// bytes are there, so the first receive takes them without polling
     /// (and without counting as a poll that caught them).
     woken: bool,
+    /// The socket's `SO_RCVLOWAT` as last set here.
+    rcvlowat: usize,
+    /// The receive timeout given to [`Conn::new`], and the shorter one
+    /// [`Conn::recv_flowing`] has in place while it waits.
+    recv_timeout: Duration,
+    short_recv_timeout: Option<Duration>,
 }
 
 /// The stall clock of the task a lane currently serves, with its limits.
@@ -100,9 +110,10 @@ impl Conn {
     /// Wrap a connected stream: `TCP_NODELAY` on, send and receive timeouts
     /// set (each bounds one syscall, i.e. a sliding progress deadline).
     pub fn new(stream: TcpStream, send_timeout: Duration, recv_timeout: Duration) -> io::Result<Conn> {
+        let recv_timeout = recv_timeout.max(Duration::from_millis(1));
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(send_timeout.max(Duration::from_millis(1))))?;
-        stream.set_read_timeout(Some(recv_timeout.max(Duration::from_millis(1))))?;
+        stream.set_read_timeout(Some(recv_timeout))?;
         Ok(Conn {
             stream,
             buf: vec![0u8; RECV_BUF].into_boxed_slice(),
@@ -121,6 +132,9 @@ impl Conn {
             extension: None,
             attachment: None,
             woken: false,
+            rcvlowat: 1,
+            recv_timeout,
+            short_recv_timeout: None,
         })
     }
 
@@ -251,22 +265,38 @@ impl Conn {
         made
     }
 
-    /// Give up the receive buffer while nothing is buffered (a parked
-    /// connection holds none); `None` if bytes are buffered or it has none.
+    /// Give up the receive buffer, keeping only the bytes buffered, if any
+    /// (a parked connection holds no more than those); `None` if it has no
+    /// whole buffer to give.
     pub fn take_buffer(&mut self) -> Option<Box<[u8]>> {
-        if self.buffered() > 0 || self.buf.is_empty() {
+        if self.buf.len() != RECV_BUF {
             return None;
         }
-        (self.start, self.end) = (0, 0);
-        Some(std::mem::take(&mut self.buf))
+        let whole = std::mem::take(&mut self.buf);
+        if self.buffered() > 0 {
+            self.buf = whole[self.start..self.end].into();
+        }
+        (self.start, self.end) = (0, self.buf.len());
+        Some(whole)
     }
 
-    /// Give the connection a receive buffer again: `buf`, or a new one.
+    /// Give the connection a whole receive buffer again: `buf`, or a new
+    /// one (with the bytes it kept, see [`Conn::take_buffer`]).
     pub fn lend_buffer(&mut self, buf: Option<Box<[u8]>>) {
-        if self.buf.is_empty() {
-            self.buf = buf.filter(|b| b.len() == RECV_BUF).unwrap_or_else(|| vec![0u8; RECV_BUF].into_boxed_slice());
-            (self.start, self.end) = (0, 0);
+        if self.buf.len() != RECV_BUF {
+            let mut whole =
+                buf.filter(|b| b.len() == RECV_BUF).unwrap_or_else(|| vec![0u8; RECV_BUF].into_boxed_slice());
+            let kept = self.buffered();
+            whole[..kept].copy_from_slice(&self.buf[self.start..self.end]);
+            self.buf = whole;
+            (self.start, self.end) = (0, kept);
         }
+    }
+
+    /// Whether it is served from a readiness loop (see
+    /// [`Conn::set_park_when_idle`]).
+    pub fn parks_when_idle(&self) -> bool {
+        self.park_when_idle
     }
 
     /// Wait until the socket has something to read (bytes, end of stream or

@@ -23,10 +23,22 @@ impl Acks {
         }
     }
 
+    /// Whether what is queued should go out now: no more pipelined
+    /// requests are already here (else they are acknowledged together,
+    /// later), or enough is queued.
+    pub fn due(&self, conn: &Conn) -> bool {
+        conn.buffered() < HEADER_LEN || self.0.len() >= FLUSH_BYTES
+    }
+
+    /// What is queued, taken out to be sent by the caller.
+    pub fn take(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.0)
+    }
+
     /// Send what is queued, unless more pipelined requests are already here
     /// (then they are acknowledged together, later).
     pub fn flush_unless_pipelined(&mut self, conn: &Conn) -> io::Result<()> {
-        if conn.buffered() < HEADER_LEN || self.0.len() >= FLUSH_BYTES {
+        if self.due(conn) {
             conn.send_all(&self.0)?;
             self.0.clear();
         }

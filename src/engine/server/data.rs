@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::super::net::conn::{Conn, MAX_IO_CHUNK};
+use super::super::memory::regions::Hold;
+use super::super::net::conn::{Conn, Flow, Pace};
 use super::super::protocol::hello;
 use super::super::protocol::wire::{RequestHeader, HEADER_LEN};
 use super::super::samehost::frames::is_link_header;
@@ -120,14 +121,182 @@ fn refused_unauthenticated(inner: &Serving, conn: &Conn, why: &str) {
     }
 }
 
-pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::budget::Ticket) {
+/// While its peer keeps pace, a request's payload keeps the pool thread
+/// serving it: each time the socket has nothing to read (or no room to
+/// send), the next [`FLOW_FLOOR`] bytes (the rest, if fewer) must move
+/// within [`FLOW_WAIT`]. Past that the request is parked in the readiness
+/// loop with what it holds ([`Pending`]) and the thread serves others; the
+/// loop hands it back once that many bytes are queued (or there is room to
+/// send). So a peer that trickles a payload (a byte every few seconds,
+/// always inside the progress bound) holds a socket and a region, never a
+/// thread, and one that streams never leaves its thread.
+pub(super) const FLOW_WAIT: Duration = Duration::from_millis(20);
+
+/// See [`FLOW_WAIT`].
+pub(super) const FLOW_FLOOR: usize = 64 << 10;
+
+/// A request its connection was parked in the middle of, waiting on its
+/// peer (see [`FLOW_WAIT`]): where it stopped, the hold on its region (so
+/// unregistering waits for it, and shuts its socket down to end it), and
+/// the acknowledgements queued before it.
+pub(super) struct Pending {
+    acks: Acks,
+    step: Step,
+}
+
+/// Where a request stopped.
+enum Step {
+    /// Receiving a write's payload into host memory: `done` bytes landed.
+    Write { header: RequestHeader, hold: Hold, done: usize },
+    /// Sending a read's answer: `head` (the acknowledgements queued before
+    /// it, then its status), then its data; `sent` bytes of both went.
+    Read { header: RequestHeader, hold: Hold, head: Vec<u8>, sent: usize },
+    /// Sending acknowledgements: `sent` bytes of `out` went.
+    Acks { out: Vec<u8>, sent: usize },
+}
+
+/// What a parked [`Pending`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Awaits {
+    /// This many bytes queued to read (the socket's `SO_RCVLOWAT`).
+    Bytes(usize),
+    /// Room to send.
+    Room,
+}
+
+impl Pending {
+    /// What the connection waits for while parked.
+    pub(super) fn awaits(&self) -> Awaits {
+        match &self.step {
+            Step::Write { header, done, .. } => Awaits::Bytes((header.size as usize - done).clamp(1, FLOW_FLOOR)),
+            Step::Read { .. } | Step::Acks { .. } => Awaits::Room,
+        }
+    }
+}
+
+/// How a step of a request ended.
+enum Stepped {
+    /// The request is served (a write's acknowledgement queued in `acks`).
+    Served,
+    /// It goes on with another step (a write's acknowledgement to send).
+    Then(Step),
+    /// Its peer stopped keeping pace: it waits where it stopped.
+    Stalled(Step),
+}
+
+/// Move the bytes of `step` while the peer keeps pace (from a readiness
+/// loop; on a thread of its own, while it moves a byte per progress
+/// timeout, as a blocking call would).
+fn advance(inner: &Serving, conn: &mut Conn, acks: &mut Acks, step: Step) -> io::Result<Stepped> {
+    let pace = if conn.parks_when_idle() {
+        Pace { wait: FLOW_WAIT, floor: FLOW_FLOOR }
+    } else {
+        Pace { wait: inner.settings.progress_timeout.max(Duration::from_millis(1)), floor: 1 }
+    };
+    let stopping = || inner.registry.stopping();
+    let stepped = match step {
+        Step::Write { header, hold, mut done } => {
+            let region = hold.region();
+            let revoked = || region.is_revoked() || stopping();
+            // SAFETY: [addr, addr+size) lies in a registered region, held
+            // (not unregistered) until `hold` drops, parked or not;
+            // unregistering shuts this connection down, which ends the
+            // receive (or wakes the parked connection to end here), and waits.
+            let flow =
+                unsafe { conn.recv_flowing(header.addr as *mut u8, header.size as usize, &mut done, &revoked, pace) }?;
+            if flow == Flow::Stalled {
+                Stepped::Stalled(Step::Write { header, hold, done })
+            } else {
+                drop(hold);
+                inner.stats.served(Direction::Write, header.size);
+                // The data has landed: acknowledged now, or with the
+                // pipelined requests already here.
+                acks.ok(header.acknowledged);
+                if acks.due(conn) {
+                    Stepped::Then(Step::Acks { out: acks.take(), sent: 0 })
+                } else {
+                    Stepped::Served
+                }
+            }
+        }
+        Step::Read { header, hold, head, mut sent } => {
+            let region = hold.region();
+            let revoked = || region.is_revoked() || stopping();
+            // SAFETY: as above, for reading.
+            let flow = unsafe {
+                conn.send_flowing(&head, header.addr as *const u8, header.size as usize, &mut sent, &revoked, pace)
+            }?;
+            if flow == Flow::Stalled {
+                Stepped::Stalled(Step::Read { header, hold, head, sent })
+            } else {
+                drop(hold);
+                inner.stats.served(Direction::Read, header.size);
+                Stepped::Served
+            }
+        }
+        Step::Acks { out, mut sent } => {
+            // SAFETY: no data beyond `out` (an empty range).
+            let flow = unsafe { conn.send_flowing(&out, out.as_ptr(), 0, &mut sent, &|| false, pace) }?;
+            if flow == Flow::Stalled {
+                Stepped::Stalled(Step::Acks { out, sent })
+            } else {
+                Stepped::Served
+            }
+        }
+    };
+    Ok(stepped)
+}
+
+/// Serve `step` to its end, or to where its peer stalls it (`Ok(Some)`:
+/// from a readiness loop, the connection is parked with it).
+fn finish(inner: &Serving, conn: &mut Conn, acks: &mut Acks, step: Step) -> io::Result<Option<Step>> {
+    let mut step = step;
+    loop {
+        match advance(inner, conn, acks, step)? {
+            Stepped::Served => return Ok(None),
+            Stepped::Then(next) => step = next,
+            Stepped::Stalled(_) if !conn.parks_when_idle() => {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "no progress before the deadline"));
+            }
+            Stepped::Stalled(at) => return Ok(Some(at)),
+        }
+    }
+}
+
+/// Serve a data connection's requests in order, from where `resume` left
+/// off if it was parked in the middle of one. Returns that request where
+/// its peer stopped keeping pace (the pool parks the connection with it);
+/// `None` when the connection is idle ([`Conn::parked`]) or done. `held`
+/// is told when the thread is inside work that cannot be parked and whose
+/// wait a remote peer can stretch (a hello awaiting the proof of the peer
+/// secret, a device request), and when it is out again. Same-host requests
+/// and the same-host challenge are not told: only a process on this host
+/// that the kernel says holds the connection gets that far.
+pub(super) fn serve_data(
+    inner: &Serving,
+    conn: &mut Conn,
+    ticket: &super::budget::Ticket,
+    resume: Option<Pending>,
+    held: &dyn Fn(bool),
+) -> Option<Pending> {
     conn.set_spin(inner.settings.spin);
     conn.set_idle_timeout(inner.settings.idle_timeout);
-    let mut acks = Acks::default();
     let stopping = || inner.registry.stopping();
     // Only a connection's first request may be a hello (a connection served
     // from the readiness loop may have been parked after it).
-    let mut first = !conn.resumed();
+    let mut first = resume.is_none() && !conn.resumed();
+    let mut acks = Acks::default();
+    if let Some(p) = resume {
+        acks = p.acks;
+        match finish(inner, conn, &mut acks, p.step) {
+            Ok(None) => ticket.set_busy(false),
+            Ok(Some(step)) => return Some(Pending { acks, step }),
+            Err(e) => {
+                log::debug!("data connection: {e}");
+                return None;
+            }
+        }
+    }
     // The same-host link, once accepted.
     let mut same_host = conn.extension::<TargetLink>();
     loop {
@@ -137,7 +306,12 @@ pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::budge
                 first = false;
                 // In flight, then served: never evicted as a stranger again.
                 ticket.set_busy(true);
+                // With a peer secret the initiator's proof is awaited here
+                // (for a short bound): a wait any stranger can stretch.
+                let proving = inner.access.secret.is_some();
+                held(proving);
                 let hello = answer_hello(inner, conn, &h);
+                held(false);
                 ticket.set_busy(false);
                 match hello {
                     AfterHello::Serve(link) => {
@@ -178,9 +352,9 @@ pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::budge
             }
         };
         first = false;
-        // In flight: never evicted until served.
+        // In flight: never evicted until served (parked in the middle of
+        // it, too).
         ticket.set_busy(true);
-        let _idle_again = IdleAgain(ticket);
         // Held (and the connection listed with it) while the memory is
         // touched, so unregistering can shut this connection and wait.
         let hold = inner.regions.lookup(header.addr, header.size).and_then(|r| r.hold(conn.raw_fd()));
@@ -195,56 +369,38 @@ pub(super) fn serve_data(inner: &Serving, conn: &mut Conn, ticket: &super::budge
             acks.reject(conn, header.acknowledged);
             break;
         };
-        let region = hold.region();
-        let revoked = || region.is_revoked() || inner.registry.stopping();
-        if let Some(dev) = region.device.clone() {
+        if let Some(dev) = hold.region().device.clone() {
             // Device memory: staged, never touched by the CPU.
+            let _idle_again = IdleAgain(ticket);
+            let region = hold.region();
+            let revoked = || region.is_revoked() || inner.registry.stopping();
             let io = super::device::Inbound { conn: &mut *conn, acks: &mut acks, revoked: &revoked };
+            held(true);
             let served = super::device::serve_device(inner, &dev, &header, io);
+            held(false);
             drop(hold);
             if !served {
                 break;
             }
             continue;
         }
-        let size = header.size as usize;
-        let ptr = header.addr as *mut u8;
-        let served = match header.direction {
-            Direction::Write => {
-                // SAFETY: [addr, addr+size) lies in a registered region, held
-                // (not unregistered) until `hold` drops; unregistering shuts
-                // this connection down, which ends the call, and waits.
-                unsafe { conn.recv_raw(ptr, size, &revoked) }.and_then(|()| {
-                    // The data has landed: acknowledged now, or with the
-                    // pipelined requests already here.
-                    acks.ok(header.acknowledged);
-                    acks.flush_unless_pipelined(conn)
-                })
-            }
+        let step = match header.direction {
+            Direction::Write => Step::Write { header, hold, done: 0 },
             Direction::Read => {
+                // Its status (and the acknowledgements before it) go out
+                // with its data.
                 acks.ok(header.acknowledged);
-                let first = size.min(MAX_IO_CHUNK);
-                // SAFETY: as above, for reading.
-                let mut result = unsafe { acks.send_with(conn, &[(ptr.cast_const(), first)]) };
-                let mut done = first;
-                while result.is_ok() && done < size {
-                    if revoked() {
-                        result = Err(io::Error::new(io::ErrorKind::Interrupted, "source region was unregistered"));
-                        break;
-                    }
-                    let n = (size - done).min(MAX_IO_CHUNK);
-                    // SAFETY: as above.
-                    result = unsafe { conn.send_raw(ptr.add(done), n) };
-                    done += n;
-                }
-                result
+                Step::Read { header, hold, head: acks.take(), sent: 0 }
             }
         };
-        drop(hold);
-        if let Err(e) = served {
-            log::debug!("data connection: {e}");
-            break;
+        match finish(inner, conn, &mut acks, step) {
+            Ok(None) => ticket.set_busy(false),
+            Ok(Some(step)) => return Some(Pending { acks, step }),
+            Err(e) => {
+                log::debug!("data connection: {e}");
+                break;
+            }
         }
-        inner.stats.served(header.direction, header.size);
     }
+    None
 }

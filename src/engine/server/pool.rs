@@ -9,16 +9,28 @@
 //! [`super::data::serve_data`], lending it the thread's own receive buffer,
 //! until no request is buffered or arrives within the spin window (polled
 //! only while another thread is free) and the linger after it ([`LINGER`],
-//! asleep on the socket, while another thread is free), then parks it again. So the threads serving N connections are bounded by
-//! [`max_threads`] however large N is (requests beyond them wait in their
-//! sockets), and a parked connection costs its socket and one map entry.
-//! At the cap one thread keeps waiting for readiness; when every busy one
-//! has held its connection for [`STUCK`] (payloads that trickle), another
-//! is added, up to [`HARD_MAX_THREADS`].
+//! asleep on the socket, while another thread is free), then parks it again.
+//! A request whose peer stops keeping pace in the middle of its payload
+//! (see [`super::data::FLOW_WAIT`]) is parked too, with its place in the
+//! payload and its hold on the region, until the kernel says the payload
+//! flows again (bytes queued, or room to send). So the threads serving N
+//! connections are bounded by [`max_threads`] however large N is and
+//! however their peers trickle (requests beyond them wait in their
+//! sockets), and a parked connection costs its socket and one map entry
+//! (one parked in the middle of a request also the bytes it had buffered
+//! past it, and its hold on the region).
+//! At the cap one thread keeps waiting for readiness; only when every busy
+//! one has been held for [`STUCK`] inside work that cannot be parked and
+//! whose wait a remote peer can stretch (a hello awaiting the proof of the
+//! peer secret, a device request) is another added, up to
+//! [`HARD_MAX_THREADS`]; in a burst of host-memory transfers the pool
+//! stays within its cap.
 //!
 //! The waiter also closes connections parked longer than the idle timeout
-//! (`PDX_IDLE_TIMEOUT_MS`); an initiator sees the close at its next use of
-//! the lane and opens another.
+//! (`PDX_IDLE_TIMEOUT_MS`), and those parked in the middle of a request
+//! whose peer has moved no byte for the progress timeout (the kernel's
+//! count of queued or unsent bytes, looked at on each scan); an initiator
+//! sees the close at its next use of the lane and opens another.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::BorrowedFd;
@@ -34,6 +46,7 @@ use super::super::protocol::hello;
 use super::super::protocol::wire::HEADER_LEN;
 use super::super::registry::OwnedSocketGuard;
 use super::budget::Ticket;
+use super::data::{serve_data, Awaits, Pending};
 use super::Serving;
 use crate::transfer::stats::Stats;
 
@@ -46,8 +59,8 @@ const IDLE_EXIT: Duration = Duration::from_secs(5);
 const BASE_THREADS: usize = 2;
 
 /// Past [`max_threads`], a thread is added only when every busy one has
-/// served its connection for this long (a request whose payload trickles),
-/// up to [`HARD_MAX_THREADS`].
+/// been held this long inside work that cannot be parked, up to
+/// [`HARD_MAX_THREADS`].
 const STUCK: Duration = Duration::from_millis(200);
 
 /// How long a thread that served a request waits for the connection's next
@@ -61,7 +74,8 @@ const LINGER: Duration = Duration::from_millis(20);
 /// A lingering thread looks at whether it is wanted elsewhere this often.
 const LINGER_SLICE: Duration = Duration::from_millis(2);
 
-/// The most pool threads, however many requests trickle.
+/// The most pool threads, however many hellos or device requests hold
+/// them.
 const HARD_MAX_THREADS: usize = 256;
 
 /// How long a new data connection may take to send its first complete
@@ -70,27 +84,23 @@ const HARD_MAX_THREADS: usize = 256;
 /// no thread: see [`DataPlane::take_ready`].
 pub(crate) const FIRST_REQUEST_BOUND: Duration = Duration::from_secs(5);
 
-/// `SO_RCVLOWAT` on `fd`: readiness (and a blocking receive) waits for
-/// `bytes` queued, or the end of the stream.
-fn set_rcvlowat(fd: std::os::fd::RawFd, bytes: usize) -> std::io::Result<()> {
-    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-    let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: the descriptor is an open socket owned by the caller; the
-    // option value is one int read for the call.
-    let rc =
-        unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVLOWAT, (&v as *const libc::c_int).cast(), len) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 /// Bytes queued to be read on `fd` (`FIONREAD`; 0 on error).
 fn queued_bytes(fd: std::os::fd::RawFd) -> usize {
     let mut n: libc::c_int = 0;
     // SAFETY: the descriptor is an open socket owned by the caller; FIONREAD writes one int.
     let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+    if rc == 0 {
+        usize::try_from(n).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
+/// Bytes sent on `fd` and not yet taken by the peer (`SIOCOUTQ`; 0 on error).
+fn unsent_bytes(fd: std::os::fd::RawFd) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: the descriptor is an open socket owned by the caller; SIOCOUTQ writes one int.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
     if rc == 0 {
         usize::try_from(n).unwrap_or(0)
     } else {
@@ -155,9 +165,13 @@ pub(super) struct Served {
     /// No thread has served it yet: its first request (maybe a hello) is
     /// still coming (bounded by [`FIRST_REQUEST_BOUND`]).
     first: bool,
-    /// Its socket's `SO_RCVLOWAT` now, and the one it is parked with.
-    lowat: usize,
+    /// The `SO_RCVLOWAT` it is parked with between requests.
     want_lowat: usize,
+    /// The request it was parked in the middle of, waiting on its peer.
+    pending: Option<Pending>,
+    /// Parked with a request: the kernel's count of bytes queued to read
+    /// (or unsent) when last looked at, and since when it has not changed.
+    progress: (usize, Instant),
 }
 
 /// The waiter's state (held by the thread waiting for readiness).
@@ -187,8 +201,8 @@ struct Waiter {
 struct Counts {
     threads: usize,
     busy: usize,
-    /// When each busy thread (by id) took its connection.
-    serving: HashMap<usize, Instant>,
+    /// Busy threads (by id) inside work that cannot be parked, and since when.
+    held: HashMap<usize, Instant>,
 }
 
 /// The data port's readiness loop and its pool.
@@ -292,8 +306,9 @@ impl DataPlane {
             since: Instant::now(),
             opened: Instant::now(),
             first: true,
-            lowat: 1,
             want_lowat: HEADER_LEN,
+            pending: None,
+            progress: (0, Instant::now()),
         };
         self.park(served);
     }
@@ -306,15 +321,21 @@ impl DataPlane {
         }
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
         let fd = s.conn.raw_fd();
-        if s.lowat != s.want_lowat {
-            // Parked, it wakes for a whole header (or hello) only: bytes
-            // that trickle in wait in the socket, held by no thread.
-            match set_rcvlowat(fd, s.want_lowat) {
-                Ok(()) => s.lowat = s.want_lowat,
-                Err(e) => log::debug!("data connection: SO_RCVLOWAT: {e}"),
+        // Parked, it wakes for a whole header (or hello), or for the next
+        // part of a payload, only: bytes that trickle in wait in the socket,
+        // held by no thread.
+        let awaits = s.pending.as_ref().map_or(Awaits::Bytes(s.want_lowat), Pending::awaits);
+        let (interest, level) = match awaits {
+            Awaits::Bytes(lowat) => {
+                if let Err(e) = s.conn.set_rcvlowat(lowat) {
+                    log::debug!("data connection: SO_RCVLOWAT: {e}");
+                }
+                (Event::readable(key), queued_bytes(fd))
             }
-        }
+            Awaits::Room => (Event::writable(key), unsent_bytes(fd)),
+        };
         s.since = Instant::now();
+        s.progress = (level, s.since);
         let was_registered = s.registered;
         s.registered = true;
         // Armed under the map's lock: the waiter cannot close it (and the
@@ -322,11 +343,11 @@ impl DataPlane {
         let mut parked = self.parked.lock();
         let armed = if was_registered {
             // SAFETY: the socket is open (owned by `s`, in the map) for the call.
-            self.poller.modify(unsafe { BorrowedFd::borrow_raw(fd) }, Event::readable(key))
+            self.poller.modify(unsafe { BorrowedFd::borrow_raw(fd) }, interest)
         } else {
             // SAFETY: the descriptor stays open until `close` deletes it
             // from the poller (every `Served` leaves through `close`).
-            unsafe { self.poller.add(fd, Event::readable(key)) }
+            unsafe { self.poller.add(fd, interest) }
         };
         match armed {
             Ok(()) => {
@@ -503,18 +524,19 @@ impl DataPlane {
         let woken: Vec<Served> = keys.iter().filter_map(|key| parked.remove(key)).collect();
         drop(parked);
         for mut s in woken {
+            if s.pending.is_some() {
+                // The payload goes on (or the peer left): served where it
+                // stopped.
+                lead.ready.push_back(s);
+                continue;
+            }
             match readiness(&s) {
                 Readiness::Serve => {
-                    if s.lowat != 1 {
-                        // Served: a receive waits for what it asks, not a header.
-                        match set_rcvlowat(s.conn.raw_fd(), 1) {
-                            Ok(()) => s.lowat = 1,
-                            Err(e) => {
-                                log::debug!("data connection: SO_RCVLOWAT: {e}");
-                                self.close(s);
-                                continue;
-                            }
-                        }
+                    // Served: a receive waits for what it asks, not a header.
+                    if let Err(e) = s.conn.set_rcvlowat(1) {
+                        log::debug!("data connection: SO_RCVLOWAT: {e}");
+                        self.close(s);
+                        continue;
                     }
                     s.first = false;
                     s.want_lowat = HEADER_LEN;
@@ -531,14 +553,14 @@ impl DataPlane {
 
     /// Whether the waiter may take a ready connection itself: yes below the
     /// cap or while another thread is free to wait; no at the cap (`None`
-    /// when a thread should be added: every busy one is stuck).
+    /// when a thread should be added: every busy one is held, see [`STUCK`]).
     fn may_serve(&self) -> Option<bool> {
         let c = self.counts.lock();
         if c.busy + 1 < c.threads || c.threads < self.max_threads {
             return Some(true);
         }
         let now = Instant::now();
-        let stuck = c.serving.values().all(|t| now.saturating_duration_since(*t) >= STUCK);
+        let stuck = c.held.len() >= c.busy && c.held.values().all(|t| now.saturating_duration_since(*t) >= STUCK);
         if stuck && c.threads < HARD_MAX_THREADS {
             None
         } else {
@@ -546,17 +568,30 @@ impl DataPlane {
         }
     }
 
-    /// Close the connections parked longer than the idle timeout, and
-    /// new ones that have not sent their first request within
-    /// [`FIRST_REQUEST_BOUND`].
+    /// Close the connections parked longer than the idle timeout, new ones
+    /// that have not sent their first request within
+    /// [`FIRST_REQUEST_BOUND`], and those parked in the middle of a request
+    /// whose peer has moved no byte (the kernel's count of bytes queued, or
+    /// unsent, has not changed) for the progress timeout.
     fn close_idle(&self, now: Instant) {
         let idle = self.serving.settings.idle_timeout;
+        let progress = self.serving.settings.progress_timeout;
         let mut parked = self.parked.lock();
-        let late = |s: &Served| {
-            now.saturating_duration_since(s.since) >= idle
-                || (s.first && now.saturating_duration_since(s.opened) >= FIRST_REQUEST_BOUND)
+        let late = |s: &mut Served| match &s.pending {
+            Some(p) => {
+                let fd = s.conn.raw_fd();
+                let level = if p.awaits() == Awaits::Room { unsent_bytes(fd) } else { queued_bytes(fd) };
+                if level != s.progress.0 {
+                    s.progress = (level, now);
+                }
+                now.saturating_duration_since(s.progress.1) >= progress
+            }
+            None => {
+                now.saturating_duration_since(s.since) >= idle
+                    || (s.first && now.saturating_duration_since(s.opened) >= FIRST_REQUEST_BOUND)
+            }
         };
-        let old: Vec<usize> = parked.iter().filter(|(_, s)| late(s)).map(|(k, _)| *k).collect();
+        let old: Vec<usize> = parked.iter_mut().filter_map(|(k, s)| late(s).then_some(*k)).collect();
         let closing: Vec<Served> = old.iter().filter_map(|k| parked.remove(k)).collect();
         drop(parked);
         if !closing.is_empty() {
@@ -572,11 +607,19 @@ impl DataPlane {
         let mut buf: Option<Box<[u8]>> = None;
         let id = self.next_thread.fetch_add(1, Ordering::Relaxed);
         let mut idle_since = Instant::now();
-        while let Some(mut s) = self.next(idle_since) {
-            let (threads, busy) = self.count(|c| {
-                c.busy += 1;
-                c.serving.insert(id, Instant::now());
+        // Told by the requests served when they are inside work that
+        // cannot be parked (see [`STUCK`]).
+        let held = |inside: bool| {
+            self.count(|c| {
+                if inside {
+                    c.held.insert(id, Instant::now());
+                } else {
+                    c.held.remove(&id);
+                }
             });
+        };
+        while let Some(mut s) = self.next(idle_since) {
+            let (threads, busy) = self.count(|c| c.busy += 1);
             let grow = busy == threads && threads < self.max_threads;
             if grow {
                 // Every thread is serving: one more waits for the others.
@@ -586,25 +629,26 @@ impl DataPlane {
             }
             s.conn.lend_buffer(buf.take());
             loop {
-                super::data::serve_data(&self.serving, &mut s.conn, &s.ticket);
-                if !s.conn.parked() || !self.linger(&s) {
+                s.pending = serve_data(&self.serving, &mut s.conn, &s.ticket, s.pending.take(), &held);
+                // Idle: its next request, if it comes within the linger, is
+                // served here, as a thread of its own would serve it.
+                if s.pending.is_some() || !s.conn.parked() || !self.linger(&s) {
                     break;
                 }
-                // Its next request came while this thread waited: served
-                // here, as a thread of its own would (not held, not stuck).
-                self.count(|c| {
-                    c.serving.insert(id, Instant::now());
-                });
             }
             let (threads, _) = self.count(|c| {
                 c.busy -= 1;
-                c.serving.remove(&id);
+                c.held.remove(&id);
             });
             if threads >= self.max_threads {
                 self.wake(); // a waiter holding ready connections at the cap
             }
+            // Parked, it keeps only the bytes it has buffered (a request
+            // parked in the middle may have more behind it).
             buf = s.conn.take_buffer();
-            if s.conn.parked() {
+            if s.pending.is_some() {
+                self.park(s);
+            } else if s.conn.parked() {
                 self.parked_after_serving.fetch_add(1, Ordering::Relaxed);
                 self.park(s);
             } else {
@@ -783,7 +827,8 @@ mod tests {
 
     /// As many requests as the pool has threads, each trickling its payload
     /// (a byte every 50 ms), do not keep another connection's request
-    /// waiting: past the cap, a thread is added once every busy one is held.
+    /// waiting, nor make the pool grow: each is parked in the middle of its
+    /// payload.
     #[test]
     fn trickling_requests_do_not_hold_every_thread() {
         let (engine, serving) = roomy_engine(|_| {});
@@ -826,9 +871,174 @@ mod tests {
             answered.expect("the request was answered");
             assert_eq!(wire::decode_status(status), Some(wire::STATUS_OK));
             assert!(took < Duration::from_secs(3), "served after {took:?} behind {} trickling requests", max_threads());
-            assert!(plane.counts.lock().threads <= HARD_MAX_THREADS);
+            let threads = plane.counts.lock().threads;
+            assert!(threads <= max_threads(), "{threads} threads for trickling payloads (cap {})", max_threads());
         });
         drop(engine);
+    }
+
+    /// Connections parked in the middle of a request, and busy threads.
+    fn parked_pending_and_busy(plane: &DataPlane) -> (usize, usize) {
+        let pending = plane.parked.lock().values().filter(|s| s.pending.is_some()).count();
+        (pending, plane.counts.lock().busy)
+    }
+
+    /// Wait (bounded) until `plane` has `pending` connections parked in the
+    /// middle of a request and no busy thread.
+    fn wait_parked(plane: &DataPlane, pending: usize) -> (usize, usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = parked_pending_and_busy(plane);
+            if now == (pending, 0) || Instant::now() >= deadline {
+                return now;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A WRITE whose payload pauses mid-way is parked with its place in
+    /// the payload (no thread waits for it), and lands byte for byte when
+    /// the rest comes, in pieces with pauses between them, followed by a
+    /// pipelined request on the same connection.
+    #[test]
+    fn a_payload_that_pauses_is_parked_and_lands_whole_when_it_goes_on() {
+        const SIZE: usize = 3 << 20;
+        let (engine, serving) = roomy_engine(|_| {});
+        let region = vec![0u8; SIZE + 4096];
+        let base = region.as_ptr() as u64;
+        engine.register(base, region.len() as u64).unwrap();
+        let plane = DataPlane::start(&serving).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = admitted(&serving, &plane, &listener);
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let payload: Vec<u8> = (0..SIZE).map(|i| (i % 251) as u8).collect();
+        let h = RequestHeader { size: SIZE as u64, addr: base, direction: Direction::Write, acknowledged: true };
+        c.write_all(&h.encode()).unwrap();
+        // Pieces of every size around the floor and a buffer, with pauses
+        // long past the flow's wait between them.
+        let mut at = 0;
+        for piece in [1000, 70_000, 1, 200_000, 65_536, 1_500_000] {
+            c.write_all(&payload[at..at + piece]).unwrap();
+            at += piece;
+            assert_eq!(wait_parked(&plane, 1), (1, 0), "parked mid-payload after {at} bytes, no thread held");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // The rest, and a pipelined small write behind it.
+        let mut rest = payload[at..].to_vec();
+        let h2 =
+            RequestHeader { size: 4096, addr: base + SIZE as u64, direction: Direction::Write, acknowledged: true };
+        rest.extend_from_slice(&h2.encode());
+        rest.extend_from_slice(&[9u8; 4096]);
+        c.write_all(&rest).unwrap();
+        for _ in 0..2 {
+            let mut status = [0u8; STATUS_LEN];
+            c.read_exact(&mut status).unwrap();
+            assert_eq!(wire::decode_status(status), Some(wire::STATUS_OK));
+        }
+        assert!(region[..SIZE] == payload[..], "the paused payload landed byte for byte");
+        assert!(region[SIZE..].iter().all(|&b| b == 9), "the pipelined write landed");
+        assert_eq!(wait_parked(&plane, 0), (0, 0), "idle again");
+        assert_eq!(plane.parked.lock().len(), 1, "parked between requests, not closed");
+    }
+
+    /// A READ whose initiator does not take the answer is parked until it
+    /// does (no thread waits for room to send), and every byte arrives in
+    /// order when it reads, status first.
+    #[test]
+    fn a_read_whose_peer_stops_reading_is_parked_and_finishes_when_it_reads() {
+        const SIZE: usize = 16 << 20;
+        let (engine, serving) = roomy_engine(|_| {});
+        let region: Vec<u8> = (0..SIZE).map(|i| (i % 253) as u8).collect();
+        let base = region.as_ptr() as u64;
+        engine.register(base, region.len() as u64).unwrap();
+        let plane = DataPlane::start(&serving).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = admitted(&serving, &plane, &listener);
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        // A small write first: its acknowledgement rides ahead of the read's status.
+        let w = RequestHeader { size: 16, addr: base, direction: Direction::Write, acknowledged: true };
+        let r = RequestHeader { size: SIZE as u64, addr: base, direction: Direction::Read, acknowledged: true };
+        let mut requests = w.encode().to_vec();
+        requests.extend_from_slice(&region[..16]);
+        requests.extend_from_slice(&r.encode());
+        c.write_all(&requests).unwrap();
+        assert_eq!(wait_parked(&plane, 1), (1, 0), "parked waiting for room to send, no thread held");
+        std::thread::sleep(Duration::from_millis(200));
+        for _ in 0..2 {
+            let mut status = [0u8; STATUS_LEN];
+            c.read_exact(&mut status).unwrap();
+            assert_eq!(wire::decode_status(status), Some(wire::STATUS_OK));
+        }
+        let mut got = vec![0u8; SIZE];
+        let mut at = 0;
+        while at < SIZE {
+            // Slowly at first: a piece, a pause.
+            let n = if at < (1 << 20) { 64 << 10 } else { SIZE - at };
+            c.read_exact(&mut got[at..at + n]).unwrap();
+            at += n;
+            if at < (1 << 20) {
+                std::thread::sleep(Duration::from_millis(30));
+            }
+        }
+        assert!(got == region, "the read arrived whole and in order");
+        assert_eq!(wait_parked(&plane, 0), (0, 0), "idle again");
+    }
+
+    /// A payload parked in the middle whose peer moves no more bytes is
+    /// closed after the progress timeout, one that trickles is not; and
+    /// unregistering the region ends a parked payload at once (its socket
+    /// is shut down, which wakes it to let go of the region).
+    #[test]
+    fn a_parked_payload_ends_without_progress_or_at_unregistering() {
+        let (engine, serving) = roomy_engine(|s| s.progress_timeout = Duration::from_millis(1500));
+        let region = vec![0u8; 1 << 20];
+        let base = region.as_ptr() as u64;
+        engine.register(base, region.len() as u64).unwrap();
+        let plane = DataPlane::start(&serving).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let h = RequestHeader { size: 1 << 20, addr: base, direction: Direction::Write, acknowledged: true };
+        let mut opening = h.encode().to_vec();
+        opening.extend_from_slice(&[1u8; 1000]);
+        let (mut silent, mut trickling) =
+            (admitted(&serving, &plane, &listener), admitted(&serving, &plane, &listener));
+        silent.write_all(&opening).unwrap();
+        trickling.write_all(&opening).unwrap();
+        assert_eq!(wait_parked(&plane, 2), (2, 0));
+        let t0 = Instant::now();
+        silent.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        trickling.set_nonblocking(true).unwrap();
+        // The trickler sends a byte every 300 ms while the silent one is
+        // waited for (its close: end of stream, or a reset).
+        let closed = std::thread::scope(|sc| {
+            let silent = sc.spawn(move || {
+                let mut byte = [0u8; 1];
+                let closed = matches!(silent.read(&mut byte), Ok(0) | Err(_));
+                (closed, t0.elapsed())
+            });
+            while t0.elapsed() < Duration::from_millis(3500) {
+                trickling.write_all(&[2]).unwrap();
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            silent.join().unwrap()
+        });
+        let (was_closed, after) = closed;
+        assert!(was_closed, "the silent payload was closed");
+        // The progress timeout, and a scan (a second) and a margin past it.
+        assert!(after >= Duration::from_millis(1400) && after < Duration::from_secs(4), "closed after {after:?}");
+        let mut byte = [0u8; 1];
+        assert!(
+            matches!(trickling.read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "the trickling payload is still open"
+        );
+        assert_eq!(wait_parked(&plane, 1), (1, 0));
+        // Unregistering shuts it down and does not wait for the timeout.
+        let t1 = Instant::now();
+        engine.unregister(base).expect("the region unregisters");
+        assert!(t1.elapsed() < Duration::from_secs(2), "unregistering took {:?}", t1.elapsed());
+        trickling.set_nonblocking(false).unwrap();
+        trickling.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert!(matches!(trickling.read(&mut byte), Ok(0) | Err(_)), "the parked payload was ended");
+        assert_eq!(wait_parked(&plane, 0), (0, 0));
     }
 
     /// The threads named `name` in this process, as `/proc` lists them.
@@ -840,15 +1050,27 @@ mod tests {
             .count()
     }
 
-    /// Threads added for stalled requests (a payload announced and never
-    /// sent) leave within the idle exit of their last work once the
-    /// requests are gone, while light traffic goes on (counted in `/proc`).
+    /// A peer secret in a file of a test's own, and its bytes.
+    fn secret_file(dir: &tempfile::TempDir) -> (String, Vec<u8>) {
+        let path = dir.path().join("secret");
+        std::fs::write(&path, [7u8; 40]).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        (path.to_str().unwrap().to_owned(), vec![7u8; 40])
+    }
+
+    /// Threads added for work that cannot be parked (here hellos whose
+    /// initiator never sends its proof of the peer secret: each holds its
+    /// thread for the proof's bound) leave within the idle exit of their
+    /// last work once that work is gone, while light traffic goes on
+    /// (counted in `/proc`).
     #[test]
-    fn threads_added_for_stalled_requests_leave_under_light_traffic() {
+    fn threads_added_for_held_hellos_leave_under_light_traffic() {
         const NAME: &str = "pdx-data-shrink";
-        const STALLED: usize = 16;
+        const HELD: usize = 16;
         const IDLE: Duration = Duration::from_millis(500);
-        let (engine, serving) = roomy_engine(|_| {});
+        let dir = tempfile::tempdir().unwrap();
+        let (path, secret) = secret_file(&dir);
+        let (engine, serving) = roomy_engine(|s| s.peer_secret_file = Some(path));
         let region = vec![0u8; 4 << 20];
         engine.register(region.as_ptr() as u64, region.len() as u64).unwrap();
         let plane = DataPlane::start_with(&serving, IDLE, NAME).unwrap();
@@ -860,6 +1082,7 @@ mod tests {
         }
         let idle = threads_named(NAME);
         assert_eq!(idle, BASE_THREADS);
+        let instance = serving.identity.instance.clone();
         let request = |size: u64, payload: &[u8]| {
             let h =
                 RequestHeader { size, addr: region.as_ptr() as u64, direction: Direction::Write, acknowledged: true };
@@ -870,8 +1093,11 @@ mod tests {
         let stop = AtomicBool::new(false);
         let served = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|sc| {
-            // Light traffic throughout: a 4 KiB write every 100 ms.
+            // Light traffic throughout: a 4 KiB write every 100 ms, on a
+            // connection that proved the secret.
             let mut light = admitted(&serving, &plane, &listener);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            hello::confirm(&mut light, &instance, deadline, "light", Some(&secret), None).unwrap();
             let (stop, served, request) = (&stop, &served, &request);
             light.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             let traffic = sc.spawn(move || {
@@ -895,24 +1121,28 @@ mod tests {
                 }
             }
             let _stop = StopOnDrop(stop);
-            let mut stalled: Vec<TcpStream> = (0..STALLED).map(|_| admitted(&serving, &plane, &listener)).collect();
-            for c in &mut stalled {
-                c.write_all(&request(1 << 20, &[1])).unwrap();
-            }
+            let body =
+                hello::Body { instance: Some(instance.clone()), nonce: Some("n".repeat(32)), ..hello::Body::default() };
+            let held: Vec<TcpStream> = (0..HELD)
+                .map(|_| {
+                    let mut c = admitted(&serving, &plane, &listener);
+                    c.write_all(&hello::encode_request_body(&body)).unwrap();
+                    c
+                })
+                .collect();
             // The pool grows past its cap for them, a thread per STUCK.
             let deadline = Instant::now() + Duration::from_secs(60);
-            while threads_named(NAME) <= STALLED && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
+            while threads_named(NAME) <= max_threads() + 1 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
             }
             let peak = threads_named(NAME);
-            assert!(peak > max_threads(), "{peak} threads for {STALLED} stalled requests (cap {})", max_threads());
-            drop(stalled);
+            assert!(peak > max_threads(), "{peak} threads for {HELD} held hellos (cap {})", max_threads());
+            drop(held);
             let closed = Instant::now();
             let served_at_close = served.load(Ordering::Relaxed);
-            // Gone within the idle exit (and a second) of their last work; the
-            // bound allows a loaded machine more (the threads lingered for
-            // minutes before).
-            while threads_named(NAME) > idle + 2 && closed.elapsed() < IDLE + Duration::from_secs(5) {
+            // Gone within the proof's bound (the hellos end there), the idle
+            // exit and a few seconds more for a loaded machine.
+            while threads_named(NAME) > idle + 2 && closed.elapsed() < IDLE + Duration::from_secs(8) {
                 std::thread::sleep(Duration::from_millis(20));
             }
             let took = closed.elapsed();
@@ -926,9 +1156,9 @@ mod tests {
             stop.store(true, Ordering::Relaxed);
             assert!(traffic.join().unwrap(), "every light request was answered");
             assert!(during >= 5, "the light traffic went on after the close: {during} requests served");
-            assert!(shrunk <= idle + 2, "{shrunk} threads {took:?} after the stalled requests closed (idle: {idle})");
+            assert!(shrunk <= idle + 2, "{shrunk} threads {took:?} after the held hellos closed (idle: {idle})");
             assert!(after <= idle + 2, "{after} threads once the traffic went on (idle: {idle})");
-            eprintln!("{STALLED} stalled requests: {peak} threads, {after} {took:?} after they closed (idle {idle})");
+            eprintln!("{HELD} held hellos: {peak} threads, {after} {took:?} after they closed (idle {idle})");
         });
         drop(engine);
     }
