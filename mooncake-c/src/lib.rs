@@ -404,8 +404,9 @@ pub unsafe extern "C" fn submitTransferWithNotify(
 }
 
 /// The state of task `task_id`: `STATUS_WAITING` in flight,
-/// `STATUS_COMPLETED` confirmed at the target, `STATUS_FAILED`; `*status`
-/// is written only when 0 is returned.
+/// `STATUS_COMPLETED` confirmed at the target, `STATUS_FAILED`,
+/// `STATUS_CANCELED` (cancelled by `freeBatchID` while another thread
+/// polls it); `*status` is written only when 0 is returned.
 ///
 /// # Safety
 /// `status` is NULL or writable.
@@ -426,6 +427,7 @@ pub unsafe extern "C" fn getTransferStatus(
             TaskState::Pending => STATUS_WAITING,
             TaskState::Completed => STATUS_COMPLETED,
             TaskState::Failed => STATUS_FAILED,
+            TaskState::Canceled => STATUS_CANCELED,
         };
         // SAFETY: checked non-NULL and aligned; writable by the caller's contract.
         unsafe { *status = TransferStatus { status: code, transferred_bytes: bytes } };

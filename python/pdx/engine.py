@@ -58,6 +58,7 @@ STATS_FIELDS = (
     "handshakes", "inbound_connections", "inbound_connections_open", "peers_connected",
     "notification_bytes_queued", "latency_p50_us", "latency_p99_us", "served_device_failures",
     "same_host_bytes_written", "same_host_bytes_read", "same_host_tasks_written", "same_host_tasks_read",
+    "tasks_canceled",
 )
 
 

@@ -295,7 +295,9 @@ mod tests {
         }
         fn summary(state: TaskState) -> BatchSummary {
             let failed = usize::from(state == TaskState::Failed);
-            BatchSummary { state, total: 1, completed: usize::from(state == TaskState::Completed), failed, bytes: 0 }
+            let completed = usize::from(state == TaskState::Completed);
+            let canceled = usize::from(state == TaskState::Canceled);
+            BatchSummary { state, total: 1, completed, failed, canceled, bytes: 0 }
         }
     }
 

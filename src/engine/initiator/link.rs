@@ -7,8 +7,14 @@
 //! device memory is offered to the link first ([`Link::run_device_window`]:
 //! the same-host link moves it through CUDA IPC where negotiated) and
 //! staged only where the link declines.
+//!
+//! A window can be stopped from another thread (a cancel, see
+//! [`super::cancel`]): each link says, before a window runs, how with a
+//! [`Cutter`].
 
+use std::os::fd::RawFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::super::memory::cuda::Device;
 use super::super::samehost;
@@ -56,6 +62,79 @@ pub(crate) trait Link {
         reqs: &[Request],
         dev: &Arc<Device>,
     ) -> Option<WindowOutcome>;
+
+    /// How a cancel stops the window of `reqs` about to run on this link.
+    /// The cutter is used only while the window runs, while this link is
+    /// alive.
+    fn cutter(&self, reqs: &[Request]) -> Cutter;
+}
+
+/// How another thread stops a window in flight on a link so that the
+/// caller's memory is touched no more; the window's thread then returns
+/// from [`Link::run_window`] (its outcome broken or short), and the
+/// executor leaves the window, discards the link and retries what was not
+/// cancelled elsewhere. A cancel returns only once the window is left.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Cutter {
+    /// The bytes of the window move through this socket, in this process
+    /// (TCP, rails, and the same-host link's inline windows): shutting it
+    /// down both ways wakes a send or receive blocked on it at once, on a
+    /// frozen peer too, and what arrives after that is refused by the
+    /// kernel (the peer's sends fail: a pdx target stops serving the
+    /// connection). What the kernel had already queued for a receive is
+    /// bounded by the socket's buffer and lands before the window's thread
+    /// returns, so before the cancel does.
+    Socket(RawFd),
+    /// The target copies the bytes itself, into or out of this process's
+    /// memory (the same-host link, host memory or CUDA IPC). Interim, until
+    /// the link has a cancel message of its own: the connection is
+    /// half-closed; the target serves the requests it has already read
+    /// (they land), reads the end of the stream and closes, and the window
+    /// ends when its thread reads that close: the target's word that it
+    /// copies no more. A target that says nothing within
+    /// [`Cutter::grace`] (frozen, or far behind) is cut off like a socket;
+    /// a request it was copying then may still complete.
+    TargetCopies(RawFd),
+}
+
+/// How long a target that copies itself may take to finish what it read
+/// after a cancel asked it to stop (its copies run at memory speed: a
+/// window of [`super::plan::WINDOW_BYTES`] takes milliseconds).
+const TARGET_GRACE: Duration = Duration::from_secs(1);
+
+impl Cutter {
+    /// Ask the window to end (see the variants).
+    pub fn ask(&self) {
+        match *self {
+            Cutter::Socket(fd) => shutdown(fd, libc::SHUT_RDWR),
+            Cutter::TargetCopies(fd) => shutdown(fd, libc::SHUT_WR),
+        }
+    }
+
+    /// End it now: the socket shut down both ways.
+    pub fn force(&self) {
+        let (Cutter::Socket(fd) | Cutter::TargetCopies(fd)) = *self;
+        shutdown(fd, libc::SHUT_RDWR);
+    }
+
+    /// How long after [`Cutter::ask`] the window may take to end before it
+    /// is forced.
+    pub fn grace(&self) -> Duration {
+        match self {
+            Cutter::Socket(_) => Duration::ZERO,
+            Cutter::TargetCopies(_) => TARGET_GRACE,
+        }
+    }
+}
+
+/// `shutdown(2)` on a socket that a window in flight owns (the caller
+/// holds the lock under which that window is listed, so the descriptor is
+/// still open and still that socket).
+fn shutdown(fd: RawFd, how: libc::c_int) {
+    // SAFETY: shutdown takes a descriptor and a flag; `fd` is the open
+    // socket of a window in flight (see above), and shutting it down only
+    // ends its connection.
+    unsafe { libc::shutdown(fd, how) };
 }
 
 /// A lane is the TCP link, or the same-host link where its hello
@@ -117,6 +196,17 @@ impl Link for Lane {
                 log::debug!(target: LOG_TARGET, "{}: device memory staged for a window: {e}", self.session);
                 None
             }
+        }
+    }
+
+    /// On the same-host link the target copies (but for inline windows of
+    /// host memory); see [`Cutter`].
+    fn cutter(&self, reqs: &[Request]) -> Cutter {
+        let fd = self.conn.raw_fd();
+        if self.same_host && (self.moves_device_memory() || !samehost::window::inline(reqs)) {
+            Cutter::TargetCopies(fd)
+        } else {
+            Cutter::Socket(fd)
         }
     }
 }
