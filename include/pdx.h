@@ -1186,10 +1186,9 @@ pdx_status pdx_batch_notify_error(pdx_engine *engine,
 
 /**
  * Wait up to `timeout_ms` for the batch to finish. `PDX_OK` once every task
- * is terminal, with the batch state (`PDX_TASK_COMPLETED`,
- * `PDX_TASK_FAILED` or `PDX_TASK_CANCELED`) in `*out_state` (may be NULL);
- * `PDX_ERR_TIMEOUT` while
- * tasks are still in flight. Every task reaches a terminal state within the
+ * is terminal, with the batch state (`PDX_TASK_COMPLETED`, `PDX_TASK_FAILED`
+ * or `PDX_TASK_CANCELED`) in `*out_state` (may be NULL); `PDX_ERR_TIMEOUT`
+ * while tasks are still in flight. Every task reaches a terminal state within the
  * engine's deadlines, so waiting again always ends.
  *
  * # Safety
@@ -1218,7 +1217,8 @@ pdx_status pdx_batch_free(pdx_engine *engine, uint64_t batch);
  * `PDX_TASK_CANCELED` (their error `PDX_ERR_CANCELED`, their bytes what
  * was confirmed before); tasks already finished keep their state (a cancel
  * racing a completion ends in exactly one of the two). The batch is then
- * finished (free it with `pdx_batch_free`). Returns within a few seconds
+ * finished (free it with `pdx_batch_free`), unless every task had completed
+ * first and its notification is still being sent. Returns within seconds
  * whatever the peer does; `PDX_ERR_TIMEOUT` when it could not make sure
  * of the above within its bound (the tasks stay cancelled and the batch
  * finishes once it can); `PDX_ERR_INVALID_ARGUMENT` on a backend that

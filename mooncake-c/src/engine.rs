@@ -78,6 +78,9 @@ pub struct McEngine {
     /// Notifications drained from the backend, not yet handed to C.
     inbox: Mutex<VecDeque<(String, String)>>,
     graceful: AtomicBool,
+    /// `freeBatchID` of a batch in flight cancels it (else "batch busy",
+    /// as Mooncake answers): `PDX_FREE_BATCH_IN_FLIGHT`.
+    cancel_on_free: bool,
 }
 
 impl McEngine {
@@ -87,6 +90,7 @@ impl McEngine {
         let named = if local_server_name.trim().is_empty() { ip } else { local_server_name };
         let host = pdx::transfer::host::engine_host(named)?;
         let metadata = if metadata.trim().is_empty() { "P2PHANDSHAKE" } else { metadata.trim() };
+        let cancel_on_free = env::read_choice(&ProcessEnv, &vars::PDX_FREE_BATCH_IN_FLIGHT)? != Some("busy");
         let e = McEngine {
             metadata: metadata.to_owned(),
             host,
@@ -98,6 +102,7 @@ impl McEngine {
             orphans: Mutex::new(Vec::new()),
             inbox: Mutex::new(VecDeque::new()),
             graceful: AtomicBool::new(false),
+            cancel_on_free,
         };
         if auto {
             e.install(&discovered_protocol(&ProcessEnv))?;
@@ -489,18 +494,36 @@ impl McEngine {
         }
     }
 
-    /// `freeBatchID`: "batch busy" while a task is in flight.
+    /// `freeBatchID`. A batch with tasks in flight has them cancelled
+    /// first: once pdx's cancel returns, nothing reads or writes their
+    /// local memory any more, and the batch is freed. That is what NIXL's
+    /// `releaseReqH` needs (it frees a batch in flight, ignores the result
+    /// and hands the memory to the next request). Mooncake answers "batch
+    /// busy" and keeps the batch; so does this engine with
+    /// `PDX_FREE_BATCH_IN_FLIGHT=busy`, and on a transport that cannot
+    /// cancel (Mooncake's own library).
     pub fn free_batch(&self, batch: u64) -> McResult<()> {
         let b = self.batch(batch)?;
         let backend = self.backend()?;
         let subs: Vec<u64> = b.lock().subs().to_vec();
-        for id in &subs {
-            if backend.batch_summary(*id).is_ok_and(|s| s.in_flight() > 0) {
-                return Err(McError::new(
+        let in_flight: Vec<u64> =
+            subs.iter().copied().filter(|id| backend.batch_summary(*id).is_ok_and(|s| s.in_flight() > 0)).collect();
+        if !in_flight.is_empty() && !self.cancel_on_free {
+            return Err(McError::new(
+                Code::BatchBusy,
+                format!(
+                    "batch {batch:#x} cannot be freed until all its tasks are done (PDX_FREE_BATCH_IN_FLIGHT=busy; \
+                     unset, it would cancel them)"
+                ),
+            ));
+        }
+        for id in in_flight {
+            backend.cancel(id, None).map_err(|e| {
+                McError::new(
                     Code::BatchBusy,
-                    format!("batch {batch:#x} cannot be freed until all its tasks are done"),
-                ));
-            }
+                    format!("batch {batch:#x} has tasks in flight and cancelling them failed: {}", e.message()),
+                )
+            })?;
         }
         self.send_deferred(&b, &*backend);
         if self.batches.lock().remove(&batch).is_none() {

@@ -435,7 +435,11 @@ pub unsafe extern "C" fn getTransferStatus(
     })
 }
 
-/// Free a batch; 4 ("batch busy") while a task is in flight.
+/// Free a batch. Tasks still in flight are cancelled first: when this
+/// returns 0, nothing reads or writes their local memory any more (data a
+/// read receives later is dropped). Mooncake instead answers 4 ("batch
+/// busy") and keeps the batch, as this does with
+/// `PDX_FREE_BATCH_IN_FLIGHT=busy` or when a cancel cannot be made sure of.
 #[no_mangle]
 pub extern "C" fn freeBatchID(engine: Engine, batch_id: BatchId) -> c_int {
     guard("freeBatchID", pos, || {

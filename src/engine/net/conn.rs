@@ -24,10 +24,79 @@ const RECV_BUF: usize = 256 * 1024;
 /// bounded.
 pub(crate) const MAX_IO_CHUNK: usize = 1 << 20;
 
+/// A connection's receive buffer, mapped from the kernel and unmapped when
+/// dropped, never on the heap. Connections come and go (a cancel discards
+/// the lanes it cut, and their inbound ends close too), and a heap buffer of
+/// this size freed in one thread's arena while another thread allocates its
+/// next one left arenas holding the difference: 10,000 transfers released
+/// in flight grew the RSS by 2 to 5 MB with a flat heap. Empty (`Default`)
+/// once given away ([`Conn::take_buffer`]).
+pub struct RecvBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value alone, like a `Box<[u8]>`.
+unsafe impl Send for RecvBuf {}
+// SAFETY: as above; shared access only reads.
+unsafe impl Sync for RecvBuf {}
+
+impl RecvBuf {
+    /// A zeroed buffer of [`RECV_BUF`] bytes (its pages are touched only
+    /// as bytes arrive). Out of memory aborts, as a heap allocation would.
+    fn mapped() -> RecvBuf {
+        // SAFETY: an anonymous private mapping; no file, no fixed address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                RECV_BUF,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        match std::ptr::NonNull::new(p.cast::<u8>()).filter(|_| p != libc::MAP_FAILED) {
+            Some(ptr) => RecvBuf { ptr, len: RECV_BUF },
+            None => std::alloc::handle_alloc_error(std::alloc::Layout::new::<[u8; RECV_BUF]>()),
+        }
+    }
+}
+
+impl Default for RecvBuf {
+    fn default() -> RecvBuf {
+        RecvBuf { ptr: std::ptr::NonNull::dangling(), len: 0 }
+    }
+}
+
+impl std::ops::Deref for RecvBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `len` bytes mapped readable and writable (or none).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for RecvBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, owned exclusively.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for RecvBuf {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: the mapping made in `mapped`, unmapped once.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        }
+    }
+}
+
 /// A connected data or handshake socket.
 pub struct Conn {
     stream: TcpStream,
-    buf: Box<[u8]>,
+    buf: RecvBuf,
     start: usize,
     end: usize,
     /// How long a receive polls before it blocks (see [`Conn::set_spin`]).
@@ -95,7 +164,7 @@ impl Conn {
         stream.set_read_timeout(Some(recv_timeout.max(Duration::from_millis(1))))?;
         Ok(Conn {
             stream,
-            buf: vec![0u8; RECV_BUF].into_boxed_slice(),
+            buf: RecvBuf::mapped(),
             start: 0,
             end: 0,
             spin: Spin::new(Duration::ZERO),
@@ -243,7 +312,7 @@ impl Conn {
 
     /// Give up the receive buffer while nothing is buffered (a parked
     /// connection holds none); `None` if bytes are buffered or it has none.
-    pub fn take_buffer(&mut self) -> Option<Box<[u8]>> {
+    pub fn take_buffer(&mut self) -> Option<RecvBuf> {
         if self.buffered() > 0 || self.buf.is_empty() {
             return None;
         }
@@ -252,9 +321,9 @@ impl Conn {
     }
 
     /// Give the connection a receive buffer again: `buf`, or a new one.
-    pub fn lend_buffer(&mut self, buf: Option<Box<[u8]>>) {
+    pub fn lend_buffer(&mut self, buf: Option<RecvBuf>) {
         if self.buf.is_empty() {
-            self.buf = buf.filter(|b| b.len() == RECV_BUF).unwrap_or_else(|| vec![0u8; RECV_BUF].into_boxed_slice());
+            self.buf = buf.filter(|b| b.len() == RECV_BUF).unwrap_or_else(RecvBuf::mapped);
             (self.start, self.end) = (0, 0);
         }
     }
