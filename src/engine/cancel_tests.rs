@@ -67,10 +67,15 @@ fn serves_on(a: &Engine, session: &str, remote: &[u8]) {
     a.notify(session, "after-cancel", "hello").expect("a notification right after a cancel");
 }
 
+/// What a cancel took, and the peer's figures right after it returned.
+pub(super) struct Cancelled {
+    pub(super) took: Duration,
+    pub(super) info: serde_json::Value,
+}
+
 /// Read `len` bytes of `region` (at `b`) into a buffer, cancel once
-/// `after` bytes moved, fill the buffer, wait, compare. Returns how long
-/// the cancel took.
-pub(super) fn cancel_read(a: &Engine, session: &str, region: &[u8], after: u64) -> Duration {
+/// `after` bytes moved, fill the buffer, wait, compare.
+pub(super) fn cancel_read(a: &Engine, session: &str, region: &[u8], after: u64) -> Cancelled {
     let len = region.len();
     let mut local = vec![0u8; len];
     let r = Request { local: local.as_mut_ptr() as usize, remote: addr(region), len };
@@ -82,6 +87,7 @@ pub(super) fn cancel_read(a: &Engine, session: &str, region: &[u8], after: u64) 
     let canceled = a.cancel(id, None).expect("cancel");
     let took = t0.elapsed();
     local.fill(FILL);
+    let info = a.peer_info(session).unwrap();
     let s = a.batch_summary(id).unwrap();
     assert_eq!((canceled, s.canceled, s.state), (1, 1, TaskState::Canceled), "{s:?}");
     assert!(a.is_batch_done(id), "a batch whose tasks are cancelled is finished");
@@ -91,12 +97,12 @@ pub(super) fn cancel_read(a: &Engine, session: &str, region: &[u8], after: u64) 
     assert_eq!(other_than(&local, FILL), 0, "late bytes in a cancelled read's buffer");
     a.batch_free(id).expect("freed");
     println!("cancelled a {len}-byte read after {} bytes in {took:?} (via {session})", s.bytes);
-    took
+    Cancelled { took, info }
 }
 
 /// Write `src` to `region` (at `b`), cancel once `after` bytes moved, fill
 /// the source, wait, and check that no byte of the fill reached `region`.
-pub(super) fn cancel_write(a: &Engine, session: &str, region: &[u8], after: u64) -> Duration {
+pub(super) fn cancel_write(a: &Engine, session: &str, region: &[u8], after: u64) -> Cancelled {
     let mut src = pattern(region.len(), 7);
     let w = Request { local: src.as_ptr() as usize, remote: addr(region), len: src.len() };
     // SAFETY: as in `cancel_read`.
@@ -106,11 +112,12 @@ pub(super) fn cancel_write(a: &Engine, session: &str, region: &[u8], after: u64)
     assert_eq!(a.cancel(id, None).expect("cancel"), 1);
     let took = t0.elapsed();
     src.fill(FILL);
+    let info = a.peer_info(session).unwrap();
     std::thread::sleep(LATE);
     assert_eq!(region.iter().filter(|&&b| b == FILL).count(), 0, "bytes read from a cancelled write's source");
     assert_eq!(a.batch_summary(id).unwrap().state, TaskState::Canceled);
     a.batch_free(id).expect("freed");
-    took
+    Cancelled { took, info }
 }
 
 impl Engine {
@@ -127,6 +134,13 @@ fn a_cancelled_read_or_write_over_tcp_touches_no_local_byte_and_the_peer_serves_
     // In flight as NIXL releases it (nothing moved yet), then mid-way.
     cancel_read(&a, b.session_id(), &region, 0);
     cancel_read(&a, b.session_id(), &region, 32 << 20);
+    // The target stopped serving them (its sends failed on the reset
+    // connections): it served far less than was asked, and nothing since.
+    let served = b.stats().served_bytes_read;
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(b.stats().served_bytes_read, served, "the target still serves a cancelled read");
+    assert!(served < 2 * region.len() as u64, "the target served {served} bytes of two cancelled reads");
+    println!("the target served {} MiB of the two cancelled 256 MiB reads", served >> 20);
     serves_on(&a, b.session_id(), &region);
     let target = vec![0u8; 256 << 20];
     b.register(addr(&target), target.len() as u64).unwrap();
@@ -289,7 +303,7 @@ fn cancel_latency_with_a_gigabyte_in_flight() {
     serves_on(&a, b.session_id(), &region);
     let mut took = Vec::new();
     for _ in 0..5 {
-        took.push(cancel_read(&a, b.session_id(), &region, 64 << 20));
+        took.push(cancel_read(&a, b.session_id(), &region, 64 << 20).took);
     }
     took.sort();
     println!("cancel with ~1 GiB in flight: median {:?}, max {:?}", took[2], took[4]);
