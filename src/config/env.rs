@@ -702,7 +702,7 @@ mod tests {
     fn nothing_else_reads_the_environment() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut files = Vec::new();
-        for dir in ["src", "mooncake-sys/src", "cuda-sys/src", "pdx-bench/src"] {
+        for dir in ["src", "mooncake-sys/src", "mooncake-c/src", "cuda-sys/src", "pdx-bench/src"] {
             if root.join(dir).is_dir() {
                 sources(&root.join(dir), &mut files);
             }

@@ -170,6 +170,6 @@ mod tests {
     #[test]
     fn the_size_field_comes_first_and_fields_are_u64() {
         assert_eq!(std::mem::offset_of!(pdx_stats, size), 0);
-        assert_eq!(std::mem::size_of::<pdx_stats>(), 8 + 29 * 8, "fields are only added at the end");
+        assert_eq!(std::mem::size_of::<pdx_stats>(), 8 + 30 * 8, "fields are only added at the end");
     }
 }

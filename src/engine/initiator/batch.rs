@@ -320,8 +320,7 @@ impl BatchRun {
     /// [`super::cancel`]), its cancelled tasks' pieces left out; `None`
     /// when none is left.
     fn enter(&self, idx: &mut Vec<usize>, link: &dyn Link) -> Option<Ticket<'_>> {
-        let reqs: Vec<Request> = idx.iter().map(|&i| self.plan.pieces[i]).collect();
-        let cutter = link.cutter(&reqs);
+        let cutter = link.cutter(idx.iter().map(|&i| self.plan.pieces[i].len).max().unwrap_or(0));
         self.windows.enter(idx, &|i| self.plan.piece_task[i], &|t| self.canceled(t), cutter)
     }
 

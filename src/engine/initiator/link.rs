@@ -63,10 +63,10 @@ pub(crate) trait Link {
         dev: &Arc<Device>,
     ) -> Option<WindowOutcome>;
 
-    /// How a cancel stops the window of `reqs` about to run on this link.
-    /// The cutter is used only while the window runs, while this link is
-    /// alive.
-    fn cutter(&self, reqs: &[Request]) -> Cutter;
+    /// How a cancel stops a window about to run on this link, whose
+    /// longest request is `longest` bytes. The cutter is used only while
+    /// the window runs, while this link is alive.
+    fn cutter(&self, longest: usize) -> Cutter;
 }
 
 /// How another thread stops a window in flight on a link so that the
@@ -94,6 +94,12 @@ pub(crate) enum Cutter {
     /// copies no more. A target that says nothing within
     /// [`Cutter::grace`] (frozen, or far behind) is cut off like a socket;
     /// a request it was copying then may still complete.
+    ///
+    /// What the link's own cancel is to provide in its place: `ask` tells
+    /// the target to stop copying for this connection; the window's thread
+    /// returns from the link only once the target answered that it copies
+    /// no more (the executor waits for that thread, so for that answer);
+    /// `force` stays the answer to a target that says nothing.
     TargetCopies(RawFd),
 }
 
@@ -201,9 +207,10 @@ impl Link for Lane {
 
     /// On the same-host link the target copies (but for inline windows of
     /// host memory); see [`Cutter`].
-    fn cutter(&self, reqs: &[Request]) -> Cutter {
+    fn cutter(&self, longest: usize) -> Cutter {
         let fd = self.conn.raw_fd();
-        if self.same_host && (self.moves_device_memory() || !samehost::window::inline(reqs)) {
+        let inline = longest < samehost::window::INLINE_BELOW;
+        if self.same_host && (self.moves_device_memory() || !inline) {
             Cutter::TargetCopies(fd)
         } else {
             Cutter::Socket(fd)
