@@ -43,7 +43,8 @@ accepted and ignored (the wheel ignores the hint too); a stale or made-up
 batch id gives ``-1`` instead of undefined behaviour; a batch that
 ``get_batch_transfer_status`` gives up on (a deadline, a failed neighbour) is
 cancelled before the call returns, so its memory is untouched afterwards (the
-wheel's keeps moving); and ``cancel_transfer`` (pdx only) cancels a batch.
+wheel's keeps moving); and the module function ``cancel_transfer(engine,
+batch_id)`` (pdx only) cancels a batch.
 """
 
 from __future__ import annotations
@@ -773,11 +774,8 @@ class TransferEngine:
                 with self._lock:
                     self._abandoned.discard(batch)
 
-    def cancel_transfer(self, batch_id: int) -> int:
-        """pdx only (the wheel has no cancel): cancel a batch still in flight and free its id.
-        0 once nothing reads or writes its local memory any more (bytes of a write already
-        sent may still land at the peer); -1 for an unknown id, or when the batch cannot be
-        cancelled (Mooncake's own library; it is then freed once it finishes)."""
+    def _cancel_transfer(self, batch_id: int) -> int:
+        """See the module's `cancel_transfer`."""
         batch = _uint(batch_id, "cancel_transfer")
         with self._lock:
             known = batch in self._batches
@@ -917,6 +915,15 @@ class TransferEngine:
                 engine.close()
             except Exception:
                 pass
+
+
+def cancel_transfer(engine: TransferEngine, batch_id: int) -> int:
+    """pdx only (the wheel has no cancel; a function of the module, so that the class keeps
+    exactly the wheel's attributes): cancel `engine`'s batch `batch_id` if it is still in
+    flight and free the id. 0 once nothing reads or writes its local memory any more (bytes
+    of a write already sent may still land at the peer); -1 for an unknown id, or when the
+    batch cannot be cancelled (Mooncake's own library; it is then freed once it finishes)."""
+    return engine._cancel_transfer(batch_id)
 
 
 # help() and typing.get_type_hints show the enum by its public name (the source says
