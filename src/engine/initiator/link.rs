@@ -93,7 +93,8 @@ pub(crate) enum Cutter {
     /// ends when its thread reads that close: the target's word that it
     /// copies no more. A target that says nothing within
     /// [`Cutter::grace`] (frozen, or far behind) is cut off like a socket;
-    /// a request it was copying then may still complete.
+    /// the requests of the window it had already taken (at most
+    /// [`super::plan::WINDOW_BYTES`]) may then still land when it runs again.
     ///
     /// What the link's own cancel is to provide in its place: `ask` tells
     /// the target to stop copying for this connection; the window's thread
