@@ -174,6 +174,9 @@ static void test_rule_errors(void) {
   /* Nothing changed: not the args, not the environment. */
   CHECK_STR(get(a, "disaggregation_transfer_backend"), "mooncake_tcp");
   CHECK(getenv("MC_FORCE_TCP") == NULL);
+  /* What SGLang logged before it raised: the alias's line, no MC_FORCE_TCP line. */
+  CHECK(pdx_args_message_count(a) == 1);
+  CHECK_STR(pdx_args_message(a, 0, NULL), INFO_LINE);
 
   CHECK_OK(pdx_args_set(a, "enable_hisparse", "false"));
   CHECK_OK(pdx_args_set(a, "disaggregation_transfer_backend", "fake"));
@@ -188,6 +191,7 @@ static void test_rule_errors(void) {
   CHECK_OK(pdx_args_set(a, "disaggregation_mode", "prefill"));
   CHECK_STATUS(pdx_normalize_args(a), PDX_ERR_ASSERTION);
   CHECK_LAST_ERROR("Prefill server does not support 'fake' as the transfer backend");
+  CHECK(pdx_args_message_count(a) == 0); /* nothing logged before this one */
 
   setenv("SGLANG_DISAGG_STAGING_BUFFER", "1", 1);
   CHECK_OK(pdx_args_set(a, "disaggregation_transfer_backend", "mori"));
@@ -254,12 +258,78 @@ static void test_rules_2026_09(void) {
                    "--disaggregation-bootstrap-port 9000 conflicts with --port 31000. Drop "
                    "--disaggregation-bootstrap-port (decode nodes and the PD router must then target the prefill "
                    "api port).");
+  CHECK(pdx_args_message_count(a) == 1); /* the DCP note, logged before the refusal */
+  CHECK_STR(pdx_args_message(a, 0, &level),
+            "DCP on a PD prefill server is supported when prefill and decode use the same DCP layout, but it "
+            "usually adds communication overhead without improving prefill performance.");
   CHECK_STR(get(a, "disaggregation_bootstrap_port"), "9000");
   /* The 2026-07 rules never read SGLANG_RUST_SERVER. */
   CHECK_OK(pdx_args_set(a, "pdx_rules", "2026-07"));
   CHECK_OK(pdx_normalize_args(a));
   CHECK_STR(get(a, "disaggregation_bootstrap_port"), "9000");
   unsetenv("SGLANG_RUST_SERVER");
+  pdx_args_free(a);
+}
+
+/* pdx_rules=2026-10 (sglang 0.5.23): the lines logged before a refusal are
+ * the messages after it, in SGLang's order; the arguments and the
+ * environment are as they were, and strings from pdx_args_get stay valid. */
+static void test_messages_before_a_refusal_2026_10(void) {
+  unsetenv("MC_FORCE_TCP");
+  unsetenv("SGLANG_DISAGG_STAGING_BUFFER");
+  unsetenv("SGLANG_RUST_SERVER");
+  const char *dcp_note = "DCP on a PD prefill server is supported when prefill and decode use the same DCP layout, "
+                         "but it usually adds communication overhead without improving prefill performance.";
+  pdx_args *a = NULL;
+  CHECK_OK(pdx_args_new(&a));
+  CHECK_OK(pdx_args_set(a, "pdx_rules", "2026-10"));
+  CHECK_OK(pdx_args_set(a, "disaggregation_mode", "prefill"));
+  CHECK_OK(pdx_args_set(a, "disaggregation_transfer_backend", "mooncake_tcp"));
+  CHECK_OK(pdx_args_set(a, "dcp_size", "2"));
+  CHECK_OK(pdx_normalize_args(a));
+  CHECK(pdx_args_message_count(a) == 3); /* pdx's MC_FORCE_TCP line, the alias, the DCP note */
+  unsetenv("MC_FORCE_TCP");
+  CHECK_OK(pdx_args_set(a, "disaggregation_transfer_backend", "mooncake_tcp"));
+  CHECK_OK(pdx_args_set(a, "disaggregation_decode_host_receive_threshold", "1.5"));
+  const char *backend = get(a, "disaggregation_transfer_backend");
+  CHECK_STATUS(pdx_normalize_args(a), PDX_ERR_VALUE_ERROR);
+  CHECK_LAST_ERROR("--disaggregation-decode-host-receive-threshold must be between 0 and 1");
+  CHECK(pdx_args_message_count(a) == 2);
+  int32_t level = -1;
+  CHECK_STR(pdx_args_message(a, 0, &level), INFO_LINE);
+  CHECK(level == PDX_LOG_INFO);
+  CHECK_STR(pdx_args_message(a, 1, &level), dcp_note);
+  CHECK(level == PDX_LOG_WARNING);
+  CHECK(pdx_args_message(a, 2, NULL) == NULL);
+  CHECK(getenv("MC_FORCE_TCP") == NULL);
+  CHECK_STR(backend, "mooncake_tcp"); /* still valid: the arguments did not change */
+
+  /* The prefill's fake assertion after the DCP note. */
+  CHECK_OK(pdx_args_set(a, "disaggregation_decode_host_receive_threshold", "1.0"));
+  CHECK_OK(pdx_args_set(a, "disaggregation_transfer_backend", "fake"));
+  CHECK_STATUS(pdx_normalize_args(a), PDX_ERR_ASSERTION);
+  CHECK(pdx_args_message_count(a) == 1);
+  CHECK_STR(pdx_args_message(a, 0, NULL), dcp_note);
+
+  /* A decode server's radix line, then the staging refusal. */
+  setenv("SGLANG_DISAGG_STAGING_BUFFER", "1", 1);
+  CHECK_OK(pdx_args_set(a, "disaggregation_mode", "decode"));
+  CHECK_OK(pdx_args_set(a, "disaggregation_transfer_backend", "mori"));
+  CHECK_STATUS(pdx_normalize_args(a), PDX_ERR_VALUE_ERROR);
+  CHECK_LAST_ERROR("SGLANG_DISAGG_STAGING_BUFFER requires disaggregation_transfer_backend='mooncake' "
+                   "or 'nixl', got 'mori'.");
+  CHECK(pdx_args_message_count(a) == 1);
+  CHECK_STR(pdx_args_message(a, 0, &level), "Radix cache is disabled for decode server");
+  CHECK(level == PDX_LOG_WARNING);
+  unsetenv("SGLANG_DISAGG_STAGING_BUFFER");
+
+  /* A bad handle changes nothing; a later success replaces the lines. */
+  CHECK_STATUS(pdx_normalize_args(NULL), PDX_ERR_NULL_ARGUMENT);
+  CHECK(pdx_args_message_count(a) == 1);
+  CHECK_OK(pdx_normalize_args(a));
+  CHECK(pdx_args_message_count(a) == 1);
+  CHECK_STR(pdx_args_message(a, 0, NULL), "Radix cache is disabled for decode server");
+  CHECK_STR(get(a, "disable_radix_cache"), "true");
   pdx_args_free(a);
 }
 
@@ -271,5 +341,6 @@ int main(void) {
   test_rule_errors();
   test_extra_slots_2026_07();
   test_rules_2026_09();
+  test_messages_before_a_refusal_2026_10();
   return pdx_test_finish("test_args");
 }

@@ -499,6 +499,37 @@ static void test_layerwise(pair *p, int hang_double) {
   CHECK_OK(pdx_batch_free(p->a, id2));
   CHECK(drain_count(p->b, "kv_done", "room-7") == 0);
 
+  /* A notification as bytes (msgpack with a NUL and bytes that are not
+   * UTF-8) arrives whole after its layers. */
+  static const unsigned char packed[] = {0x82, 0xa4, 'r', 'o', 'o', 'm', 0x00, 0xa1, 0x8b, 0xff};
+  pdx_notify_bytes note = {(const uint8_t *)"kv_done", 7, packed, sizeof packed};
+  uint64_t id3 = 7;
+  if (hang_double) {
+    /* Mooncake's C API takes C strings: a NUL is refused before anything starts. */
+    CHECK_STATUS(pdx_kv_submit_notify_bytes(p->a, p->session_b, plan, 0, 2 * LAYERS, PDX_OPCODE_WRITE, NULL, &note,
+                                            &id3),
+                 PDX_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(pdx_last_error_message(), "NUL byte") != NULL && id3 == 7);
+    note.msg_len = 6; /* the bytes before it, still not UTF-8 */
+  }
+  CHECK_OK(pdx_kv_submit_notify_bytes(p->a, p->session_b, plan, 0, 2 * LAYERS, PDX_OPCODE_WRITE, NULL, &note, &id3));
+  int32_t nst = -1;
+  CHECK_OK(pdx_kv_notify_wait(p->a, id3, WAIT_MS, &nst));
+  CHECK(nst == PDX_OK);
+  CHECK_OK(pdx_batch_free(p->a, id3));
+  pdx_notifications *list = NULL;
+  size_t whole = 0;
+  for (double until = now_s() + 10; whole == 0 && now_s() < until; sleep_ms(5)) {
+    CHECK_OK(pdx_notifications_drain(p->b, &list));
+    for (size_t i = 0; i < pdx_notifications_count(list); i++) {
+      pdx_notify_bytes got;
+      CHECK_OK(pdx_notification_get_bytes(list, i, &got));
+      whole += got.msg_len == note.msg_len && memcmp(got.msg, packed, note.msg_len) == 0;
+    }
+    pdx_notifications_free(list);
+  }
+  CHECK(whole == 1);
+
   /* A failed layer holds the notification back for good. */
   pdx_kv_buffer bad_r[2] = {r.buf[0], r.buf[1]};
   static unsigned char unregistered[1 << 12];

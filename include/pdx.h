@@ -201,6 +201,20 @@ typedef struct pdx_transport_choice pdx_transport_choice;
 typedef int32_t pdx_status;
 
 /**
+ * A notification's name and message as bytes: any bytes, NUL and bytes
+ * that are not UTF-8 included (the `*_bytes` calls take and give it).
+ * `name` may be NULL only when `name_len` is 0, `msg` only when `msg_len`
+ * is 0. Passed in, it is read during the call only; filled by
+ * `pdx_notification_get_bytes`, its pointers are owned by the list.
+ */
+typedef struct {
+  const uint8_t *name;
+  size_t name_len;
+  const uint8_t *msg;
+  size_t msg_len;
+} pdx_notify_bytes;
+
+/**
  * Summary of an asynchronous batch, filled by `pdx_batch_status`.
  */
 typedef struct {
@@ -727,13 +741,18 @@ pdx_status pdx_args_parse_argv(pdx_args *args, int argc, const char *const *argv
  * / `pdx_args_message`. Strings from `pdx_args_get` and earlier messages
  * of this object become invalid.
  *
- * On failure nothing changes (arguments, messages, environment) and the
+ * On failure the arguments and the environment do not change, and the
  * exact SGLang message is in `pdx_last_error_message()`:
  * `PDX_ERR_VALUE_ERROR` where SGLang raises `ValueError`,
  * `PDX_ERR_ASSERTION` where it fails an `assert`; also
- * `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
+ * `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`. Where SGLang refuses,
+ * the messages become the lines SGLang logs before raising (its texts, its
+ * order, logged here too; none where it logs none): e.g. the `mooncake_tcp`
+ * rewrite's line before a staging-buffer refusal. Earlier messages of this
+ * object become invalid; strings from `pdx_args_get` stay valid.
  *
- * Environment write: when the `mooncake_tcp` alias applies, and only then,
+ * Environment write: when the `mooncake_tcp` alias applies and every rule
+ * passes, and only then,
  * this call sets `MC_FORCE_TCP=1` in the process environment if the
  * variable is absent (an existing value, even `0` or empty, is kept). The
  * write happens under a lock that pdx's own environment reads share, but
@@ -744,19 +763,21 @@ pdx_status pdx_args_parse_argv(pdx_args *args, int argc, const char *const *argv
 pdx_status pdx_normalize_args(pdx_args *args);
 
 /**
- * Number of messages kept by the last successful `pdx_normalize_args` on
- * `args` (0 before any). Returns 0 for NULL or a stale handle (the error
- * is recorded for `pdx_last_error_message`).
+ * Number of messages kept by the last `pdx_normalize_args` on `args` that
+ * succeeded or that SGLang's rules refused (then: the lines logged before
+ * the refusal); 0 before any. Returns 0 for NULL or a stale handle (the
+ * error is recorded for `pdx_last_error_message`).
  */
 size_t pdx_args_message_count(const pdx_args *args);
 
 /**
- * Message `i` (0-based, in emission order) of the last successful
- * normalization, and its level (`PDX_LOG_INFO` or `PDX_LOG_WARNING`) in
- * `*level` when `level` is not NULL.
+ * Message `i` (0-based, in emission order) of the last normalization (as
+ * `pdx_args_message_count` counts them), and its level (`PDX_LOG_INFO` or
+ * `PDX_LOG_WARNING`) in `*level` when `level` is not NULL.
  *
- * The text is owned by `args` and valid until the next successful
- * `pdx_normalize_args` on it or `pdx_args_free`. Returns NULL (and leaves
+ * The text is owned by `args` and valid until the next
+ * `pdx_normalize_args` on it that succeeds or is refused by SGLang's
+ * rules, or `pdx_args_free`. Returns NULL (and leaves
  * `*level` untouched) on error: stale handle, or `i` out of range
  * (`PDX_ERR_INDEX_OUT_OF_RANGE` in the recorded error).
  *
@@ -1094,9 +1115,13 @@ pdx_status pdx_batch_transfer_sync_read(pdx_engine *engine,
  * (never 0) to `*out_batch`. `opcode` is `PDX_OPCODE_READ` or
  * `PDX_OPCODE_WRITE`. With `notify_name` and `notify_msg` both non-NULL, a
  * notification is sent to the peer after every entry completed (both NULL:
- * none). Local memory must stay valid until the batch is finished. Poll
- * with `pdx_batch_status` / `pdx_task_status`, wait with `pdx_batch_wait`,
- * release with `pdx_batch_free`.
+ * none); their bytes up to the NUL are sent as they are, UTF-8 or not
+ * (`pdx_batch_submit_notify_bytes` takes any bytes). A notification whose
+ * handshake frame would be over the peer's limit (`MC_HANDSHAKE_MAX_LENGTH`,
+ * 1 MiB by default) is refused (`PDX_ERR_INVALID_ARGUMENT`) before
+ * anything starts. Local memory must stay valid until the batch is
+ * finished. Poll with `pdx_batch_status` / `pdx_task_status`, wait with
+ * `pdx_batch_wait`, release with `pdx_batch_free`.
  *
  * # Safety
  * The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
@@ -1117,6 +1142,26 @@ pdx_status pdx_batch_submit(pdx_engine *engine,
                             const char *notify_name,
                             const char *notify_msg,
                             uint64_t *out_batch);
+
+/**
+ * `pdx_batch_submit` with the notification as bytes: `notify` NULL for
+ * none, else its name and message, any bytes (NUL and bytes that are not
+ * UTF-8 included), delivered intact to a pdx peer (what a Mooncake peer
+ * receives: docs/wire.md).
+ *
+ * # Safety
+ * As `pdx_batch_submit`; `notify` is NULL or points to a readable `pdx_notify_bytes` whose
+ * `name` and `msg` are readable for `name_len` and `msg_len` bytes.
+ */
+pdx_status pdx_batch_submit_notify_bytes(pdx_engine *engine,
+                                         const char *session,
+                                         int32_t opcode,
+                                         void *const *locals,
+                                         const uint64_t *remotes,
+                                         const size_t *lens,
+                                         size_t n,
+                                         const pdx_notify_bytes *notify,
+                                         uint64_t *out_batch);
 
 /**
  * Fill `*out` with the batch's summary (state, counts, bytes). A stale,
@@ -1271,8 +1316,13 @@ pdx_status pdx_send_probe(pdx_engine *engine, const char *session);
 pdx_status pdx_first_buffer_address(pdx_engine *engine, const char *segment, uint64_t *out_addr);
 
 /**
- * Send the notification (`name`, `msg`) to `session`, as Mooncake's notify.
- * `PDX_ERR_NOTIFY_REJECTED` if the peer refused it.
+ * Send the notification (`name`, `msg`) to `session`, as Mooncake's notify:
+ * the bytes of each string up to its NUL, UTF-8 or not
+ * (`pdx_send_notify_bytes` takes any bytes). `PDX_ERR_NOTIFY_REJECTED` if
+ * the peer refused it; `PDX_ERR_INVALID_ARGUMENT`, before sending, when
+ * its handshake frame would be over the peer's limit
+ * (`MC_HANDSHAKE_MAX_LENGTH`, 1 MiB by default, which a peer enforces by
+ * closing the connection).
  *
  * # Safety
  * The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
@@ -1283,6 +1333,20 @@ pdx_status pdx_send_notify(pdx_engine *engine,
                            const char *session,
                            const char *name,
                            const char *msg);
+
+/**
+ * `pdx_send_notify` with the notification as bytes (any bytes, NUL and
+ * bytes that are not UTF-8 included; intact to a pdx peer, to a Mooncake
+ * peer as docs/wire.md says). `notify` must not be NULL.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+ * string; `notify` is NULL or points to a readable `pdx_notify_bytes` whose `name` and `msg` are
+ * readable for `name_len` and `msg_len` bytes. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_send_notify_bytes(pdx_engine *engine,
+                                 const char *session,
+                                 const pdx_notify_bytes *notify);
 
 /**
  * Take every notification received so far (oldest first) into a new list
@@ -1300,8 +1364,11 @@ pdx_status pdx_notifications_drain(pdx_engine *engine, pdx_notifications **out);
 size_t pdx_notifications_count(const pdx_notifications *list);
 
 /**
- * Entry `i` of the list: `*name` and `*msg` point to strings owned by the
- * list, valid until `pdx_notifications_free`. Either out-param may be NULL.
+ * Entry `i` of the list as C strings: `*name` and `*msg` point to strings
+ * owned by the list, valid until `pdx_notifications_free`. Either
+ * out-param may be NULL. The bytes arrive as the peer sent them, UTF-8 or
+ * not, except a NUL byte, which reads as the six characters `\u0000`
+ * here (`pdx_notification_get_bytes` gives the bytes exactly).
  *
  * # Safety
  * The caller guarantees, for the duration of the call: `name` is NULL or valid for writing one
@@ -1312,6 +1379,19 @@ pdx_status pdx_notification_get(const pdx_notifications *list,
                                 size_t i,
                                 const char **name,
                                 const char **msg);
+
+/**
+ * Entry `i` of the list as bytes, exactly as they arrived: `*out`'s
+ * pointers are owned by the list, valid until `pdx_notifications_free`
+ * (a pointer to an empty name or message is not NULL).
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `out` is NULL or valid for writing one
+ * `pdx_notify_bytes`. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_notification_get_bytes(const pdx_notifications *list,
+                                      size_t i,
+                                      pdx_notify_bytes *out);
 
 /**
  * Release a notification list; NULL is ignored.
@@ -1621,6 +1701,25 @@ pdx_status pdx_kv_submit(pdx_engine *engine,
                          const char *notify_name,
                          const char *notify_msg,
                          uint64_t *out_batch);
+
+/**
+ * `pdx_kv_submit` with the notification as bytes: `notify` NULL for none,
+ * else its name and message, any bytes (NUL and bytes that are not UTF-8
+ * included).
+ *
+ * # Safety
+ * As `pdx_kv_submit`; `notify` is NULL or points to a readable `pdx_notify_bytes` whose `name`
+ * and `msg` are readable for `name_len` and `msg_len` bytes.
+ */
+pdx_status pdx_kv_submit_notify_bytes(pdx_engine *engine,
+                                      const char *session,
+                                      const pdx_kv_plan *plan,
+                                      size_t first_buffer,
+                                      size_t end_buffer,
+                                      int32_t opcode,
+                                      const void *wait_event,
+                                      const pdx_notify_bytes *notify,
+                                      uint64_t *out_batch);
 
 /**
  * Move every buffer of `plan` to (`PDX_OPCODE_WRITE`) or from

@@ -11,8 +11,14 @@
 # runs without LD_LIBRARY_PATH. readelf checks the SONAME, what each program
 # records as NEEDED, and its run path. Nothing may be written into the copy.
 # cargo's target directory is the checkout's (CARGO_TARGET_DIR, else target/),
-# passed as PDX_CARGO_TARGET_DIR: after the checkout's own build, cargo has
-# nothing to compile.
+# passed as PDX_CARGO_TARGET_DIR. The script runs `cargo build --release` (the
+# README's build) first, and fails if the CMake build's cargo step then
+# compiles anything: CMake must reuse what cargo built (same packages, same
+# features), not rebuild libpdx.
+# Mooncake's C API: the installed transfer_engine.pc sits beside
+# libtransfer_engine.so in <libdir>/pdx/mooncake (never in <libdir>/pkgconfig),
+# and the example of docs/mooncake-c-api.md (c_tests/consumers/mooncake_c_api.c,
+# shown there whole) is built with the compile line the document gives.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -41,9 +47,16 @@ done | tar --null --no-recursion -T - -cf - | tar -xf - -C "$src"
 [ -f "$src/CMakeLists.txt" ] && [ ! -e "$src/target" ] && [ ! -e "$src/build" ] || fail "the copy is not a clean tree"
 listing "$src" >"$tmp/src.before"
 build=$tmp/build
+# The README's `cargo build --release`, in the copy (it writes only into the target directory).
+quiet cargo build --release --manifest-path "$src/Cargo.toml" --target-dir "$cargo_target"
 quiet cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPDX_BUILD_TESTS=OFF \
   -DPDX_CARGO_TARGET_DIR="$cargo_target"
+start=$SECONDS
 quiet cmake --build "$build" -j 2
+if grep -E '^ *Compiling ' "$tmp/log" >&2; then
+  fail "CMake's cargo step compiled the crates above right after cargo build --release (it must select the same packages)"
+fi
+echo "ok: after cargo build --release, the CMake build compiled nothing ($((SECONDS - start)) s)"
 soname=$(readelf -d "$build/pdx-lib/libpdx.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 
 echo "== install to a fresh prefix"
@@ -78,10 +91,30 @@ mchdr=$(pkg-config --variable=includedir pdx)/mooncake
 [ ! -e "$libdir/libtransfer_engine.so" ] || fail "libtransfer_engine.so shadows Mooncake's in $libdir"
 got=$(readelf -d "$mcdir/libtransfer_engine.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 [ "$got" = libtransfer_engine.so ] || fail "libtransfer_engine.so has SONAME '$got'"
-exe=$tmp/c_mooncake
-"$cc" "${cflags[@]}" "$src/c_tests/consumers/mooncake_c_api.c" -o "$exe" -I"$mchdr" -L"$mcdir" -ltransfer_engine \
-  -Wl,-rpath,"$mcdir"
-needed "$exe" | grep -qx libtransfer_engine.so || fail "c_mooncake does not record NEEDED libtransfer_engine.so"
+mcpc=$mcdir/pkgconfig/transfer_engine.pc
+[ -f "$mcpc" ] || fail "no transfer_engine.pc in $mcdir/pkgconfig"
+[ "$(find "$prefix" -name transfer_engine.pc)" = "$mcpc" ] || fail "transfer_engine.pc installed elsewhere too"
+# The example and its compile line, as docs/mooncake-c-api.md shows them.
+example=$src/c_tests/consumers/mooncake_c_api.c
+doc=$src/docs/mooncake-c-api.md
+python3 - "$doc" "$example" <<'PY' || fail "docs/mooncake-c-api.md does not show $(basename "$example") whole"
+import sys
+doc, example = (open(p).read() for p in sys.argv[1:])
+sys.exit(0 if f"```c\n{example}```\n" in doc else 1)
+PY
+compile='cc mooncake_c_api.c -o mooncake_c_api $(pkg-config --cflags --libs transfer_engine) -Wl,-rpath,$(pkg-config --variable=libdir transfer_engine)'
+grep -qF -- "$compile" "$doc" || fail "docs/mooncake-c-api.md lacks the compile line: $compile"
+exe=$tmp/mooncake_c_api
+(
+  export PKG_CONFIG_PATH=$mcdir/pkgconfig
+  [ "$(pkg-config --variable=libdir transfer_engine)" = "$mcdir" ] || fail "transfer_engine.pc names another libdir"
+  cflags_te=$(pkg-config --cflags transfer_engine | xargs)
+  [ "$cflags_te" = "-I$mchdr" ] || fail "transfer_engine.pc: cflags $cflags_te"
+  cd "$tmp" && cp "$example" . && eval "${compile/#cc /$cc ${cflags[*]} }"
+)
+needed "$exe" | grep -qx libtransfer_engine.so || fail "mooncake_c_api does not record NEEDED libtransfer_engine.so"
+[ "$(runpath "$exe")" = "$mcdir" ] || fail "mooncake_c_api run path is '$(runpath "$exe")'"
+needed "$exe" | grep -q libpdx && fail "mooncake_c_api needs libpdx too"
 RUST_LOG=off "$exe"
 
 echo "== C, pkg-config --static, static-only prefix"

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use pdx::engine::settings::Settings;
 use pdx::engine::Engine;
-use pdx::transfer::TransferBackend;
+use pdx::transfer::{Notification, TransferBackend};
 use pdx::ErrorKind;
 
 fn rss_bytes() -> u64 {
@@ -26,7 +26,7 @@ fn four_thousand_one_mib_notifications_stay_within_the_budget() {
     let started = Instant::now();
     let (mut accepted, mut refused, mut peak) = (0usize, 0usize, before);
     for i in 0..4096 {
-        match sender.notify(receiver.session_id(), "kv", &msg) {
+        match sender.notify(receiver.session_id(), &Notification::new("kv", msg.as_str())) {
             Ok(()) => accepted += 1,
             Err(e) => {
                 assert_eq!(e.kind(), ErrorKind::NotifyRejected, "notification {i}: {e}");
@@ -46,11 +46,11 @@ fn four_thousand_one_mib_notifications_stay_within_the_budget() {
         peak >> 20
     );
     assert_eq!(drained.len(), accepted, "accepted == drained");
-    assert!(drained.iter().all(|(n, m)| n == "kv" && m.len() == msg.len()));
+    assert!(drained.iter().all(|n| n.name == b"kv" && n.msg.len() == msg.len()));
     assert!((1..=8).contains(&accepted), "the default budget is 8 MiB: {accepted} accepted");
     assert_eq!(accepted + refused, 4096);
     assert!(peak < 256 << 20, "peak RSS {} MiB", peak >> 20);
     // The budget is free again once drained.
-    sender.notify(receiver.session_id(), "kv", &msg).unwrap();
+    sender.notify(receiver.session_id(), &Notification::new("kv", msg.as_str())).unwrap();
     assert_eq!(receiver.drain_notifications().len(), 1);
 }

@@ -1,9 +1,9 @@
 //! A handshake frame as a peer sends it: length prefix, type, JSON body, and
-//! the descriptor parser on the body.
+//! the descriptor and notification parsers on the body.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pdx::engine::{descriptor, wire};
+use pdx::engine::{descriptor, notify, wire};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 8 {
@@ -14,6 +14,7 @@ fuzz_target!(|data: &[u8]| {
         let body = &data[8..data.len().min(8 + n)];
         let (_, json) = wire::split_frame_body(body);
         let _ = descriptor::parse_descriptor(json, "peer:1", "peer");
+        let _ = notify::decode(json);
     }
     let _ = descriptor::parse_descriptor(data, "peer:1", "peer");
 });

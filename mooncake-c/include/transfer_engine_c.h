@@ -16,7 +16,8 @@
  *   it negated (-1 invalid argument, -3 address not registered, -102
  *   socket, ...). createTransferEngine and installTransport return NULL,
  *   allocateBatchID INVALID_BATCH. Every failure is logged and its reason is
- *   left in pdx_last_error_message() (per thread).
+ *   left in pdx_last_error_message() (per thread; see there for how long
+ *   the text lives).
  * - A NULL, destroyed or made-up engine, batch or segment is an error, never
  *   a crash.
  */
@@ -55,7 +56,11 @@ struct transfer_request {
 };
 typedef struct transfer_request transfer_request_t;
 
-/* A notification: who sent it and what it says (16 bytes). */
+/* A notification: who sent it and what it says (16 bytes). Each string is
+ * bytes up to its NUL, UTF-8 or not: sent as they are, they reach a pdx
+ * peer intact and a Mooncake peer's queue intact (what Mooncake does to
+ * bytes it sends: docs/mooncake-c-api.md). Bytes after a NUL cannot pass
+ * this API. */
 struct notify_msg {
     char *name;
     char *msg;
@@ -132,8 +137,14 @@ int getLocalIpAndPort(transfer_engine_t engine, char *buf_out, size_t buf_len);
 
 /* "tcp": pdx's native engine. Another protocol runs on Mooncake's own
  * library, named by its path in PDX_MOONCAKE_LIB, or fails saying so. One
- * transport per engine. args is not used. NULL on failure. */
+ * transport per engine. args is not used. NULL on failure. The memory the
+ * engine registered is served by the new transport at once. */
 transport_t installTransport(transfer_engine_t engine, const char *proto, void **args);
+/* Stop the transport; 0. Batches keep their tasks' states (a task still in
+ * flight reads STATUS_FAILED) and their ids, which no later transport
+ * reuses; registered memory stays registered for the next transport
+ * (registering such a region again, same address and length, returns 0
+ * where Mooncake returns -7). */
 int uninstallTransport(transfer_engine_t engine, const char *proto);
 
 /* ----------------------------------------------------------- segments */
@@ -159,6 +170,8 @@ void destroyTransferEngine(transfer_engine_t engine);
  * the source of requests. location: "*" (find out), "cpu:N", "cuda:N". */
 int registerLocalMemory(transfer_engine_t engine, void *addr, size_t length, const char *location,
                         int remote_accessible);
+/* 0; -3 (address not registered) when no region this engine registered
+ * starts at addr. */
 int unregisterLocalMemory(transfer_engine_t engine, void *addr);
 /* All or none. */
 int registerLocalMemoryBatch(transfer_engine_t engine, buffer_entry_t *buffer_list, size_t buffer_len,
@@ -176,17 +189,23 @@ batch_id_t allocateBatchID(transfer_engine_t engine, size_t batch_size);
 int submitTransfer(transfer_engine_t engine, batch_id_t batch_id, struct transfer_request *entries, size_t count);
 
 /* submitTransfer, and once the whole batch has completed one notification
- * {name, msg} reaches the target of the first entry. */
+ * {name, msg} reaches the target of the first entry. A notification whose
+ * handshake frame would be over the peer's limit (MC_HANDSHAKE_MAX_LENGTH,
+ * 1 MiB by default, which a peer enforces by closing the connection) is
+ * refused with 1 before anything starts, saying so. */
 int submitTransferWithNotify(transfer_engine_t engine, batch_id_t batch_id, struct transfer_request *entries,
                              size_t count, notify_msg_t notify_msg);
 
 /* Drain the notifications received: a malloc'ed array of *size entries with
- * malloc'ed strings, or NULL when there is none. Release with
+ * malloc'ed strings (the bytes as they arrived, cut at the first NUL, as
+ * Mooncake's are), or NULL when there is none. Release with
  * freeNotifsMsgBuf. */
 notify_msg_t *getNotifsFromEngine(transfer_engine_t engine, int *size);
 int freeNotifsMsgBuf(notify_msg_t *msg, int size);
 
-/* A notification with no transfer, to an opened segment id; 0. */
+/* A notification with no transfer, to an opened segment id; 0. -1, before
+ * sending, when its frame would be over the peer's limit (as for
+ * submitTransferWithNotify). */
 int genNotifyInEngine(transfer_engine_t engine, uint64_t target_id, notify_msg_t notify_msg);
 
 /* Task task_id's state; *status is written only when 0 is returned. */
@@ -225,7 +244,15 @@ int showLinks(transfer_engine_t engine, char *buf_out, size_t buf_len, int json)
 
 /* -------------------------------------------------------- pdx's extra */
 
-/* Why the last failing call on this thread failed; never NULL ("" when none). */
+/* Why the last failing call on this thread failed; never NULL ("" when
+ * none). The text belongs to the library and stays valid, unchanged, until
+ * the next call on the same thread that records a reason: any call that
+ * fails, and also getTransferStatus when it reports STATUS_FAILED (it
+ * returns 0, and the failed task's reason replaces the text). Then, or
+ * when the thread ends, the pointer is no longer valid. Other calls that
+ * succeed leave the text as it is, so it may describe an older failure:
+ * read it right after the call that failed, and copy it to keep it.
+ * Another thread's calls never change it. */
 const char *pdx_last_error_message(void);
 
 #ifdef __cplusplus

@@ -7,6 +7,10 @@
 //! opcode) group, and the Mooncake batch keeps, for every task id, which pdx
 //! batch and which entry of it carries the task.
 
+use std::collections::BTreeMap;
+
+use pdx::transfer::{Notification, TaskState};
+
 /// Where one task of a Mooncake batch runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Slot {
@@ -14,6 +18,24 @@ pub enum Slot {
     Running { sub: usize, index: usize },
     /// Its pdx batch could not be started: the task is failed.
     NotStarted,
+    /// Its transport was uninstalled: the state it had then, kept here
+    /// (the pdx batch went with that transport's engine).
+    Settled { state: TaskState, bytes: u64 },
+}
+
+/// Where a task stands, as [`McBatch::task`] tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// Entry `index` of the pdx batch `id` of the installed transport.
+    Running {
+        id: u64,
+        index: usize,
+    },
+    NotStarted,
+    Settled {
+        state: TaskState,
+        bytes: u64,
+    },
 }
 
 /// A notification this layer sends itself once every task of the batch has
@@ -21,24 +43,25 @@ pub enum Slot {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Deferred {
     pub session: String,
-    pub name: String,
-    pub msg: String,
+    pub note: Notification,
 }
 
 /// One Mooncake batch.
 #[derive(Debug)]
 pub struct McBatch {
     capacity: usize,
-    /// The pdx batches started for it, in order.
+    /// The pdx batches started for it on the installed transport, in order.
     subs: Vec<u64>,
     tasks: Vec<Slot>,
+    /// Why each settled task that failed failed.
+    settled_failures: BTreeMap<usize, String>,
     /// The notification still to send, if this layer sends it.
     pub deferred: Option<Deferred>,
 }
 
 impl McBatch {
     pub fn new(capacity: usize) -> McBatch {
-        McBatch { capacity, subs: Vec::new(), tasks: Vec::new(), deferred: None }
+        McBatch { capacity, subs: Vec::new(), tasks: Vec::new(), settled_failures: BTreeMap::new(), deferred: None }
     }
 
     /// Tasks submitted so far.
@@ -60,19 +83,47 @@ impl McBatch {
         &self.subs
     }
 
-    /// Where task `task` runs: `(pdx batch id, entry)`, or `None` when it
-    /// never started; `Err` when there is no such task.
-    pub fn task(&self, task: usize) -> Result<Option<(u64, usize)>, usize> {
+    /// Where task `task` stands; `Err` (the number of tasks) when there is
+    /// no such task.
+    pub fn task(&self, task: usize) -> Result<Place, usize> {
         match self.tasks.get(task) {
-            Some(Slot::Running { sub, index }) => Ok(Some((self.subs[*sub], *index))),
-            Some(Slot::NotStarted) => Ok(None),
+            Some(Slot::Running { sub, index }) => Ok(Place::Running { id: self.subs[*sub], index: *index }),
+            Some(Slot::NotStarted) => Ok(Place::NotStarted),
+            Some(Slot::Settled { state, bytes }) => Ok(Place::Settled { state: *state, bytes: *bytes }),
             None => Err(self.tasks.len()),
         }
+    }
+
+    /// Why a settled task failed.
+    pub fn settled_failure(&self, task: usize) -> Option<&str> {
+        self.settled_failures.get(&task).map(String::as_str)
     }
 
     /// Whether a task never started.
     pub fn has_unstarted(&self) -> bool {
         self.tasks.contains(&Slot::NotStarted)
+    }
+
+    /// Whether every settled task completed (true when none is settled).
+    pub fn settled_all_completed(&self) -> bool {
+        self.tasks.iter().all(|t| !matches!(t, Slot::Settled { state, .. } if *state != TaskState::Completed))
+    }
+
+    /// The transport the batch ran on is going: keep each running task's
+    /// state as `outcome(pdx batch id, entry)` gives it (with the reason of
+    /// a failure) and forget the pdx batches, so that no id of the old
+    /// transport is ever asked of the next one. Later submits start afresh.
+    pub fn settle(&mut self, mut outcome: impl FnMut(u64, usize) -> (TaskState, u64, Option<String>)) {
+        for (task, slot) in self.tasks.iter_mut().enumerate() {
+            if let Slot::Running { sub, index } = *slot {
+                let (state, bytes, why) = outcome(self.subs[sub], index);
+                *slot = Slot::Settled { state, bytes };
+                if let (TaskState::Failed, Some(why)) = (state, why) {
+                    self.settled_failures.insert(task, why);
+                }
+            }
+        }
+        self.subs.clear();
     }
 
     /// Open a submit of `n` entries: their task ids follow the batch's
@@ -122,17 +173,45 @@ mod tests {
         // Entries 0 and 2 go to one peer, entry 1 to another.
         b.started(base, 100, &[0, 2]);
         b.started(base, 101, &[1]);
-        assert_eq!(b.task(0), Ok(Some((100, 0))));
-        assert_eq!(b.task(1), Ok(Some((101, 0))));
-        assert_eq!(b.task(2), Ok(Some((100, 1))));
+        let running = |id, index| Ok(Place::Running { id, index });
+        assert_eq!(b.task(0), running(100, 0));
+        assert_eq!(b.task(1), running(101, 0));
+        assert_eq!(b.task(2), running(100, 1));
         let base = b.open_submit(2);
         assert_eq!(base, 3);
         b.started(base, 102, &[1]);
-        assert_eq!(b.task(3), Ok(None), "entry 0 of the second submit never started");
-        assert_eq!(b.task(4), Ok(Some((102, 0))));
+        assert_eq!(b.task(3), Ok(Place::NotStarted), "entry 0 of the second submit never started");
+        assert_eq!(b.task(4), running(102, 0));
         assert_eq!(b.task(5), Err(5));
         assert!(b.has_unstarted());
         assert_eq!((b.len(), b.room(), b.subs()), (5, 3, &[100, 101, 102][..]));
+    }
+
+    #[test]
+    fn settled_tasks_keep_their_state_and_new_submits_start_afresh() {
+        let mut b = McBatch::new(8);
+        let base = b.open_submit(3);
+        b.started(base, 7, &[0, 1, 2]);
+        assert!(b.settled_all_completed());
+        b.settle(|id, index| {
+            assert_eq!(id, 7);
+            match index {
+                1 => (TaskState::Failed, 0, Some("peer gone".into())),
+                _ => (TaskState::Completed, 64, None),
+            }
+        });
+        assert!(b.subs().is_empty(), "no id of the old transport is kept");
+        assert_eq!(b.task(0), Ok(Place::Settled { state: TaskState::Completed, bytes: 64 }));
+        assert_eq!(b.task(1), Ok(Place::Settled { state: TaskState::Failed, bytes: 0 }));
+        assert_eq!((b.settled_failure(1), b.settled_failure(0)), (Some("peer gone"), None));
+        assert!(!b.settled_all_completed());
+        // The next transport numbers its batches from 1 again: a new submit
+        // of this batch is found by its own id, never confused with the old.
+        let base = b.open_submit(1);
+        b.started(base, 7, &[0]);
+        assert_eq!(b.task(3), Ok(Place::Running { id: 7, index: 0 }));
+        assert_eq!(b.task(0), Ok(Place::Settled { state: TaskState::Completed, bytes: 64 }));
+        assert_eq!(b.subs(), &[7]);
     }
 
     #[test]

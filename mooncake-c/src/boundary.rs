@@ -60,6 +60,19 @@ pub unsafe fn c_str<'a>(ptr: *const c_char, what: &str) -> McResult<&'a str> {
     unsafe { CStr::from_ptr(ptr) }.to_str().map_err(|_| McError::invalid(format!("{what} is not valid UTF-8")))
 }
 
+/// A required C string argument as bytes: any bytes up to its NUL, UTF-8
+/// or not (a notification's name and message), read during the call only.
+///
+/// # Safety
+/// `ptr` is NULL or points to a NUL-terminated string valid for `'a`.
+pub unsafe fn c_bytes<'a>(ptr: *const c_char, what: &str) -> McResult<&'a [u8]> {
+    if ptr.is_null() {
+        return Err(McError::invalid(format!("{what} is NULL")));
+    }
+    // SAFETY: non-NULL, and NUL-terminated by the caller's contract.
+    Ok(unsafe { CStr::from_ptr(ptr) }.to_bytes())
+}
+
 /// A C array of `len` elements; `len == 0` is empty whatever the pointer.
 ///
 /// # Safety

@@ -18,12 +18,13 @@ use parking_lot::{Mutex, RwLock};
 use pdx::config::engine_options::EngineOptions;
 use pdx::config::env::{self, vars, Env, ProcessEnv};
 use pdx::transfer::location::Requested;
-use pdx::transfer::regions::RegionMap;
-use pdx::transfer::{Direction, Request, TaskState, TransferBackend};
+use pdx::transfer::notification::shown;
+use pdx::transfer::{Direction, Notification, Request, TaskState, TransferBackend};
 use pdx::ErrorKind;
 
-use crate::batches::{group, Deferred, McBatch};
+use crate::batches::{group, Deferred, McBatch, Place};
 use crate::codes::{McError, McResult};
+use crate::memory::Registered;
 use crate::types::{SegmentId, TransferRequest, LOCAL_SEGMENT, OPCODE_READ, OPCODE_WRITE};
 
 /// Most segments one engine keeps open.
@@ -39,6 +40,10 @@ const DEFAULT_HANDSHAKE_PORT: u16 = 12001;
 /// Batch ids are unique in the process (an id of one engine is unknown to
 /// another), never 0 and never `INVALID_BATCH`.
 static NEXT_BATCH: AtomicU64 = AtomicU64::new(1);
+/// Each transport installed in the process has its own number, so that a
+/// pdx batch id is never taken for one of another transport (each backend
+/// numbers its batches from 1).
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
 /// The transport an engine runs.
 pub struct Installed {
@@ -46,6 +51,8 @@ pub struct Installed {
     pub backend: Arc<dyn TransferBackend>,
     /// pdx's native engine (else Mooncake's own library behind pdx).
     pub native: bool,
+    /// Which install this is (see [`NEXT_GENERATION`]).
+    generation: u64,
 }
 
 #[derive(Default)]
@@ -69,14 +76,22 @@ pub struct McEngine {
     transport: RwLock<Option<Installed>>,
     segments: Mutex<Segments>,
     /// What this engine registered, to refuse unregistered local memory
-    /// before anything starts (as Mooncake's transports do).
-    regions: RwLock<RegionMap<()>>,
+    /// before anything starts (as Mooncake's transports do), and to serve
+    /// it again on the next transport installed.
+    regions: RwLock<Registered>,
+    /// Lock order: a batch's lock before `transport` (a batch's pdx ids are
+    /// read against the transport installed while its lock is held;
+    /// `uninstall` settles every batch under its lock before another
+    /// transport can be installed).
     batches: Mutex<HashMap<u64, Arc<Mutex<McBatch>>>>,
-    /// pdx batches whose Mooncake batch was freed while their notification
-    /// was still on its way: freed once it is.
-    orphans: Mutex<Vec<u64>>,
+    /// pdx batches (generation, id) whose Mooncake batch was freed while
+    /// their notification was still on its way: freed once it is, on the
+    /// transport that ran them (dropped with it).
+    orphans: Mutex<Vec<(u64, u64)>>,
     /// Notifications drained from the backend, not yet handed to C.
-    inbox: Mutex<VecDeque<(String, String)>>,
+    inbox: Mutex<VecDeque<Notification>>,
+    /// Held for the whole of `installTransport` and `uninstallTransport`.
+    reinstall: Mutex<()>,
     graceful: AtomicBool,
     /// `freeBatchID` of a batch in flight cancels it (else "batch busy",
     /// as Mooncake answers): `PDX_FREE_BATCH_IN_FLIGHT`.
@@ -97,10 +112,11 @@ impl McEngine {
             rpc_port,
             transport: RwLock::new(None),
             segments: Mutex::new(Segments { next: 1, ..Default::default() }),
-            regions: RwLock::new(RegionMap::default()),
+            regions: RwLock::new(Registered::default()),
             batches: Mutex::new(HashMap::new()),
             orphans: Mutex::new(Vec::new()),
             inbox: Mutex::new(VecDeque::new()),
+            reinstall: Mutex::new(()),
             graceful: AtomicBool::new(false),
             cancel_on_free,
         };
@@ -117,8 +133,13 @@ impl McEngine {
 
     /// The installed transport's backend and whether it is pdx's native engine.
     fn installed(&self) -> McResult<(Arc<dyn TransferBackend>, bool)> {
+        self.generation().map(|(b, native, _)| (b, native))
+    }
+
+    /// The installed transport's backend, whether it is native, and its generation.
+    fn generation(&self) -> McResult<(Arc<dyn TransferBackend>, bool, u64)> {
         match &*self.transport.read() {
-            Some(t) => Ok((t.backend.clone(), t.native)),
+            Some(t) => Ok((t.backend.clone(), t.native, t.generation)),
             None => Err(McError::new(
                 Code::NotSupportedTransport,
                 "no transport is installed: create the engine with auto_discover or call installTransport(engine, \
@@ -131,7 +152,10 @@ impl McEngine {
     /// runs on Mooncake's own library, which must be named by path
     /// (`PDX_MOONCAKE_LIB`), since its file name is this library's. One
     /// transport per engine; installing the installed one again is a no-op.
+    /// The memory this engine registered is registered with the new
+    /// transport too (all of it, or the install fails).
     pub fn install(&self, protocol: &str) -> McResult<()> {
+        let _reinstall = self.reinstall.lock();
         let protocol = protocol.trim();
         let mut slot = self.transport.write();
         if let Some(t) = &*slot {
@@ -159,29 +183,56 @@ impl McEngine {
             check_mooncake_library(&choice.protocol)?;
         }
         let (backend, choice) = pdx::backend::start_with(&self.host, Some(protocol), None, &options)?;
+        if let Err(e) = self.regions.write().carry_to(&*backend) {
+            backend.stop();
+            return Err(e);
+        }
         log::info!(
             "{} serves Mooncake's C API over {} ({})",
             backend.session_id(),
             backend.protocol(),
             if native { "pdx's native engine" } else { "Mooncake's library" }
         );
-        *slot = Some(Installed { protocol: choice.protocol, backend: Arc::from(backend), native });
+        let generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
+        *slot = Some(Installed { protocol: choice.protocol, backend: Arc::from(backend), native, generation });
         Ok(())
     }
 
-    /// `uninstallTransport`: stop the transport named `protocol`.
+    /// `uninstallTransport`: stop the transport named `protocol`. Its
+    /// batches' tasks keep the states they had when it stopped (a task in
+    /// flight then is failed); the memory registered stays registered, to
+    /// be served by the next transport installed.
     pub fn uninstall(&self, protocol: &str) -> McResult<()> {
-        let mut slot = self.transport.write();
-        match &*slot {
-            Some(t) if t.protocol == protocol.trim() => {
-                t.backend.stop();
-                *slot = None;
-                Ok(())
+        let _reinstall = self.reinstall.lock();
+        let gone = {
+            let mut slot = self.transport.write();
+            match &*slot {
+                Some(t) if t.protocol == protocol.trim() => slot.take(),
+                Some(t) => {
+                    return Err(McError::invalid(format!(
+                        "{protocol:?} is not installed (this engine runs {:?})",
+                        t.protocol
+                    )))
+                }
+                None => return Err(McError::invalid(format!("{protocol:?} is not installed (no transport is)"))),
             }
-            Some(t) => {
-                Err(McError::invalid(format!("{protocol:?} is not installed (this engine runs {:?})", t.protocol)))
-            }
-            None => Err(McError::invalid(format!("{protocol:?} is not installed (no transport is)"))),
+        };
+        let Some(gone) = gone else { return Ok(()) };
+        gone.backend.stop();
+        self.settle_batches(&*gone.backend);
+        self.orphans.lock().retain(|(generation, _)| *generation != gone.generation);
+        Ok(())
+    }
+
+    /// Keep the state of every task the stopped `backend` ran in its
+    /// Mooncake batch (see [`McBatch::settle`]).
+    fn settle_batches(&self, backend: &dyn TransferBackend) {
+        let batches: Vec<Arc<Mutex<McBatch>>> = self.batches.lock().values().cloned().collect();
+        for b in batches {
+            b.lock().settle(|id, index| match backend.task_summary(id, index) {
+                Ok(t) => (t.state, t.bytes, t.error.map(|e| e.message().to_owned())),
+                Err(e) => (TaskState::Failed, 0, Some(format!("its transport was uninstalled: {}", e.message()))),
+            });
         }
     }
 
@@ -285,7 +336,7 @@ impl McEngine {
 
     // -------------------------------------------------------------- memory
 
-    /// `registerLocalMemory(Batch)`: all or none.
+    /// `registerLocalMemory(Batch)`: all or none (see [`Registered`]).
     pub fn register(&self, regions: &[(u64, u64)], location: &str) -> McResult<()> {
         for &(addr, len) in regions {
             if addr == 0 {
@@ -297,22 +348,15 @@ impl McEngine {
         }
         let at = Requested::parse(location)?;
         let backend = self.backend()?;
-        let mut mine = self.regions.write();
-        mine.check_new(regions)?;
-        backend.register_batch_at(regions, at)?;
-        mine.insert_all(regions, |_, _| ())?;
-        Ok(())
+        self.regions.write().register(&*backend, regions, at)
     }
 
     /// `unregisterLocalMemory(Batch)`: all or none; an address that starts
-    /// no registered region is "address not registered".
+    /// no registered region is "address not registered". Between
+    /// `uninstallTransport` and the next install it only forgets the region.
     pub fn unregister(&self, addrs: &[u64]) -> McResult<()> {
-        let backend = self.backend()?;
-        let mut mine = self.regions.write();
-        mine.check_starts(addrs).map_err(|e| McError::new(Code::AddressNotRegistered, e.message()))?;
-        backend.unregister_batch(addrs)?;
-        mine.remove_all(addrs)?;
-        Ok(())
+        let backend = self.transport.read().as_ref().map(|t| t.backend.clone());
+        self.regions.write().unregister(backend.as_deref(), addrs)
     }
 
     // ------------------------------------------------------------- batches
@@ -371,7 +415,7 @@ impl McEngine {
                 if local == 0 {
                     return Err(McError::invalid(format!("entry {i}: source is NULL")));
                 }
-                if regions.containing(local as u64, len as u64).is_none() {
+                if !regions.contains(local as u64, len as u64) {
                     return Err(McError::new(
                         Code::AddressNotRegistered,
                         format!(
@@ -391,23 +435,25 @@ impl McEngine {
         Ok(out)
     }
 
-    /// `submitTransfer` / `submitTransferWithNotify` (`notify`: name, msg).
+    /// `submitTransfer` / `submitTransferWithNotify` (`notify`: its name and
+    /// message). A notification the transport could never send (over the
+    /// peer's frame limit) is refused before anything starts.
     ///
     /// # Safety
     /// The local memory of every entry stays valid until its task is finished.
-    pub unsafe fn submit(
-        &self,
-        batch: u64,
-        reqs: &[TransferRequest],
-        notify: Option<(String, String)>,
-    ) -> McResult<()> {
+    pub unsafe fn submit(&self, batch: u64, reqs: &[TransferRequest], notify: Option<Notification>) -> McResult<()> {
         let b = self.batch(batch)?;
         if notify.is_some() && reqs.is_empty() {
             return Err(McError::invalid("entries must not be empty when a notification rides on them"));
         }
-        let backend = self.backend()?;
         let entries = self.check_entries(reqs)?;
         let mut b = b.lock();
+        // Taken under the batch's lock: the pdx ids it records are this
+        // transport's (see `batches`).
+        let backend = self.backend()?;
+        if let Some(note) = &notify {
+            backend.check_notification(note)?;
+        }
         if entries.len() > b.room() {
             return Err(McError::new(
                 Code::TooManyRequests,
@@ -422,14 +468,14 @@ impl McEngine {
         // notification itself (sent once every byte landed); otherwise this
         // layer sends it when every task has completed, as Mooncake does.
         let mut ride = None;
-        if let Some((name, msg)) = notify {
+        if let Some(note) = notify {
             if b.is_empty() && groups.len() == 1 {
-                ride = Some((name, msg));
+                ride = Some(note);
             } else {
                 let session = self
                     .session_of(entries[0].segment)
                     .ok_or_else(|| McError::invalid(format!("segment {} is not open", entries[0].segment)))?;
-                b.deferred = Some(Deferred { session, name, msg });
+                b.deferred = Some(Deferred { session, note });
             }
         }
         let base = b.open_submit(entries.len());
@@ -448,48 +494,66 @@ impl McEngine {
 
     /// `getTransferStatus`: the task's state as Mooncake numbers it and the
     /// bytes it moved; a completed task whose batch is all completed sends
-    /// the batch's notification if this layer holds it.
+    /// the batch's notification if this layer holds it. A failed task's
+    /// reason becomes the last error, although the call succeeds.
     pub fn task_status(&self, batch: u64, task: usize) -> McResult<(TaskState, u64)> {
         let b = self.batch(batch)?;
-        let backend = self.backend()?;
-        let slot = b
-            .lock()
-            .task(task)
-            .map_err(|n| McError::invalid(format!("task {task} is out of range (batch {batch:#x} has {n} tasks)")))?;
-        let Some((id, index)) = slot else {
-            pdx::ffi::set_last_error(&format!("task {task} of batch {batch:#x} never started: its submit failed"));
-            return Ok((TaskState::Failed, 0));
+        let (state, bytes) = {
+            let g = b.lock();
+            let place = g.task(task).map_err(|n| {
+                McError::invalid(format!("task {task} is out of range (batch {batch:#x} has {n} tasks)"))
+            })?;
+            match place {
+                Place::NotStarted => {
+                    pdx::ffi::set_last_error(&format!(
+                        "task {task} of batch {batch:#x} never started: its submit failed"
+                    ));
+                    return Ok((TaskState::Failed, 0));
+                }
+                Place::Settled { state, bytes } => {
+                    if state == TaskState::Failed {
+                        let why =
+                            g.settled_failure(task).unwrap_or("it was in flight when its transport was uninstalled");
+                        pdx::ffi::set_last_error(&format!("task {task} of batch {batch:#x} failed: {why}"));
+                    }
+                    (state, bytes)
+                }
+                Place::Running { id, index } => {
+                    let t = self.backend()?.task_summary(id, index)?;
+                    if let Some(e) = &t.error {
+                        pdx::ffi::set_last_error(&format!("task {task} of batch {batch:#x} failed: {}", e.message()));
+                    }
+                    (t.state, t.bytes)
+                }
+            }
         };
-        let t = backend.task_summary(id, index)?;
-        if let Some(e) = &t.error {
-            pdx::ffi::set_last_error(&format!("task {task} of batch {batch:#x} failed: {}", e.message()));
+        if state == TaskState::Completed {
+            self.send_deferred(&b);
         }
-        if t.state == TaskState::Completed {
-            self.send_deferred(&b, &*backend);
-        }
-        Ok((t.state, t.bytes))
+        Ok((state, bytes))
     }
 
     /// Send the batch's notification if this layer holds it and every task
     /// has completed (once; a failure is logged, the transfers stand).
-    fn send_deferred(&self, b: &Mutex<McBatch>, backend: &dyn TransferBackend) {
-        let deferred = {
-            let mut b = b.lock();
-            if b.deferred.is_none() || b.has_unstarted() {
+    fn send_deferred(&self, b: &Mutex<McBatch>) {
+        let (deferred, backend) = {
+            let mut g = b.lock();
+            if g.deferred.is_none() || g.has_unstarted() || !g.settled_all_completed() {
                 return;
             }
-            let all = b
+            let Ok(backend) = self.backend() else { return };
+            let all = g
                 .subs()
                 .iter()
                 .all(|id| backend.batch_summary(*id).is_ok_and(|s| s.completed == s.total && s.failed == 0));
             if !all {
                 return;
             }
-            b.deferred.take()
+            (g.deferred.take(), backend)
         };
         if let Some(d) = deferred {
-            if let Err(e) = backend.notify(&d.session, &d.name, &d.msg) {
-                log::error!("notification {:?} to {} failed: {}", d.msg, d.session, e.message());
+            if let Err(e) = backend.notify(&d.session, &d.note) {
+                log::error!("notification {} to {} failed: {}", shown(&d.note.name), d.session, e.message());
             }
         }
     }
@@ -501,49 +565,70 @@ impl McEngine {
     /// and hands the memory to the next request). Mooncake answers "batch
     /// busy" and keeps the batch; so does this engine with
     /// `PDX_FREE_BATCH_IN_FLIGHT=busy`, and on a transport that cannot
-    /// cancel (Mooncake's own library).
+    /// cancel (Mooncake's own library). The pdx batches it frees are the
+    /// installed transport's only: a batch whose transport was uninstalled
+    /// kept its states and frees nothing else.
     pub fn free_batch(&self, batch: u64) -> McResult<()> {
         let b = self.batch(batch)?;
-        let backend = self.backend()?;
-        let subs: Vec<u64> = b.lock().subs().to_vec();
-        let in_flight: Vec<u64> =
-            subs.iter().copied().filter(|id| backend.batch_summary(*id).is_ok_and(|s| s.in_flight() > 0)).collect();
-        if !in_flight.is_empty() && !self.cancel_on_free {
-            return Err(McError::new(
-                Code::BatchBusy,
-                format!(
-                    "batch {batch:#x} cannot be freed until all its tasks are done (PDX_FREE_BATCH_IN_FLIGHT=busy; \
-                     unset, it would cancel them)"
-                ),
-            ));
-        }
-        for id in in_flight {
-            backend.cancel(id, None).map_err(|e| {
-                McError::new(
+        // Read under the batch's lock: `uninstall` settles (and empties) a
+        // batch under it, so pdx batches seen here belong to this backend.
+        let running = {
+            let g = b.lock();
+            if g.subs().is_empty() {
+                None
+            } else {
+                Some((self.backend()?, g.subs().to_vec()))
+            }
+        };
+        if let Some((backend, subs)) = running {
+            let in_flight: Vec<u64> =
+                subs.into_iter().filter(|id| backend.batch_summary(*id).is_ok_and(|s| s.in_flight() > 0)).collect();
+            if !in_flight.is_empty() && !self.cancel_on_free {
+                return Err(McError::new(
                     Code::BatchBusy,
-                    format!("batch {batch:#x} has tasks in flight and cancelling them failed: {}", e.message()),
-                )
-            })?;
+                    format!(
+                        "batch {batch:#x} cannot be freed until all its tasks are done \
+                         (PDX_FREE_BATCH_IN_FLIGHT=busy; unset, it would cancel them)"
+                    ),
+                ));
+            }
+            for id in in_flight {
+                backend.cancel(id, None).map_err(|e| {
+                    McError::new(
+                        Code::BatchBusy,
+                        format!("batch {batch:#x} has tasks in flight and cancelling them failed: {}", e.message()),
+                    )
+                })?;
+            }
         }
-        self.send_deferred(&b, &*backend);
+        self.send_deferred(&b);
         if self.batches.lock().remove(&batch).is_none() {
             return Err(McError::invalid(format!("batch {batch:#x} was freed by another thread")));
         }
+        let g = b.lock();
+        if g.subs().is_empty() {
+            return Ok(());
+        }
+        // Uninstalled meanwhile: the pdx batches went with their engine.
+        let Ok((backend, _, generation)) = self.generation() else { return Ok(()) };
         let mut orphans = self.orphans.lock();
-        for id in subs {
-            if let Err(e) = backend.batch_free(id) {
+        for id in g.subs() {
+            if let Err(e) = backend.batch_free(*id) {
                 if e.kind() == ErrorKind::Busy {
-                    orphans.push(id);
+                    orphans.push((generation, *id));
                 }
             }
         }
         Ok(())
     }
 
-    /// Free the pdx batches whose notification has gone out since.
+    /// Free the pdx batches whose notification has gone out since (those of
+    /// an uninstalled transport are forgotten).
     fn reap_orphans(&self) {
-        let Ok(backend) = self.backend() else { return };
-        self.orphans.lock().retain(|id| backend.batch_free(*id).is_err_and(|e| e.kind() == ErrorKind::Busy));
+        let Ok((backend, _, generation)) = self.generation() else { return };
+        self.orphans
+            .lock()
+            .retain(|&(g, id)| g == generation && backend.batch_free(id).is_err_and(|e| e.kind() == ErrorKind::Busy));
     }
 
     // ------------------------------------------------------- notifications
@@ -551,28 +636,26 @@ impl McEngine {
     /// Every notification received so far, oldest first, out of the backend
     /// and into this engine's inbox; `take` hands them over (`put_back`
     /// returns them when they could not be delivered).
-    pub fn take_notifications(&self) -> McResult<VecDeque<(String, String)>> {
+    pub fn take_notifications(&self) -> McResult<VecDeque<Notification>> {
         let backend = self.backend()?;
         let mut inbox = self.inbox.lock();
         inbox.extend(backend.drain_notifications());
         Ok(std::mem::take(&mut *inbox))
     }
 
-    pub fn put_back(&self, mut notes: VecDeque<(String, String)>) {
+    pub fn put_back(&self, mut notes: VecDeque<Notification>) {
         let mut inbox = self.inbox.lock();
         notes.append(&mut inbox);
         *inbox = notes;
     }
 
     /// `genNotifyInEngine`: a notification with no transfer.
-    pub fn notify(&self, segment: u64, name: &str, msg: &str) -> McResult<()> {
+    pub fn notify(&self, segment: u64, note: &Notification) -> McResult<()> {
         let backend = self.backend()?;
         let session = i32::try_from(segment).ok().and_then(|id| self.session_of(id)).ok_or_else(|| {
             McError::new(Code::Metadata, format!("segment {segment} is not open (openSegment it first)"))
         })?;
-        backend
-            .notify(&session, name, msg)
-            .map_err(|e| McError::from(e.clone()).with_context(format!("notify {session}")))
+        backend.notify(&session, note).map_err(|e| McError::from(e.clone()).with_context(format!("notify {session}")))
     }
 
     // ---------------------------------------------------------- reporting
@@ -625,6 +708,7 @@ impl McEngine {
     /// `destroyTransferEngine`: after `enableGracefulShutdown`, in-flight
     /// batches finish first (30 s at most); then the transport stops.
     pub fn shutdown(&self) {
+        let _reinstall = self.reinstall.lock();
         let Some(t) = self.transport.write().take() else { return };
         if self.graceful.load(Ordering::Relaxed) {
             let deadline = Instant::now() + GRACEFUL_WAIT;

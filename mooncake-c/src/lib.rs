@@ -9,7 +9,8 @@
 //! ([`codes`]), logs each failure and leaves its reason in pdx's last error
 //! (`pdx_last_error_message`, exported here too). Mooncake's state above
 //! its transports (segment ids, task ids across submits, registrations,
-//! received notifications) lives in [`engine`] and [`batches`]; everything
+//! received notifications) lives in [`engine`], [`batches`] and
+//! [`memory`]; everything
 //! that moves bytes is pdx's backend, reached through
 //! `pdx::transfer::TransferBackend`. pdx itself knows nothing of these types.
 //!
@@ -23,14 +24,15 @@ pub mod batches;
 pub mod boundary;
 pub mod codes;
 pub mod engine;
+pub mod memory;
 pub mod types;
 
 use std::ffi::{c_char, c_int, c_void};
 
-use boundary::{c_slice, c_str, guard, insert_engine, live, remove_engine};
+use boundary::{c_bytes, c_slice, c_str, guard, insert_engine, live, remove_engine};
 use codes::{Family, McError, McResult};
 use engine::McEngine;
-use pdx::transfer::TaskState;
+use pdx::transfer::{Notification, TaskState};
 use types::*;
 
 /// `transfer_engine_t`.
@@ -344,6 +346,19 @@ pub extern "C" fn allocateBatchID(engine: Engine, batch_size: usize) -> BatchId 
     guard("allocateBatchID", |_| INVALID_BATCH, || live(engine)?.allocate_batch(batch_size))
 }
 
+/// A notification from C: the bytes of each string up to its NUL, UTF-8 or
+/// not (NIXL's plugin hands over C strings, so bytes after a NUL never
+/// reach pdx).
+///
+/// # Safety
+/// `n`'s strings are NULL or NUL-terminated.
+unsafe fn notification(n: &NotifyMsg) -> McResult<Notification> {
+    // SAFETY: the caller's contract.
+    let (name, msg) = unsafe { (c_bytes(n.name, "notify_msg.name")?, c_bytes(n.msg, "notify_msg.msg")?) };
+    Notification::check_size(name.len(), msg.len())?;
+    Ok(Notification::new(name, msg))
+}
+
 /// # Safety
 /// As `submitTransfer`; `notify`'s strings are NUL-terminated.
 unsafe fn submit(
@@ -356,14 +371,8 @@ unsafe fn submit(
     let e = live(engine)?;
     // SAFETY: the caller's contract.
     let reqs = unsafe { c_slice(entries, count, "entries")? };
-    let notify = match notify {
-        None => None,
-        Some(n) => {
-            // SAFETY: the caller's contract.
-            let (name, msg) = unsafe { (c_str(n.name, "notify_msg.name")?, c_str(n.msg, "notify_msg.msg")?) };
-            Some((name.to_owned(), msg.to_owned()))
-        }
-    };
+    // SAFETY: the caller's contract.
+    let notify = notify.map(|n| unsafe { notification(&n) }).transpose()?;
     // SAFETY: the caller keeps the local memory valid until the tasks finish.
     unsafe { e.submit(batch_id, reqs, notify)? };
     Ok(0)
@@ -495,11 +504,10 @@ pub unsafe extern "C" fn getNotifsFromEngine(engine: Engine, size: *mut c_int) -
 }
 
 /// `notes` as a `malloc`ed array of `malloc`ed C strings (each cut at its
-/// first NUL, as `strcpy` copies); `None` (nothing left allocated) when
-/// memory runs out.
-fn malloc_notes(notes: &std::collections::VecDeque<(String, String)>) -> Option<*mut NotifyMsg> {
-    fn c_string(s: &str) -> *mut c_char {
-        let bytes = s.as_bytes();
+/// first NUL, as Mooncake's `strcpy` copies; every other byte as it
+/// arrived); `None` (nothing left allocated) when memory runs out.
+fn malloc_notes(notes: &std::collections::VecDeque<Notification>) -> Option<*mut NotifyMsg> {
+    fn c_string(bytes: &[u8]) -> *mut c_char {
         let n = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
         // SAFETY: plain allocation of n + 1 bytes.
         let p = unsafe { libc::malloc(n + 1) }.cast::<u8>();
@@ -518,8 +526,8 @@ fn malloc_notes(notes: &std::collections::VecDeque<(String, String)>) -> Option<
     if array.is_null() {
         return None;
     }
-    for (i, (name, msg)) in notes.iter().enumerate() {
-        let entry = NotifyMsg { name: c_string(name), msg: c_string(msg) };
+    for (i, note) in notes.iter().enumerate() {
+        let entry = NotifyMsg { name: c_string(&note.name), msg: c_string(&note.msg) };
         // SAFETY: `i < count`, inside the allocation.
         unsafe { array.add(i).write(entry) };
         if entry.name.is_null() || entry.msg.is_null() {
@@ -576,9 +584,7 @@ pub unsafe extern "C" fn genNotifyInEngine(engine: Engine, target_id: u64, notif
     guard("genNotifyInEngine", neg, || {
         let e = live(engine)?;
         // SAFETY: the caller's contract.
-        let (name, msg) =
-            unsafe { (c_str(notify_msg.name, "notify_msg.name")?, c_str(notify_msg.msg, "notify_msg.msg")?) };
-        e.notify(target_id, name, msg)?;
+        e.notify(target_id, &unsafe { notification(&notify_msg) }?)?;
         Ok(0)
     })
 }
@@ -650,4 +656,41 @@ pub unsafe extern "C" fn showLinks(engine: Engine, buf_out: *mut c_char, buf_len
         unsafe { write_text(buf_out, buf_len, &text)? };
         Ok(0)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `getNotifsFromEngine` hands out: every byte as it arrived, each
+    /// string cut at its first NUL (as Mooncake's `strcpy` cuts it).
+    #[test]
+    fn notes_are_bytes_cut_at_the_first_nul() {
+        let notes: std::collections::VecDeque<Notification> =
+            [Notification::new(b"n\xff".to_vec(), b"PUSH_REG:\x8b\xa1\x00after".to_vec()), Notification::new("", "")]
+                .into();
+        let array = malloc_notes(&notes).unwrap();
+        // SAFETY: malloc_notes gave an array of two entries with NUL-terminated strings.
+        unsafe {
+            let m = std::slice::from_raw_parts(array, 2);
+            assert_eq!(std::ffi::CStr::from_ptr(m[0].name).to_bytes(), b"n\xff");
+            assert_eq!(std::ffi::CStr::from_ptr(m[0].msg).to_bytes(), b"PUSH_REG:\x8b\xa1");
+            assert_eq!(std::ffi::CStr::from_ptr(m[1].msg).to_bytes(), b"");
+            free_notes(array, 2);
+        }
+    }
+
+    /// A C string's bytes, UTF-8 or not, are the notification; NULL is refused.
+    #[test]
+    fn notifications_from_c_take_any_bytes() {
+        let (name, msg) = (c"n\xc3", c"\x80\xff msgpack");
+        let n = NotifyMsg { name: name.as_ptr().cast_mut(), msg: msg.as_ptr().cast_mut() };
+        // SAFETY: both strings are NUL-terminated and outlive the call.
+        let note = unsafe { notification(&n) }.unwrap();
+        assert_eq!(note, Notification::new(b"n\xc3".to_vec(), b"\x80\xff msgpack".to_vec()));
+        let no_name = NotifyMsg { name: std::ptr::null_mut(), msg: msg.as_ptr().cast_mut() };
+        // SAFETY: NULL is refused before any read.
+        let e = unsafe { notification(&no_name) }.unwrap_err();
+        assert!(e.message.contains("notify_msg.name is NULL"), "{e:?}");
+    }
 }

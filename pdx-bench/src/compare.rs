@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use pdx::config::engine_options::EngineOptions;
-use pdx::transfer::{Direction, Request, TransferBackend};
+use pdx::transfer::{Direction, Notification, Request, TransferBackend};
 use serde_json::{json, Value};
 
 use crate::memory::Buffer;
@@ -172,13 +172,16 @@ fn time_calls(
 /// Send a control message to the target and wait for the answer that
 /// starts with `answer` (the rest of it).
 fn control(engine: &dyn TransferBackend, session: &str, msg: &str, answer: &str) -> Result<String, String> {
-    engine.notify(session, CONTROL, msg).map_err(|e| format!("control message to the target: {e}"))?;
+    engine
+        .notify(session, &Notification::new(CONTROL, msg))
+        .map_err(|e| format!("control message to the target: {e}"))?;
     let deadline = Instant::now() + Duration::from_secs(300);
     while Instant::now() < deadline {
-        for (name, reply) in engine.drain_notifications() {
-            if name != CONTROL {
+        for note in engine.drain_notifications() {
+            if note.name != CONTROL.as_bytes() {
                 continue;
             }
+            let reply = String::from_utf8_lossy(&note.msg);
             if let Some(rest) = reply.strip_prefix(answer) {
                 return Ok(rest.trim().to_owned());
             }

@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use pdx::transfer::TransferBackend;
+use pdx::transfer::{Notification, TransferBackend};
 
 use memory::{Buffer, Pages};
 
@@ -357,10 +357,11 @@ fn target(opts: TargetOpts) -> Result<(), String> {
         if stdin_closed.load(std::sync::atomic::Ordering::Acquire) {
             return Ok(());
         }
-        for (name, msg) in engine.drain_notifications() {
-            if name != CONTROL {
+        for note in engine.drain_notifications() {
+            if note.name != CONTROL.as_bytes() {
                 continue;
             }
+            let msg = String::from_utf8_lossy(&note.msg);
             let words: Vec<&str> = msg.split_whitespace().collect();
             match words.as_slice() {
                 ["quit"] => return Ok(()),
@@ -373,7 +374,7 @@ fn target(opts: TargetOpts) -> Result<(), String> {
                         }
                         _ => "pvm-failed raw copies are only for the --compare-paths parent".to_owned(),
                     };
-                    if let Err(e) = engine.notify(reply, CONTROL, &answer) {
+                    if let Err(e) = engine.notify(reply, &Notification::new(CONTROL, answer.as_str())) {
                         eprintln!("pdx-bench target: cannot answer {reply}: {e}");
                     }
                 }
@@ -391,7 +392,9 @@ fn target(opts: TargetOpts) -> Result<(), String> {
                         let sum = in_range.map(|end| pattern::checksum(&buf.as_slice()[off..end]));
                         sums.push(sum.map_or("bad-range".to_owned(), |s| format!("{s:016x}")));
                     }
-                    if let Err(e) = engine.notify(reply, CONTROL, &format!("checksums {}", sums.join(" "))) {
+                    if let Err(e) =
+                        engine.notify(reply, &Notification::new(CONTROL, format!("checksums {}", sums.join(" "))))
+                    {
                         eprintln!("pdx-bench target: cannot answer {reply}: {e}");
                     }
                 }

@@ -7,7 +7,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use pdx::transfer::TransferBackend;
-use pdx::transfer::{Direction, Request};
+use pdx::transfer::{Direction, Notification, Request};
 
 use crate::memory::Buffer;
 use crate::report::{human_bytes, Row};
@@ -40,11 +40,14 @@ impl Context<'_> {
         for (o, l) in ranges {
             msg.push_str(&format!(" {o} {l}"));
         }
-        self.engine.notify(self.session, CONTROL, &msg).map_err(|e| format!("checksum request: {e}"))?;
+        self.engine
+            .notify(self.session, &Notification::new(CONTROL, msg.as_str()))
+            .map_err(|e| format!("checksum request: {e}"))?;
         let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline {
-            for (name, reply) in self.engine.drain_notifications() {
-                if let (CONTROL, Some(rest)) = (name.as_str(), reply.strip_prefix("checksums")) {
+            for note in self.engine.drain_notifications() {
+                let reply = String::from_utf8_lossy(&note.msg);
+                if let (true, Some(rest)) = (note.name == CONTROL.as_bytes(), reply.strip_prefix("checksums")) {
                     return rest
                         .split_whitespace()
                         .map(|h| u64::from_str_radix(h, 16).map_err(|_| format!("target answered {h:?}")))

@@ -201,11 +201,11 @@ fn raw_copies_are_only_for_the_parent_that_asked() {
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         let target = v["session"].as_str().unwrap();
         let msg = format!("pvm {} {pid} write {} 4096 1 1 1 10 1", engine.session_id(), source.as_ptr() as u64);
-        engine.notify(target, "pdx-bench", &msg).unwrap();
+        engine.notify(target, &pdx::transfer::Notification::new("pdx-bench", msg.as_str())).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let answer = loop {
-            if let Some((_, m)) = engine.drain_notifications().into_iter().find(|(n, _)| n == "pdx-bench") {
-                break m;
+            if let Some(note) = engine.drain_notifications().into_iter().find(|n| n.name == b"pdx-bench") {
+                break String::from_utf8(note.msg).unwrap();
             }
             assert!(std::time::Instant::now() < deadline, "no answer");
             std::thread::sleep(std::time::Duration::from_millis(5));

@@ -140,6 +140,8 @@ from .engine import (
     Engine as Engine,
     Entry as Entry,
     Memory as Memory,
+    NoteText as NoteText,
+    NotifyBytes as NotifyBytes,
     PDX_OPCODE_READ as PDX_OPCODE_READ,
     PDX_OPCODE_WRITE as PDX_OPCODE_WRITE,
     PDX_TASK_CANCELED as PDX_TASK_CANCELED,

@@ -85,7 +85,8 @@ class Args(_Handle):
     Keys are ServerArgs field names or CLI flags; values are text, None for
     Python's None. `normalize()` applies SGLang's rules (raising PdxError with
     PDX_ERR_VALUE_ERROR / PDX_ERR_ASSERTION and the exact SGLang message);
-    `messages()` returns the (level, text) lines of the last normalization.
+    `messages()` returns the (level, text) lines of the last normalization:
+    after such a refusal, the lines SGLang logs before it raises.
     """
 
     def __init__(self, argv: list[str] | None = None, **fields: object):
@@ -128,6 +129,10 @@ class Args(_Handle):
     def normalize(self) -> list[tuple[int, str]]:
         """Apply SGLang's PD rules; returns the messages (level, text).
 
+        Where SGLang refuses, raises PdxError and changes neither the
+        arguments nor the environment; `messages()` then returns the lines
+        SGLang logs before it raises (e.g. the `mooncake_tcp` rewrite's).
+
         Environment variables the rules set in the C environment (MC_FORCE_TCP
         for `mooncake_tcp`) are mirrored into os.environ, so Python code that
         reads them afterwards sees what native code sees."""
@@ -139,7 +144,9 @@ class Args(_Handle):
         return self.messages()
 
     def messages(self) -> list[tuple[int, str]]:
-        """The (level, text) messages of the last successful normalization."""
+        """The (level, text) messages of the last normalization: its lines
+        when it succeeded, the lines SGLang logged before its refusal when it
+        raised (none before any)."""
         out = []
         for i in range(lib.pdx_args_message_count(self._h)):
             level = c_int32()

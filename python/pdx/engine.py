@@ -19,7 +19,6 @@ from .binding import (
     _Handle,
     _Signature,
     _SIGNATURES,
-    _text,
     check,
     lib,
     pdx_status,
@@ -63,6 +62,52 @@ STATS_FIELDS = (
 )
 
 
+class NotifyBytes(ctypes.Structure):
+    """`pdx_notify_bytes`: a notification's name and message as bytes."""
+
+    _fields_ = [
+        ("name", c_void_p),
+        ("name_len", c_size_t),
+        ("msg", c_void_p),
+        ("msg_len", c_size_t),
+    ]
+
+
+#: A notification's name or message as callers give it: text (sent as UTF-8) or bytes.
+NoteText = Union[str, bytes, bytearray, memoryview]
+
+
+def note_bytes(value: object, what: str = "notification") -> bytes:
+    """The bytes of a notification's name or message: a str as UTF-8, bytes
+    (bytearray, memoryview) as they are; TypeError for anything else."""
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"{what} must be str or bytes, not {type(value).__name__}")
+
+
+def note_value(raw: bytes) -> str | bytes:
+    """A received name or message: a str when its bytes are UTF-8 (as text
+    usually is), else the bytes themselves (msgpack, any binary)."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return raw
+
+
+def notify_struct(notify: tuple[NoteText, NoteText] | None) -> tuple[Any, Any]:
+    """`(pointer to pdx_notify_bytes or None, keep-alive)` for a (name, msg) pair."""
+    if notify is None:
+        return None, None
+    if not isinstance(notify, tuple) or len(notify) != 2:
+        raise TypeError(f"notify must be a (name, msg) tuple, not {notify!r}")
+    name, msg = note_bytes(notify[0], "notify name"), note_bytes(notify[1], "notify message")
+    note = NotifyBytes(ctypes.cast(ctypes.c_char_p(name), c_void_p), len(name),
+                       ctypes.cast(ctypes.c_char_p(msg), c_void_p), len(msg))
+    return ctypes.byref(note), (note, name, msg)
+
+
 class Stats(ctypes.Structure):
     """`pdx_stats`: an engine's counters since it started (see `Engine.stats`)."""
 
@@ -104,10 +149,15 @@ _ENGINE_SIGNATURES: list[_Signature] = [
     ("pdx_task_cancel", pdx_status, [c_void_p, c_uint64, c_size_t, POINTER(c_int32)]),
     ("pdx_send_probe", pdx_status, [c_void_p, c_char_p]),
     ("pdx_first_buffer_address", pdx_status, [c_void_p, c_char_p, POINTER(ctypes.c_uint64)]),
+    ("pdx_batch_submit_notify_bytes", pdx_status,
+     [c_void_p, c_char_p, c_int32, POINTER(c_void_p), POINTER(c_uint64), POINTER(c_size_t), c_size_t,
+      POINTER(NotifyBytes), POINTER(c_uint64)]),
     ("pdx_send_notify", pdx_status, [c_void_p, c_char_p, c_char_p, c_char_p]),
+    ("pdx_send_notify_bytes", pdx_status, [c_void_p, c_char_p, POINTER(NotifyBytes)]),
     ("pdx_notifications_drain", pdx_status, [c_void_p, POINTER(c_void_p)]),
     ("pdx_notifications_count", c_size_t, [c_void_p]),
     ("pdx_notification_get", pdx_status, [c_void_p, c_size_t, POINTER(c_char_p), POINTER(c_char_p)]),
+    ("pdx_notification_get_bytes", pdx_status, [c_void_p, c_size_t, POINTER(NotifyBytes)]),
     ("pdx_notifications_free", None, [c_void_p]),
     ("pdx_engine_stats", pdx_status, [c_void_p, POINTER(Stats)]),
     ("pdx_engine_metrics", pdx_status, [c_void_p, POINTER(ctypes.c_char), c_size_t, POINTER(c_size_t)]),
@@ -321,18 +371,23 @@ class Engine(_Handle):
 
     # Asynchronous batches.
     def submit(
-        self, session: str, opcode: int | str, entries: Sequence[Entry], notify: tuple[str, str] | None = None
+        self,
+        session: str,
+        opcode: int | str,
+        entries: Sequence[Entry],
+        notify: tuple[NoteText, NoteText] | None = None,
     ) -> int:
         """Start a batch ("read"/"write" or PDX_OPCODE_*); returns its id.
 
-        With `notify` = (name, msg), the peer is notified once every entry completed."""
+        With `notify` = (name, msg), str or bytes, the peer is notified once
+        every entry completed."""
         op = _opcode(opcode)
         locals_, remotes, lens, n, keep = _entries(entries, writable=op == PDX_OPCODE_READ)
-        name, msg = notify if notify is not None else (None, None)
+        note, _keep_note = notify_struct(notify)
         out = c_uint64()
         check(
-            lib.pdx_batch_submit(
-                self._h, _enc(session), op, locals_, remotes, lens, n, _enc(name), _enc(msg), ctypes.byref(out)
+            lib.pdx_batch_submit_notify_bytes(
+                self._h, _enc(session), op, locals_, remotes, lens, n, note, ctypes.byref(out)
             )
         )
         self._batches[out.value] = keep
@@ -400,9 +455,11 @@ class Engine(_Handle):
         """Check that `session` answers (PdxError if not)."""
         check(lib.pdx_send_probe(self._h, _enc(session)))
 
-    def notify(self, session: str, name: str, msg: str) -> None:
-        """Send the notification (name, msg) to `session`."""
-        check(lib.pdx_send_notify(self._h, _enc(session), _enc(name), _enc(msg)))
+    def notify(self, session: str, name: NoteText, msg: NoteText) -> None:
+        """Send the notification (name, msg) to `session`: each str (sent as
+        UTF-8) or bytes, any bytes (a pdx peer receives them intact)."""
+        note, _keep = notify_struct((name, msg))
+        check(lib.pdx_send_notify_bytes(self._h, _enc(session), note))
 
     def stats(self) -> dict[str, int]:
         """The engine's counters since it started, by `pdx_stats` field name:
@@ -430,16 +487,21 @@ class Engine(_Handle):
         parsed: dict[str, Any] = json.loads(raw)
         return parsed
 
-    def drain_notifications(self) -> list[tuple[str, str]]:
-        """Take the (name, msg) notifications received so far, oldest first."""
+    def drain_notifications(self, as_bytes: bool = False) -> list[tuple[Any, Any]]:
+        """Take the (name, msg) notifications received so far, oldest first.
+
+        Each name and message is a str when its bytes are UTF-8 and the
+        bytes themselves otherwise; with `as_bytes`, always bytes."""
         out = c_void_p()
         check(lib.pdx_notifications_drain(self._h, ctypes.byref(out)))
         try:
-            pairs = []
+            pairs: list[tuple[Any, Any]] = []
             for i in range(lib.pdx_notifications_count(out)):
-                name, msg = c_char_p(), c_char_p()
-                check(lib.pdx_notification_get(out, i, ctypes.byref(name), ctypes.byref(msg)))
-                pairs.append((_text(name.value), _text(msg.value)))
+                note = NotifyBytes()
+                check(lib.pdx_notification_get_bytes(out, i, ctypes.byref(note)))
+                name = ctypes.string_at(note.name, note.name_len) if note.name_len else b""
+                msg = ctypes.string_at(note.msg, note.msg_len) if note.msg_len else b""
+                pairs.append((name, msg) if as_bytes else (note_value(name), note_value(msg)))
             return pairs
         finally:
             lib.pdx_notifications_free(out)

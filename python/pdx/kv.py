@@ -25,7 +25,7 @@ from ctypes import POINTER, c_char_p, c_int32, c_size_t, c_uint32, c_uint64, c_v
 from typing import Any, Union
 
 from .binding import _declare, _enc, _Handle, _Signature, _SIGNATURES, check, lib, pdx_status
-from .engine import PDX_OPCODE_READ, PDX_OPCODE_WRITE, Engine
+from .engine import PDX_OPCODE_READ, PDX_OPCODE_WRITE, Engine, NoteText, NotifyBytes, notify_struct
 
 __all__ = ["Heads", "KvBuffer", "KvHeads", "Plan", "group_concurrent_contiguous_count"]
 
@@ -79,6 +79,11 @@ _KV_SIGNATURES: list[_Signature] = [
         "pdx_kv_submit",
         pdx_status,
         [c_void_p, c_char_p, c_void_p, c_size_t, c_size_t, c_int32, c_void_p, c_char_p, c_char_p, POINTER(c_uint64)],
+    ),
+    (
+        "pdx_kv_submit_notify_bytes",
+        pdx_status,
+        [c_void_p, c_char_p, c_void_p, c_size_t, c_size_t, c_int32, c_void_p, POINTER(NotifyBytes), POINTER(c_uint64)],
     ),
     ("pdx_kv_transfer_sync", pdx_status, [c_void_p, c_char_p, c_void_p, c_int32]),
     ("pdx_kv_notify_wait", pdx_status, [c_void_p, c_uint64, c_uint32, POINTER(pdx_status)]),
@@ -202,21 +207,22 @@ class Plan(_Handle):
         first: int = 0,
         end: int | None = None,
         opcode: int | str = "write",
-        notify: tuple[str, str] | None = None,
+        notify: tuple[NoteText, NoteText] | None = None,
         wait_event: int | None = None,
     ) -> int:
         """Start buffers `[first, end)` as one batch and return its id at once
         (`engine.wait` / `engine.status` / `engine.free` serve it). `notify`
         = (name, msg) reaches the peer once, after this submit and every
-        earlier submit of this plan to `session` landed. `wait_event` (a
+        earlier submit of this plan to `session` landed (each str or bytes,
+        any bytes, as `Engine.notify` takes them). `wait_event` (a
         CUevent as an int, e.g. `torch.cuda.Event().cuda_event`) orders the
         copies after the work recorded on it, with no synchronize needed."""
-        name, msg = notify if notify is not None else (None, None)
+        note, _keep = notify_struct(notify)
         out = c_uint64()
         check(
-            lib.pdx_kv_submit(
+            lib.pdx_kv_submit_notify_bytes(
                 engine.handle, _enc(session), self._h, first, self.buffers if end is None else end, _opcode(opcode),
-                wait_event, _enc(name), _enc(msg), ctypes.byref(out),
+                wait_event, note, ctypes.byref(out),
             )
         )
         return out.value

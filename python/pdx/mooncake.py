@@ -84,6 +84,8 @@ from .engine import (
     PDX_TASK_PENDING,
     BatchSummary,
     Engine,
+    note_value,
+    notify_struct,
 )
 
 __all__ = [
@@ -139,20 +141,57 @@ Write = TransferOpcode.Write
 
 
 class TransferNotify:
-    """A notification (``name``, ``msg``) sent with a transfer or received by ``get_notifies``."""
+    """A notification (``name``, ``msg``) sent with a transfer or received by ``get_notifies``.
 
-    def __init__(self, name: Optional[str] = None, msg: Optional[str] = None):
+    Both are bytes underneath, as in the wheel (a C++ ``std::string``): each
+    is set from a ``str`` (kept as UTF-8) or ``bytes``, and reads as a
+    ``str`` when its bytes are UTF-8, as the wheel's does. Where the wheel's
+    getter raises ``UnicodeDecodeError`` (bytes that are not UTF-8, such as
+    msgpack), this one gives the ``bytes``; ``name_bytes`` and ``msg_bytes``
+    always give bytes."""
+
+    __slots__ = ("_name", "_msg")
+
+    def __init__(self, name: Optional[str | bytes] = None, msg: Optional[str | bytes] = None):
         """``TransferNotify()`` (empty) or ``TransferNotify(name, msg)``, as in the wheel."""
         if (name is None) != (msg is None):
             _incompatible("TransferNotify.__init__", (name, msg))
-        self.name = "" if name is None else _str(name, "TransferNotify.__init__")
-        self.msg = "" if msg is None else _str(msg, "TransferNotify.__init__")
+        self._name = b"" if name is None else _note(name, "TransferNotify.__init__")
+        self._msg = b"" if msg is None else _note(msg, "TransferNotify.__init__")
+
+    @property
+    def name(self) -> str | bytes:
+        """The name: a str when its bytes are UTF-8, else the bytes."""
+        return note_value(self._name)
+
+    @name.setter
+    def name(self, value: str | bytes) -> None:
+        self._name = _note(value, "TransferNotify.name")
+
+    @property
+    def msg(self) -> str | bytes:
+        """The message: a str when its bytes are UTF-8, else the bytes."""
+        return note_value(self._msg)
+
+    @msg.setter
+    def msg(self, value: str | bytes) -> None:
+        self._msg = _note(value, "TransferNotify.msg")
+
+    @property
+    def name_bytes(self) -> bytes:
+        """The name's bytes (pdx's addition to the wheel's API)."""
+        return self._name
+
+    @property
+    def msg_bytes(self) -> bytes:
+        """The message's bytes (pdx's addition to the wheel's API)."""
+        return self._msg
 
     def __repr__(self) -> str:
         return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TransferNotify) and (self.name, self.msg) == (other.name, other.msg)
+        return isinstance(other, TransferNotify) and (self._name, self._msg) == (other._name, other._msg)
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like the wheel's
 
@@ -200,6 +239,18 @@ def _str(value: object, fn: str) -> str:
     _incompatible(fn, value)
 
 
+def _note(value: object, fn: str) -> bytes:
+    """A notification's name or message as pybind11 converts it to a
+    ``std::string``: a str as UTF-8, bytes as they are."""
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytes):
+        return value
+    if value is None:
+        raise RuntimeError("basic_string: construction from null is not valid")
+    _incompatible(fn, value)
+
+
 def _location(text: str, fn: str) -> str:
     """Mooncake's location hint as pdx takes it: ``cpu:N``, ``cuda:N`` or ``*``."""
     kind, _, index = text.partition(":")
@@ -225,12 +276,19 @@ def _opcode(value: object, fn: str) -> TransferOpcode:
     _incompatible(fn, value)
 
 
-def _notify(value: object, fn: str) -> Optional[tuple[str, str]]:
+def _notify(value: object, fn: str) -> Optional[tuple[bytes, bytes]]:
     if value is None:
         return None
-    name, msg = getattr(value, "name", None), getattr(value, "msg", None)
-    if isinstance(name, str) and isinstance(msg, str):
-        return name, msg
+    if isinstance(value, TransferNotify):
+        return value.name_bytes, value.msg_bytes
+    # The wheel's own TransferNotify (a process may hold both): its getters
+    # give str, or raise with the bytes when they are not UTF-8.
+    try:
+        name, msg = getattr(value, "name", None), getattr(value, "msg", None)
+    except UnicodeDecodeError as exc:
+        _incompatible(fn, exc.object)
+    if isinstance(name, (str, bytes)) and isinstance(msg, (str, bytes)):
+        return _note(name, fn), _note(msg, fn)
     _incompatible(fn, value)
 
 
@@ -468,7 +526,7 @@ class TransferEngine:
         peers: Sequence[int],
         lengths: Sequence[int],
         opcode: _Opcode,
-        notify: Optional[tuple[str, str]],
+        notify: Optional[tuple[bytes, bytes]],
     ) -> int:
         target = _str(target_hostname, fn)
         if not (len(buffers) == len(peers) == len(lengths)):
@@ -592,7 +650,7 @@ class TransferEngine:
         peers: Sequence[int],
         lengths: Sequence[int],
         opcode: _Opcode,
-        notify: Optional[tuple[str, str]],
+        notify: Optional[tuple[bytes, bytes]],
     ) -> int:
         """Start a pdx batch; its id, or 0 (failure logged)."""
         if self._abandoned:
@@ -601,10 +659,10 @@ class TransferEngine:
         c_locals = (ctypes.c_void_p * max(n, 1))(*buffers)
         c_remotes = (ctypes.c_uint64 * max(n, 1))(*peers)
         c_lens = (ctypes.c_size_t * max(n, 1))(*lengths)
-        name, msg = notify if notify is not None else (None, None)
+        note, _keep = notify_struct(notify)
         out = ctypes.c_uint64()
         status = int(
-            lib.pdx_batch_submit(
+            lib.pdx_batch_submit_notify_bytes(
                 self._h(),
                 target.encode(),
                 PDX_OPCODE_WRITE if opcode == TransferOpcode.Write else PDX_OPCODE_READ,
@@ -612,8 +670,7 @@ class TransferEngine:
                 c_remotes,
                 c_lens,
                 n,
-                None if name is None else name.encode(),
-                None if msg is None else msg.encode(),
+                note,
                 ctypes.byref(out),
             )
         )
@@ -844,7 +901,7 @@ class TransferEngine:
         if self._engine is None:
             raise RuntimeError("TransferEngine is not initialized: call initialize() first")
         try:
-            return [TransferNotify(name, msg) for name, msg in self._engine.drain_notifications()]
+            return [TransferNotify(name, msg) for name, msg in self._engine.drain_notifications(as_bytes=True)]
         except PdxError as exc:
             log.error("Failed to get notifies: %s", exc)
             return []

@@ -280,6 +280,41 @@ def test_rules_2026_10_decode_text_and_latest():
     assert e.value.message == "--disaggregation-decode-host-receive-threshold must be between 0 and 1"
 
 
+DCP_NOTE = ("DCP on a PD prefill server is supported when prefill and decode use the same DCP layout, but it usually "
+            "adds communication overhead without improving prefill performance.")
+
+
+@pytest.mark.parametrize("fields,env,error,lines", [
+    ({"disaggregation_transfer_backend": "mooncake_tcp", "disaggregation_decode_host_receive_threshold": 1.5}, {},
+     "--disaggregation-decode-host-receive-threshold must be between 0 and 1", [(20, INFO_LINE)]),
+    ({"disaggregation_mode": "prefill", "dcp_size": 2, "disaggregation_transfer_backend": "fake"}, {},
+     "Prefill server does not support 'fake' as the transfer backend", [(30, DCP_NOTE)]),
+    ({"disaggregation_mode": "decode", "disaggregation_transfer_backend": "mori"},
+     {"SGLANG_DISAGG_STAGING_BUFFER": "1"},
+     "SGLANG_DISAGG_STAGING_BUFFER requires disaggregation_transfer_backend='mooncake' or 'nixl', got 'mori'.",
+     [(30, "Radix cache is disabled for decode server")]),
+    ({"disaggregation_mode": "prefill", "dcp_size": 4, "disaggregation_transfer_backend": "mooncake_tcp",
+      "disaggregation_bootstrap_port": 9000}, {"SGLANG_RUST_SERVER": "1"},
+     "SGLANG_RUST_SERVER serves the PD KV bootstrap registry on the api port itself; --disaggregation-bootstrap-port "
+     "9000 conflicts with --port 30000. Drop --disaggregation-bootstrap-port (decode nodes and the PD router must "
+     "then target the prefill api port).", [(20, INFO_LINE), (30, DCP_NOTE)]),
+])
+def test_2026_10_refusal_keeps_the_lines_logged_before_it(monkeypatch, fields, env, error, lines):
+    """sglang 0.5.23 logs these lines and then raises: after the refusal,
+    `messages()` has them (SGLang's texts and order), and nothing else
+    changed: neither the arguments nor MC_FORCE_TCP."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    a = pdx.Args(pdx_rules="2026-10", **fields)
+    before = {key: a[key] for key in ("disaggregation_transfer_backend", "load_balance_method")}
+    with pytest.raises(pdx.PdxError) as e:
+        a.normalize()
+    assert e.value.message == error
+    assert a.messages() == lines
+    assert {key: a[key] for key in before} == before
+    assert c_getenv("MC_FORCE_TCP") is None
+
+
 def test_check_efa_allocator(monkeypatch):
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     monkeypatch.delenv("SGLANG_MOONCAKE_CUSTOM_MEM_POOL", raising=False)

@@ -66,6 +66,7 @@ def _allowed(ctype: str) -> set:
         "pdx_stats": pdx.Stats,
         "pdx_kv_buffer": pdx.kv.KvBuffer,
         "pdx_kv_heads": pdx.kv.KvHeads,
+        "pdx_notify_bytes": pdx.NotifyBytes,
     }
     opaque = base == "void" or (base.startswith("pdx_") and base != "pdx_status" and base not in structs)
     if stars == 0:
@@ -540,8 +541,7 @@ def test_submit_raw_errors(pair):
         ((h, s, -1, locals_, remotes, lens, 2, None, None), pdx.PDX_ERR_INVALID_ARGUMENT),
         ((h, s, W, locals_, remotes, lens, 2, b"name", None), pdx.PDX_ERR_INVALID_ARGUMENT),
         ((h, s, W, locals_, remotes, lens, 2, None, b"msg"), pdx.PDX_ERR_INVALID_ARGUMENT),
-        ((h, s, W, locals_, remotes, lens, 2, BAD_UTF8, b"m"), pdx.PDX_ERR_INVALID_UTF8),
-        ((h, s, W, locals_, remotes, lens, 2, b"n", BAD_UTF8), pdx.PDX_ERR_INVALID_UTF8),
+        # (A notification's name or message need not be UTF-8: test_notifications_are_bytes.)
         ((h, None, W, locals_, remotes, lens, 2, None, None), pdx.PDX_ERR_NULL_ARGUMENT),
         ((h, BAD_UTF8, W, locals_, remotes, lens, 2, None, None), pdx.PDX_ERR_INVALID_UTF8),
         ((h, s, W, None, remotes, lens, 2, None, None), pdx.PDX_ERR_NULL_ARGUMENT),
@@ -662,15 +662,49 @@ def test_notify_and_drain(pair):
     assert b.drain_notifications() == []
 
 
+def test_notifications_are_bytes(pair):
+    """Names and messages are bytes: every byte value (NUL too) and msgpack
+    arrive intact; str is sent as UTF-8; received text comes back as str,
+    anything else as bytes (always bytes with as_bytes)."""
+    a, b = pair.a, pair.b
+    every = bytes(range(256))
+    push = b"PUSH_REG:" + bytes([0x82, 0xA4]) + b"name" + bytes([0xA1, 0x41, 0xA4]) + b"mems" + bytes([0x92, 0xCD, 0x10, 0x8B, 0x00])
+    a.notify(b.session_id, b"PUSH_REG", push)
+    a.notify(b.session_id, every, bytearray(every))
+    a.notify(b.session_id, "r\u00e9q", memoryview(b"caf\xc3\xa9"))
+    src = _rand(64, 5)
+    batch = a.submit(pair.session, "write", [(src, pair.base + 700000)], notify=(b"\x00", every))
+    assert a.wait(batch, WAIT_MS) == pdx.PDX_TASK_COMPLETED
+    a.free(batch)
+    assert b.drain_notifications() == [("PUSH_REG", push), (every, every), ("r\u00e9q", "caf\u00e9"), ("\x00", every)]
+    a.notify(b.session_id, "text", "")
+    assert b.drain_notifications(as_bytes=True) == [(b"text", b"")]
+    with pytest.raises(TypeError):
+        a.notify(b.session_id, 7, "m")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        a.submit(pair.session, "write", [(src, pair.base + 700000)], notify=("only-name",))  # type: ignore[arg-type]
+    # Over the peer's frame limit (MC_HANDSHAKE_MAX_LENGTH, 1 MiB): refused before sending.
+    with pytest.raises(pdx.PdxError) as err:
+        a.notify(b.session_id, "kv", bytes(8 << 20))
+    assert err.value.status == pdx.PDX_ERR_INVALID_ARGUMENT
+    assert "handshake frame limit of 1048576 bytes" in str(err.value)
+    assert b.drain_notifications() == []
+
+
 def test_notify_raw_errors(pair):
     h, s = pair.a.handle, pair.session.encode()
     assert lib.pdx_send_notify(h, None, b"n", b"m") == pdx.PDX_ERR_NULL_ARGUMENT
     assert lib.pdx_send_notify(h, s, None, b"m") == pdx.PDX_ERR_NULL_ARGUMENT
     assert lib.pdx_send_notify(h, s, b"n", None) == pdx.PDX_ERR_NULL_ARGUMENT
-    assert lib.pdx_send_notify(h, s, BAD_UTF8, b"m") == pdx.PDX_ERR_INVALID_UTF8
-    assert lib.pdx_send_notify(h, s, b"n", BAD_UTF8) == pdx.PDX_ERR_INVALID_UTF8
     assert lib.pdx_send_notify(h, BAD_UTF8, b"n", b"m") == pdx.PDX_ERR_INVALID_UTF8
     assert lib.pdx_notifications_drain(h, None) == pdx.PDX_ERR_NULL_ARGUMENT
+    # A name or message need not be UTF-8: its bytes go as they are.
+    assert lib.pdx_send_notify(h, s, BAD_UTF8, b"m") == pdx.PDX_OK
+    assert lib.pdx_send_notify(h, s, b"n", BAD_UTF8) == pdx.PDX_OK
+    assert pair.b.drain_notifications() == [(BAD_UTF8, "m"), ("n", BAD_UTF8)]
+    none = pdx.NotifyBytes(None, 1, None, 0)
+    assert lib.pdx_send_notify_bytes(h, s, byref(none)) == pdx.PDX_ERR_NULL_ARGUMENT
+    assert lib.pdx_send_notify_bytes(h, s, None) == pdx.PDX_ERR_NULL_ARGUMENT
     assert pair.b.drain_notifications() == []
 
     # Notification lists: NULL, garbage, freed, index out of range.

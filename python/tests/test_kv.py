@@ -144,8 +144,23 @@ def test_index_arrays_of_every_kind():
     ]
     for src, dst in kinds:
         assert Plan(one, one, src, dst).requests() == want == 2
-    np = pytest.importorskip("numpy")
-    assert Plan(one, one, np.array([0, 1, 2, 50], dtype=np.int32), np.array([9, 10, 11, 3])).requests() == 2
+
+
+def test_numpy_index_arrays():
+    """numpy arrays of every integer width, as the README shows them: the
+    same runs as from a list."""
+    np = pytest.importorskip("numpy", reason="numpy is in python/requirements-test.txt")
+    one = [(0x10000, 64, 100)]
+    maps = [([0, 1, 2, 50], [9, 10, 11, 3], 2), ([5, 6, 7, 8], [1, 2, 3, 4], 1), ([0, 2, 4, 6], [0, 1, 2, 3], 4)]
+    for src, dst, runs in maps:
+        assert Plan(one, one, src, dst).requests() == runs
+        for dtype in (np.int32, np.int64, np.int16, np.uint8, np.intp):
+            assert Plan(one, one, np.array(src, dtype=dtype), np.array(dst, dtype=dtype)).requests() == runs, dtype
+    # A strided view (every other element) is read as its values, not its memory.
+    wide = np.array([5, -1, 6, -1, 7, -1, 8, -1], dtype=np.int32)[::2]
+    assert Plan(one, one, wide, np.array([1, 2, 3, 4])).requests() == 1
+    with pytest.raises(ValueError, match="does not fit int32"):
+        Plan(one, one, np.array([1 << 40], dtype=np.int64), np.array([0]))
 
 
 def test_bad_inputs():

@@ -167,3 +167,37 @@ def test_pdx_status_names_are_used(engine: mc.TransferEngine, caplog) -> None:
         assert engine.register_memory(ctypes.addressof(mem), 32) == -7
     assert "PDX_ERR_ADDRESS_OVERLAP" in caplog.text
     assert pdx.PDX_ERR_ADDRESS_OVERLAP == -17
+
+
+def test_notifications_are_bytes(engine: mc.TransferEngine) -> None:
+    """TransferNotify takes str or bytes, as the wheel's does; text reads back as
+    str, and bytes that are not UTF-8 (where the wheel's getter raises
+    UnicodeDecodeError) as bytes. Between pdx engines they arrive intact."""
+    push = b"PUSH_REG:" + bytes([0x82, 0xA4]) + b"name" + bytes([0xA1, 0x41, 0x8B, 0x00, 0xFF])
+    n = mc.TransferNotify(b"PUSH_REG", push)
+    assert (n.name, n.msg, n.name_bytes, n.msg_bytes) == ("PUSH_REG", push, b"PUSH_REG", push)
+    assert mc.TransferNotify("caf\u00e9", "m").name_bytes == "caf\u00e9".encode()
+    n.msg = "text"
+    assert n.msg == "text" and n == mc.TransferNotify(b"PUSH_REG", b"text")
+    with pytest.raises(TypeError):
+        n.name = 5  # type: ignore[assignment]
+    with pytest.raises(TypeError):
+        mc.TransferNotify(1, "m")  # type: ignore[arg-type]
+
+    peer = mc.TransferEngine()
+    assert peer.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    src, dst = ctypes.create_string_buffer(b"abc", 16), ctypes.create_string_buffer(16)
+    assert peer.register_memory(ctypes.addressof(dst), 16) == 0
+    assert engine.register_memory(ctypes.addressof(src), 16) == 0
+    session = f"127.0.0.1:{peer.get_rpc_port()}"
+    every = bytes(range(256))
+    for note in (mc.TransferNotify(b"PUSH_REG", push), mc.TransferNotify(every, every), mc.TransferNotify("n", "m")):
+        assert engine.transfer_sync(session, ctypes.addressof(src), ctypes.addressof(dst), 3, mc.Write, note) == 0
+    got = peer.get_notifies()
+    assert [(g.name_bytes, g.msg_bytes) for g in got] == [(b"PUSH_REG", push), (every, every), (b"n", b"m")]
+    assert [(g.name, g.msg) for g in got][2] == ("n", "m")
+    assert got[0].msg == push and isinstance(got[0].msg, bytes)
+    # Over the peer's frame limit (MC_HANDSHAKE_MAX_LENGTH): refused, nothing sent.
+    big = mc.TransferNotify("kv", bytes(8 << 20))
+    assert engine.transfer_sync(session, ctypes.addressof(src), ctypes.addressof(dst), 3, mc.Write, big) == -1
+    assert peer.get_notifies() == []

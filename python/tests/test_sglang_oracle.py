@@ -13,12 +13,16 @@ drift; `PDX_SGLANG_ORACLE_CASES` sets the number of generated cases
 (default 800); `PDX_SGLANG_ORACLE_RULES=2026-09` holds another rule set
 against the release.
 
+On an error the class, the text and the lines SGLang logged before raising
+are compared (pdx keeps those lines as the refused normalization's
+messages).
+
 Documented differences (docs/sglang-rules.md), not counted:
 - pdx's own first message when the `mooncake_tcp` alias sets MC_FORCE_TCP
   (`MC_FORCE_TCP=1 set in the process environment ...`) has no SGLang line;
-- on an error pdx changes nothing and logs nothing (all or nothing), where
-  SGLang has already logged and set MC_FORCE_TCP: on errors only the class
-  and text are compared;
+- on an error pdx changes neither the arguments nor the environment, where
+  SGLang has already set MC_FORCE_TCP: on errors the environment and the
+  fields are not compared;
 - whether the IB device is validated is compared where SGLang's
   `handle_encoder_disaggregation` reaches its IB check (its encoder-only /
   language-only refusals come first and are not PD rules).
@@ -230,7 +234,8 @@ def run_pdx(case):
     try:
         messages = a.normalize()
     except pdx.PdxError as e:
-        return {"error": [error_of(e), e.message]}
+        # The lines SGLang logged before it raised, kept with the refusal.
+        return {"error": [error_of(e), e.message], "messages": [list(m) for m in a.messages()]}
     if messages and messages[0][1].startswith("MC_FORCE_TCP"):
         messages = messages[1:]  # pdx's own report of the setdefault (documented)
     return {
@@ -246,11 +251,12 @@ def compare(case, theirs, ours):
     """The differences between SGLang's outcome and pdx's, as text lines."""
     if theirs["error"] != ours["error"]:
         return [f"error: sglang {theirs['error']} pdx {ours['error']}"]
-    if theirs["error"] is not None:
-        return []
     diffs = []
     if theirs["messages"] != ours["messages"]:
-        diffs.append(f"messages: sglang {theirs['messages']} pdx {ours['messages']}")
+        when = "messages before the error" if theirs["error"] is not None else "messages"
+        diffs.append(f"{when}: sglang {theirs['messages']} pdx {ours['messages']}")
+    if theirs["error"] is not None:
+        return diffs
     for field, value in theirs["resolved"].items():
         if ours["resolved"].get(field) != value:
             diffs.append(f"{field}: sglang {value!r} pdx {ours['resolved'].get(field)!r}")
@@ -286,9 +292,11 @@ def test_pdx_2026_10_agrees_with_installed_sglang(oracle_python, tmp_path):
     saved = {n: os.environ.get(n) for n in ENV_NAMES}
     disagreements = []
     errors = 0
+    lines_first = 0
     try:
         for i, (case, outcome) in enumerate(zip(cases, theirs["cases"], strict=True)):
             errors += outcome["error"] is not None
+            lines_first += outcome["error"] is not None and bool(outcome["messages"])
             for d in compare(case, outcome, run_pdx(case)):
                 disagreements.append(f"case {i} {json.dumps(case, sort_keys=True)}: {d}")
         for case, outcome in zip(ib, theirs["ib"], strict=True):
@@ -317,8 +325,8 @@ def test_pdx_2026_10_agrees_with_installed_sglang(oracle_python, tmp_path):
             if value is not None:
                 os.environ[name] = value
 
-    print(f"sglang oracle: {len(cases)} rule cases ({errors} raise in SGLang), {len(ib)} IB cases, "
-          f"{len(efa)} EFA cases; SGLang side {sglang_s:.1f}s; {len(disagreements)} disagreements")
+    print(f"sglang oracle: {len(cases)} rule cases ({errors} raise in SGLang, {lines_first} of them after logging), "
+          f"{len(ib)} IB cases, {len(efa)} EFA cases; SGLang side {sglang_s:.1f}s; {len(disagreements)} disagreements")
     assert not disagreements, "\n".join(disagreements[:40]) + f"\n... {len(disagreements)} in all"
 
 

@@ -29,11 +29,18 @@ fn main() {
     println!("argv: {}", argv.join(" "));
 
     let mut args = ServerArgs::default();
-    let result = config::parse_argv(&mut args, &argv).and_then(|()| config::normalize(&mut args, &ProcessEnv));
-    let messages = match result {
+    if let Err(e) = config::parse_argv(&mut args, &argv) {
+        eprintln!("error ({:?}): {}", e.kind(), e.message());
+        std::process::exit(1);
+    }
+    let messages = match config::normalize(&mut args, &ProcessEnv) {
         Ok(m) => m,
-        Err(e) => {
-            eprintln!("error ({:?}): {}", e.kind(), e.message());
+        Err(refusal) => {
+            // What SGLang logs before it raises, then what it raises.
+            for m in &refusal.messages {
+                eprintln!("[{:?}] {}", m.level, m.text);
+            }
+            eprintln!("error ({:?}): {}", refusal.kind(), refusal.message());
             std::process::exit(1);
         }
     };

@@ -4,6 +4,7 @@
 
 use super::message::Message;
 use super::py;
+use crate::error::{Error, ErrorKind};
 
 /// INFO line of the `mooncake_tcp` alias (always says `=1`).
 pub const MOONCAKE_TCP_INFO: &str =
@@ -80,7 +81,8 @@ pub fn staging_error(backend: &str) -> String {
     )
 }
 
-/// What the hook did besides mutating the arguments.
+/// What the hook did besides mutating the arguments. A hook fills it as it
+/// runs, so on a refusal it holds what SGLang logged before raising.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HookOutcome {
     /// Log lines in emission order.
@@ -89,4 +91,34 @@ pub struct HookOutcome {
     /// set-defaulted to `"1"`. [`handle_pd_disaggregation`] does not write
     /// the environment itself; [`normalize`] does, after every rule passed.
     pub set_default_mc_force_tcp: bool,
+}
+
+/// A refused normalization: SGLang's error, and the lines SGLang logged
+/// before raising it (its order, its texts; pdx's own `MC_FORCE_TCP` line is
+/// not among them, since a refusal leaves the environment as it was).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// What SGLang raises (`ValueError`, `AssertionError`, ...), its text.
+    pub error: Error,
+    /// The info and warning lines logged before the error, in order.
+    pub messages: Vec<Message>,
+}
+
+impl Refusal {
+    /// The error's kind.
+    pub fn kind(&self) -> ErrorKind {
+        self.error.kind()
+    }
+
+    /// The error's text.
+    pub fn message(&self) -> &str {
+        self.error.message()
+    }
+}
+
+impl From<Refusal> for Error {
+    /// The error alone, for callers that keep no messages.
+    fn from(refusal: Refusal) -> Error {
+        refusal.error
+    }
 }

@@ -40,6 +40,7 @@ pub mod transport;
 pub use args::{RuleSet, ServerArgs};
 pub use argv::parse_argv;
 pub use env::{Env, MapEnv, ProcessEnv};
+pub use hook_texts::Refusal;
 pub use message::{Level, Message};
 pub use rules::normalize;
 pub use transport::{resolve_transport, resolve_transport_from_process_env, TransportChoice};

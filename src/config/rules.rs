@@ -16,12 +16,17 @@ use crate::error::{Error, Result};
 
 /// `handle_pd_disaggregation(server_args)` under `rules`, reading the
 /// environment through `env`. Mutates `args` in place (also on error, as
-/// SGLang does; [`normalize`] works on a copy).
-pub fn handle_pd_disaggregation(args: &mut ServerArgs, env: &dyn Env, rules: RuleSet) -> Result<HookOutcome> {
+/// SGLang does; [`normalize`] works on a copy) and appends to `out` as SGLang
+/// logs, so that on error `out` holds the lines logged before it.
+pub fn handle_pd_disaggregation(
+    args: &mut ServerArgs,
+    env: &dyn Env,
+    rules: RuleSet,
+    out: &mut HookOutcome,
+) -> Result<()> {
     if rules == RuleSet::Upstream202610 {
-        return rules_2026_10::handle_pd_disaggregation(args, env);
+        return rules_2026_10::handle_pd_disaggregation(args, env, out);
     }
-    let mut out = HookOutcome::default();
 
     // Step 1: the alias, in every mode.
     if args.disaggregation_transfer_backend == "mooncake_tcp" {
@@ -32,7 +37,7 @@ pub fn handle_pd_disaggregation(args: &mut ServerArgs, env: &dyn Env, rules: Rul
     }
 
     if rules == RuleSet::Upstream202609 {
-        decode_context_parallel(args, &mut out)?;
+        decode_context_parallel(args, out)?;
     }
 
     match args.disaggregation_mode.as_str() {
@@ -83,7 +88,7 @@ pub fn handle_pd_disaggregation(args: &mut ServerArgs, env: &dyn Env, rules: Rul
                 let rust_server = env::get_bool(env, names::SGLANG_RUST_SERVER, false);
                 out.messages.extend(rust_server.warning.map(Message::warning));
                 if rust_server.value {
-                    alias_bootstrap_port_to_api_port(args, &mut out)?;
+                    alias_bootstrap_port_to_api_port(args, out)?;
                 }
             }
         }
@@ -98,7 +103,7 @@ pub fn handle_pd_disaggregation(args: &mut ServerArgs, env: &dyn Env, rules: Rul
             return Err(Error::value_error(staging_error(backend)));
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The 2026-09 decode-context-parallel rules, run right after the alias:
@@ -176,25 +181,34 @@ pub fn set_default_mc_force_tcp(env: &dyn Env) -> Message {
 /// - `2026-07` and `2026-09`: the hook, then `_handle_load_balance_method`;
 /// - `2026-10`: sglang 0.5.23's pipeline ([`rules_2026_10::resolve`]).
 ///
-/// All-or-nothing: the rules run on a copy; on error `args` and the
-/// environment are unchanged and nothing is logged. On success `args` is
-/// replaced, `MC_FORCE_TCP` is set-defaulted through `env` when the
-/// `mooncake_tcp` alias applied (a message, first in the list, says what
-/// happened), every message is logged, and the messages are returned.
-pub fn normalize(args: &mut ServerArgs, env: &dyn Env) -> Result<Vec<Message>> {
+/// The rules run on a copy. On success `args` is replaced,
+/// `MC_FORCE_TCP` is set-defaulted through `env` when the `mooncake_tcp`
+/// alias applied (a message, first in the list, says what happened), every
+/// message is logged, and the messages are returned.
+///
+/// On error `args` and the environment are unchanged, and the [`Refusal`]
+/// holds SGLang's error with the lines SGLang logged before raising it
+/// (logged here too, as SGLang logs them): the `mooncake_tcp` rewrite's line,
+/// a decode server's radix-cache line, the DCP note, a variable's parse
+/// warning, ... in SGLang's order.
+pub fn normalize(args: &mut ServerArgs, env: &dyn Env) -> std::result::Result<Vec<Message>, Refusal> {
     let mut work = args.clone();
-    let outcome = match work.pdx_rules {
-        RuleSet::Upstream202610 => rules_2026_10::resolve(&mut work, env)?,
-        RuleSet::Pr26346 => {
-            handle_load_balance_method(&mut work)?;
-            handle_pd_disaggregation(&mut work, env, RuleSet::Pr26346)?
-        }
+    let mut outcome = HookOutcome::default();
+    let ran = match work.pdx_rules {
+        RuleSet::Upstream202610 => rules_2026_10::resolve(&mut work, env, &mut outcome),
+        RuleSet::Pr26346 => handle_load_balance_method(&mut work)
+            .and_then(|()| handle_pd_disaggregation(&mut work, env, RuleSet::Pr26346, &mut outcome)),
         rules @ (RuleSet::Upstream202607 | RuleSet::Upstream202609) => {
-            let o = handle_pd_disaggregation(&mut work, env, rules)?;
-            handle_load_balance_method(&mut work)?;
-            o
+            handle_pd_disaggregation(&mut work, env, rules, &mut outcome)
+                .and_then(|()| handle_load_balance_method(&mut work))
         }
     };
+    if let Err(error) = ran {
+        for m in &outcome.messages {
+            m.log();
+        }
+        return Err(Refusal { error, messages: outcome.messages });
+    }
     let mut messages = Vec::with_capacity(outcome.messages.len() + 1);
     if outcome.set_default_mc_force_tcp {
         messages.push(set_default_mc_force_tcp(env));
@@ -532,6 +546,105 @@ mod tests {
         assert_eq!(a.disaggregation_transfer_backend, "mooncake_tcp");
     }
 
+    /// normalize's refusal, after checking that it changed neither the
+    /// arguments nor the environment: (kind, text, lines before it).
+    fn refused(rules: RuleSet, pairs: &[(&str, &str)], env: &MapEnv) -> (ErrorKind, String, Vec<String>) {
+        let mut a = args(rules, pairs);
+        let before = a.clone();
+        let mc_force_tcp = env.var("MC_FORCE_TCP");
+        let r = normalize(&mut a, env).unwrap_err();
+        assert_eq!(a, before, "{rules:?} {pairs:?}: the arguments changed");
+        assert_eq!(env.var("MC_FORCE_TCP"), mc_force_tcp, "{rules:?} {pairs:?}: the environment changed");
+        (r.kind(), r.message().to_owned(), r.messages.iter().map(|m| m.text.clone()).collect())
+    }
+
+    /// SGLang logs the alias's line, then raises: the line is kept (pdx's
+    /// own MC_FORCE_TCP line is not, the variable stays unset).
+    #[test]
+    fn refusal_keeps_the_alias_line_logged_before_it() {
+        let radix_hisparse = [
+            ("disaggregation_mode", "decode"),
+            ("disaggregation_transfer_backend", "mooncake_tcp"),
+            ("disaggregation_decode_enable_radix_cache", "true"),
+            ("enable_hisparse", "true"),
+        ];
+        for rules in ALL {
+            let got = refused(rules, &radix_hisparse, &MapEnv::new());
+            assert_eq!(got, (ErrorKind::ValueError, RADIX_HISPARSE.to_owned(), vec![MOONCAKE_TCP_INFO.to_owned()]));
+        }
+        let alias = [("disaggregation_transfer_backend", "mooncake_tcp")];
+        let mut a = ServerArgs { disaggregation_mode: "both".into(), ..args(RuleSet::Upstream202607, &alias) };
+        let r = normalize(&mut a, &MapEnv::new()).unwrap_err();
+        // 2026-07 runs the hook before load balancing (the line, then the
+        // error); the PR-time order is the other way round.
+        assert_eq!((r.message(), r.messages.len()), ("Invalid disaggregation_mode='both'", 1));
+        a.pdx_rules = RuleSet::Pr26346;
+        assert!(normalize(&mut a, &MapEnv::new()).unwrap_err().messages.is_empty());
+    }
+
+    /// The decode branch's lines come before the staging check's refusal,
+    /// with each rule set's own texts.
+    #[test]
+    fn refusal_keeps_the_decode_lines_logged_before_it() {
+        let staging = MapEnv::from_pairs(&[("SGLANG_DISAGG_STAGING_BUFFER", "1")]);
+        let mori = [("disaggregation_mode", "decode"), ("disaggregation_transfer_backend", "mori")];
+        for rules in ALL {
+            let got = refused(rules, &mori, &staging);
+            assert_eq!(got, (ErrorKind::ValueError, staging_error("mori"), vec![CHUNK_CACHE_WARNING.to_owned()]));
+        }
+        let mamba = [
+            ("disaggregation_mode", "decode"),
+            ("disaggregation_transfer_backend", "mori"),
+            ("mamba_scheduler_strategy", "extra_buffer"),
+        ];
+        let (_, _, lines) = refused(RuleSet::Pr26346, &mamba, &staging);
+        assert_eq!(lines, [CHUNK_CACHE_WARNING, MAMBA_FALLBACK_WARNING]);
+        let radix_dp = [
+            ("disaggregation_mode", "decode"),
+            ("disaggregation_transfer_backend", "mori"),
+            ("disaggregation_decode_enable_radix_cache", "true"),
+            ("enable_dp_attention", "true"),
+        ];
+        for rules in [RuleSet::Upstream202607, SEP] {
+            let (_, text, lines) = refused(rules, &radix_dp, &staging);
+            assert_eq!(
+                (text, lines),
+                (staging_error("mori"), vec![RADIX_DP_WARNING.to_owned(), RADIX_ENABLED_WARNING.to_owned()])
+            );
+        }
+    }
+
+    /// 2026-09: the DCP note and a variable's parse warning are logged
+    /// before a later refusal; a refusal before any line keeps none.
+    #[test]
+    fn refusal_keeps_the_2026_09_lines_logged_before_it() {
+        let pairs = [
+            ("disaggregation_mode", "prefill"),
+            ("dcp_size", "2"),
+            ("disaggregation_transfer_backend", "mooncake_tcp"),
+            ("disaggregation_bootstrap_port", "9000"),
+        ];
+        let (kind, text, lines) = refused(SEP, &pairs, &rust_env("1"));
+        assert_eq!((kind, text), value_error(&rust_server_port_conflict_error(9000, 30000)));
+        assert_eq!(lines, [MOONCAKE_TCP_INFO, DCP_PREFILL_WARNING]);
+        let env = MapEnv::from_pairs(&[("SGLANG_RUST_SERVER", "maybe"), ("SGLANG_DISAGG_STAGING_BUFFER", "1")]);
+        let (_, text, lines) =
+            refused(SEP, &[("disaggregation_mode", "prefill"), ("disaggregation_transfer_backend", "mori")], &env);
+        assert_eq!(text, staging_error("mori"));
+        assert_eq!(
+            lines,
+            ["Invalid value for SGLANG_RUST_SERVER: \"maybe\" is not a valid boolean value, using default \"False\""]
+        );
+        for rules in ALL {
+            let got = refused(
+                rules,
+                &[("disaggregation_mode", "prefill"), ("disaggregation_transfer_backend", "fake")],
+                &MapEnv::new(),
+            );
+            assert_eq!(got, (ErrorKind::AssertionError, PREFILL_FAKE.to_owned(), vec![]));
+        }
+    }
+
     #[test]
     fn invalid_mode_from_rust_callers() {
         for rules in ALL {
@@ -723,7 +836,8 @@ mod tests {
     fn dcp_prefill_warning_then_fake_assertion() {
         let pairs =
             [("disaggregation_mode", "prefill"), ("dcp_size", "2"), ("disaggregation_transfer_backend", "fake")];
-        assert_eq!(err(SEP, &pairs, &MapEnv::new()), (ErrorKind::AssertionError, PREFILL_FAKE.to_owned()));
+        let got = refused(SEP, &pairs, &MapEnv::new());
+        assert_eq!(got, (ErrorKind::AssertionError, PREFILL_FAKE.to_owned(), vec![DCP_PREFILL_WARNING.to_owned()]));
     }
 
     // ---- 2026-09: SGLANG_RUST_SERVER ----

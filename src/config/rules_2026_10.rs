@@ -104,10 +104,11 @@ fn attn_dp_enabled(args: &ServerArgs) -> bool {
 }
 
 /// `handle_pd_disaggregation(server_args)` of sglang 0.5.23. Mutates
-/// `args` in place, also on error ([`normalize`] works on a copy).
-pub fn handle_pd_disaggregation(args: &mut ServerArgs, env: &dyn Env) -> Result<HookOutcome> {
-    let mut out = HookOutcome::default();
-
+/// `args` in place, also on error ([`normalize`] works on a copy), and
+/// appends to `out` as SGLang logs (on error: the lines before it).
+///
+/// [`normalize`]: super::rules::normalize
+pub fn handle_pd_disaggregation(args: &mut ServerArgs, env: &dyn Env, out: &mut HookOutcome) -> Result<()> {
     if args.disaggregation_transfer_backend == "mooncake_tcp" {
         out.set_default_mc_force_tcp = true;
         args.disaggregation_transfer_backend = "mooncake".into();
@@ -116,7 +117,7 @@ pub fn handle_pd_disaggregation(args: &mut ServerArgs, env: &dyn Env) -> Result<
     }
 
     if args.disaggregation_decode_allocation_policy == "prefill_complete" {
-        validate_prefill_complete(args, env, &mut out)?;
+        validate_prefill_complete(args, env, out)?;
         if args.disaggregation_mode == "prefill" && args.optimistic_prefill_attempts == 0 {
             args.optimistic_prefill_attempts = 1;
         }
@@ -174,15 +175,15 @@ pub fn handle_pd_disaggregation(args: &mut ServerArgs, env: &dyn Env) -> Result<
             if args.disaggregation_transfer_backend == "fake" {
                 return Err(Error::assertion_error(PREFILL_FAKE));
             }
-            if read_bool(env, names::SGLANG_RUST_SERVER, &mut out) {
-                alias_bootstrap_port_to_api_port(args, &mut out)?;
+            if read_bool(env, names::SGLANG_RUST_SERVER, out) {
+                alias_bootstrap_port_to_api_port(args, out)?;
             }
         }
         _ => {}
     }
 
     if matches!(args.disaggregation_mode.as_str(), "prefill" | "decode") {
-        let staging = read_bool(env, names::SGLANG_DISAGG_STAGING_BUFFER, &mut out);
+        let staging = read_bool(env, names::SGLANG_DISAGG_STAGING_BUFFER, out);
         let backend = args.disaggregation_transfer_backend.as_str();
         if staging && backend != "mooncake" && backend != "nixl" {
             return Err(Error::value_error(staging_error(backend)));
@@ -194,7 +195,7 @@ pub fn handle_pd_disaggregation(args: &mut ServerArgs, env: &dyn Env) -> Result<
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// 0.5.23's extra decode slots: 0 without `max_running_requests`; else
@@ -328,13 +329,14 @@ fn alias_bootstrap_port_to_api_port(args: &mut ServerArgs, out: &mut HookOutcome
 
 /// The 0.5.23 pipeline around the hook: the deprecated DP-attention
 /// spelling, the hook, load balancing; then `enable_dp_attention` reads
-/// back as 0.5.23's `resolved_dict` reports it (attention DP runs).
-pub fn resolve(args: &mut ServerArgs, env: &dyn Env) -> Result<HookOutcome> {
+/// back as 0.5.23's `resolved_dict` reports it (attention DP runs). The
+/// hook's lines go to `out`, also those before an error.
+pub fn resolve(args: &mut ServerArgs, env: &dyn Env, out: &mut HookOutcome) -> Result<()> {
     handle_deprecated_dp_attention(args);
-    let out = handle_pd_disaggregation(args, env)?;
+    handle_pd_disaggregation(args, env, out)?;
     handle_load_balance_method(args)?;
     args.enable_dp_attention = attn_dp_enabled(args);
-    Ok(out)
+    Ok(())
 }
 
 /// Whether 0.5.23 validates the IB device (`handle_encoder_disaggregation`,
@@ -564,6 +566,100 @@ mod tests {
             ("disaggregation_transfer_backend", "nixl")
         ])));
         assert!(ib_validation_applies(&args(&[("encoder_transfer_backend", "mooncake")])));
+    }
+
+    /// normalize's refusal, after checking that it changed neither the
+    /// arguments nor the environment: (kind, text, lines logged before it).
+    fn refused(pairs: &[(&str, &str)], env: &MapEnv) -> (ErrorKind, String, Vec<String>) {
+        let mut a = args(pairs);
+        let before = a.clone();
+        let mc_force_tcp = env.var("MC_FORCE_TCP");
+        let r = normalize(&mut a, env).unwrap_err();
+        assert_eq!(a, before, "{pairs:?}: the arguments changed");
+        assert_eq!(env.var("MC_FORCE_TCP"), mc_force_tcp, "{pairs:?}: the environment changed");
+        (r.kind(), r.message().to_owned(), r.messages.into_iter().map(|m| m.text).collect())
+    }
+
+    /// The three lines 0.5.23 logs before it raises, each kept with the
+    /// refusal (issue 53: 27, 11 and 2 of 300 sampled combinations).
+    #[test]
+    fn refusal_keeps_the_alias_line() {
+        for (extra, error) in [
+            (("disaggregation_decode_host_receive_threshold", "1.5"), HOST_RECEIVE_RANGE.to_owned()),
+            (
+                ("disaggregation_decode_allocation_policy", "prefill_complete"),
+                prefill_complete_error(&["aggregated serving"]),
+            ),
+        ] {
+            let pairs = [("disaggregation_transfer_backend", "mooncake_tcp"), extra];
+            let env = MapEnv::new();
+            assert_eq!(refused(&pairs, &env), (ErrorKind::ValueError, error, vec![MOONCAKE_TCP_INFO.to_owned()]));
+            assert_eq!(env.var("MC_FORCE_TCP"), None, "refused: MC_FORCE_TCP not set");
+        }
+        // An existing MC_FORCE_TCP is kept as it was, and pdx's own line
+        // about it is not among SGLang's.
+        let env = MapEnv::from_pairs(&[("MC_FORCE_TCP", "0")]);
+        let pairs = [
+            ("disaggregation_mode", "prefill"),
+            ("disaggregation_transfer_backend", "mooncake_tcp"),
+            ("enable_pd_role_switch", "true"),
+            ("pp_size", "2"),
+        ];
+        let (_, text, lines) = refused(&pairs, &env);
+        assert_eq!(text, role_switch_error(&["pipeline parallelism (--pp-size 2)".to_owned()]));
+        assert_eq!(lines, [MOONCAKE_TCP_INFO]);
+    }
+
+    #[test]
+    fn refusal_keeps_the_dcp_prefill_note() {
+        let pairs =
+            [("disaggregation_mode", "prefill"), ("dcp_size", "2"), ("disaggregation_transfer_backend", "fake")];
+        let want = (ErrorKind::AssertionError, PREFILL_FAKE.to_owned(), vec![DCP_PREFILL_WARNING.to_owned()]);
+        assert_eq!(refused(&pairs, &MapEnv::new()), want);
+        // With the alias and the Rust server: both lines, in SGLang's order.
+        let pairs = [
+            ("disaggregation_mode", "prefill"),
+            ("dcp_size", "4"),
+            ("disaggregation_transfer_backend", "mooncake_tcp"),
+            ("disaggregation_bootstrap_port", "9000"),
+        ];
+        let env = MapEnv::from_pairs(&[("SGLANG_RUST_SERVER", "1")]);
+        let (kind, text, lines) = refused(&pairs, &env);
+        assert_eq!((kind, text), (ErrorKind::ValueError, rust_server_port_conflict_error(9000, 30000)));
+        assert_eq!(lines, [MOONCAKE_TCP_INFO, DCP_PREFILL_WARNING]);
+    }
+
+    #[test]
+    fn refusal_keeps_the_radix_disabled_line() {
+        let env = MapEnv::from_pairs(&[("SGLANG_DISAGG_STAGING_BUFFER", "1")]);
+        let pairs = [("disaggregation_mode", "decode"), ("disaggregation_transfer_backend", "mori")];
+        let want = (ErrorKind::ValueError, staging_error("mori"), vec![RADIX_DISABLED_WARNING.to_owned()]);
+        assert_eq!(refused(&pairs, &env), want);
+        let pairs = [("disaggregation_mode", "decode"), ("enable_pd_role_switch", "1"), ("ep_size", "8")];
+        let (_, text, lines) = refused(&pairs, &MapEnv::new());
+        assert_eq!(text, role_switch_error(&["expert parallelism (--ep-size 8)".to_owned()]));
+        assert_eq!(lines, [RADIX_DISABLED_WARNING]);
+    }
+
+    /// A variable's parse warning is a line too; a refusal before any line
+    /// keeps none.
+    #[test]
+    fn refusal_keeps_parse_warnings_and_nothing_else() {
+        let env = MapEnv::from_pairs(&[("SGLANG_RUST_SERVER", "maybe"), ("SGLANG_DISAGG_STAGING_BUFFER", "1")]);
+        let pairs = [
+            ("disaggregation_mode", "prefill"),
+            ("disaggregation_transfer_backend", "nixl"),
+            ("enable_pd_role_switch", "1"),
+            ("speculative_algorithm", "EAGLE"),
+        ];
+        let (_, text, lines) = refused(&pairs, &env);
+        assert_eq!(text, role_switch_error(&["speculative decoding (--speculative-algorithm EAGLE)".to_owned()]));
+        assert_eq!(
+            lines,
+            ["Invalid value for SGLANG_RUST_SERVER: \"maybe\" is not a valid boolean value, using default \"False\""]
+        );
+        let (_, text, lines) = refused(&[("disaggregation_decode_host_receive_threshold", "nan")], &MapEnv::new());
+        assert_eq!((text.as_str(), lines.len()), (HOST_RECEIVE_RANGE, 0));
     }
 
     #[test]

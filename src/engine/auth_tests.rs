@@ -88,8 +88,8 @@ fn without_the_secret_nothing_is_read_written_or_notified_and_with_it_both_ways_
     unsafe { a.transfer_sync(b.session_id(), Direction::Read, vec![req(&back, remote)]) }.unwrap();
     back.truncate(1000);
     assert!(back.iter().all(|&x| x == 5));
-    a.notify(b.session_id(), "n", "m").unwrap();
-    assert_eq!(b.drain_notifications(), vec![("n".to_owned(), "m".to_owned())]);
+    a.notify(b.session_id(), &Notification::new("n", "m")).unwrap();
+    assert_eq!(b.drain_notifications(), vec![Notification::new("n", "m")]);
     // The other direction too.
     let own = [0u8; 64];
     a.register(own.as_ptr() as u64, 64).unwrap();
@@ -107,7 +107,7 @@ fn without_the_secret_nothing_is_read_written_or_notified_and_with_it_both_ways_
         // SAFETY: as above.
         let r = unsafe { stranger.transfer_sync(b.session_id(), Direction::Read, vec![req(&junk, remote)]) };
         assert!(r.is_err(), "{who}");
-        assert!(stranger.notify(b.session_id(), "n", "stranger").is_err(), "{who}");
+        assert!(stranger.notify(b.session_id(), &Notification::new("n", "stranger")).is_err(), "{who}");
         assert!(stranger.probe(b.session_id()).is_err(), "{who}");
         // And this engine does not talk to it either.
         // SAFETY: as above.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::hardening_tests::Freezable;
 use super::*;
-use crate::transfer::TaskState;
+use crate::transfer::{Notification, TaskState};
 
 /// What local memory is filled with once a cancel returned. The peers'
 /// data never holds this byte (see [`pattern`]), so any other byte found
@@ -64,7 +64,7 @@ fn serves_on(a: &Engine, session: &str, remote: &[u8]) {
     // SAFETY: `back` and `remote` outlive the synchronous call.
     unsafe { a.transfer_sync(session, Direction::Read, vec![r]) }.expect("the next read");
     assert!(back[..] == remote[..back.len()], "the next read gets the peer's bytes (no stale byte of the last)");
-    a.notify(session, "after-cancel", "hello").expect("a notification right after a cancel");
+    a.notify(session, &Notification::new("after-cancel", "hello")).expect("a notification right after a cancel");
 }
 
 /// What a cancel took, and the peer's figures right after it returned.

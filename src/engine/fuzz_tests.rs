@@ -71,6 +71,7 @@ fn seeds() -> Vec<Vec<u8>> {
         wire::encode_frame(FrameType::Metadata, &desc),
         wire::encode_frame(FrameType::Probe, "{}"),
         wire::encode_frame(FrameType::Notify, r#"{"name":"a","notify_msg":"b"}"#),
+        wire::encode_frame(FrameType::Notify, b"{\"name\":\"\xff\",\"notify_msg\":\"\x8b\\u0000\\udc80\"}"),
         wire::encode_frame(FrameType::Connection, r#"{"qp_num":[1,2],"local_nic_path":"x"}"#),
         wire::encode_frame(FrameType::Old, "{}"),
         RequestHeader { size: 16, addr: 4096, direction: Direction::Write, acknowledged: true }.encode().to_vec(),
@@ -140,6 +141,7 @@ fn decoders_never_panic() {
                 let body = &input[8..input.len().min(8 + n)];
                 let (_, json) = wire::split_frame_body(body);
                 let _ = parse_descriptor(json, "s:1", "s");
+                let _ = super::protocol::notify::decode(json);
             }
             let _ = wire::decode_status(prefix);
             if let Some(n) = super::protocol::hello::reply_body_len(prefix) {

@@ -446,12 +446,12 @@ fn trickling_handshake_connections_do_not_stop_a_new_peer() {
     // SAFETY: `src` and `target` outlive the call.
     unsafe { newcomer.transfer_sync(victim.session_id(), Direction::Write, vec![req(&src, addr(&target), 4096)]) }
         .unwrap();
-    newcomer.notify(victim.session_id(), "kv", "done").unwrap();
+    newcomer.notify(victim.session_id(), &Notification::new("kv", "done")).unwrap();
     let took = t0.elapsed();
     println!("probe, handshake + write, notify past 64 trickling handshake connections: {took:?}");
     assert!(took < Duration::from_secs(2), "{took:?}");
     assert!(target == src);
-    assert_eq!(victim.drain_notifications(), vec![("kv".to_owned(), "done".to_owned())]);
+    assert_eq!(victim.drain_notifications(), vec![Notification::new("kv", "done")]);
     stop.store(true, Ordering::Release);
     for t in tricklers {
         t.join().unwrap();
@@ -628,7 +628,7 @@ fn peers_are_served_past_trickling_connections(count: usize, announce: u64, max_
     // SAFETY: as above.
     let known_write =
         unsafe { known.transfer_sync(victim.session_id(), Direction::Write, vec![req(&again, to, 4096)]) };
-    let known_notify = known.notify(victim.session_id(), "kv", "from a known peer");
+    let known_notify = known.notify(victim.session_id(), &Notification::new("kv", "from a known peer"));
     let still_open = attack.stop();
     sampling.store(false, Ordering::Relaxed);
     sampler.join().unwrap();
@@ -655,7 +655,7 @@ fn peers_are_served_past_trickling_connections(count: usize, announce: u64, max_
     assert_eq!(target[4096..8192], fresh[..]);
     assert_eq!(target[8192..], again[..]);
     let notes = victim.drain_notifications();
-    assert!(notes.contains(&("kv".to_owned(), "from a known peer".to_owned())), "{notes:?}");
+    assert!(notes.contains(&Notification::new("kv", "from a known peer")), "{notes:?}");
     // Charged as bytes arrive: at most the handshake-connection cap's worth
     // of tricklers, each with its first byte and about one a second since.
     let cap = victim.inner.budget.caps().1;
@@ -738,7 +738,7 @@ fn holders_of_the_whole_handshake_budget_give_way_to_a_new_peer() {
         let write =
             unsafe { newcomer.transfer_sync(victim.session_id(), Direction::Write, vec![req(&fresh, to, 4096)]) };
         let write_took = t1.elapsed();
-        let known_notify = known.notify(victim.session_id(), "kv", "from a known peer");
+        let known_notify = known.notify(victim.session_id(), &Notification::new("kv", "from a known peer"));
         sampling.store(false, Ordering::Release);
         let holding_after = holders.iter().filter(|s| still_open(s)).count();
         let peak = peak.load(Ordering::Acquire);
@@ -760,7 +760,7 @@ fn holders_of_the_whole_handshake_budget_give_way_to_a_new_peer() {
     assert_eq!(target[..4096], before[..]);
     assert_eq!(target[4096..], fresh[..]);
     let notes = victim.drain_notifications();
-    assert!(notes.contains(&("kv".to_owned(), "from a known peer".to_owned())), "{notes:?}");
+    assert!(notes.contains(&Notification::new("kv", "from a known peer")), "{notes:?}");
 }
 
 /// CPU seconds used so far by this process's threads whose name starts

@@ -36,7 +36,7 @@ pub use memory::cuda;
 // The codecs are public only for the fuzz targets (feature `fuzzing`); the
 // engine's API is `Engine` and `Settings`.
 #[cfg(feature = "fuzzing")]
-pub use protocol::{descriptor, wire};
+pub use protocol::{descriptor, notify, wire};
 
 #[cfg(test)]
 mod auth_tests;
@@ -71,7 +71,7 @@ use crate::ids::IdTable;
 use crate::transfer::host::engine_host;
 use crate::transfer::location::Requested;
 use crate::transfer::stats::{Stats, StatsSnapshot};
-use crate::transfer::{state, BatchSummary, Direction, Request, TaskSummary, TransferBackend};
+use crate::transfer::{state, BatchSummary, Direction, Notification, Request, TaskSummary, TransferBackend};
 use initiator::{BatchRun, Dialer, Peers, Prepared, Workers};
 use memory::{Regions, Staging};
 use protocol::{FrameType, Identity};
@@ -298,7 +298,7 @@ impl Engine {
             if *addr == own_addr {
                 return directory::Liveness::Gone;
             }
-            liveness(dialer.exchange_by(addr, FrameType::Probe, "{}", by))
+            liveness(dialer.exchange_by(addr, FrameType::Probe, b"{}", by))
         };
         directory
             .claim(&id.session_id, &dialer.own_descriptor(), &own, &probe)
@@ -458,7 +458,7 @@ impl TransferBackend for Engine {
         session: &str,
         direction: Direction,
         reqs: Vec<Request>,
-        notify: Option<(String, String)>,
+        notify: Option<Notification>,
     ) -> Result<u64> {
         // SAFETY: forwarded from the caller.
         unsafe { self.submit_after(session, direction, reqs, notify, None) }
@@ -473,11 +473,14 @@ impl TransferBackend for Engine {
         session: &str,
         direction: Direction,
         reqs: Vec<Request>,
-        notify: Option<(String, String)>,
+        notify: Option<Notification>,
         after: Option<usize>,
     ) -> Result<u64> {
         if after.is_some() {
             cuda::check_events_usable()?;
+        }
+        if let Some(note) = &notify {
+            self.check_notification(note)?;
         }
         let prepared = self.prepare(session, reqs)?;
         let run = BatchRun::new(&self.inner, session, direction, prepared, notify, after);
@@ -529,7 +532,7 @@ impl TransferBackend for Engine {
     fn probe(&self, session: &str) -> Result<()> {
         self.check_running()?;
         let addr = self.inner.peers.dialer().rpc_address(session)?;
-        let reply = self.inner.peers.dialer().exchange_json(&addr, FrameType::Probe, "{}")?;
+        let reply = self.inner.peers.dialer().exchange_json(&addr, FrameType::Probe, b"{}")?;
         match reply.get("status").and_then(Value::as_str) {
             Some("success") => Ok(()),
             _ => Err(Error::protocol(format!("probe of {session} answered {reply}"))),
@@ -537,9 +540,17 @@ impl TransferBackend for Engine {
     }
 
     /// Send a notification to the peer (to the `name` in its descriptor).
-    fn notify(&self, session: &str, name: &str, msg: &str) -> Result<()> {
+    fn notify(&self, session: &str, note: &Notification) -> Result<()> {
         self.check_running()?;
-        self.inner.peers.get(session)?.notify(name, msg)
+        self.check_notification(note)?;
+        self.inner.peers.get(session)?.notify(note)
+    }
+
+    /// A notification's frame must fit the handshake frame limit, which
+    /// this engine assumes its peers share (`MC_HANDSHAKE_MAX_LENGTH`).
+    fn check_notification(&self, note: &Notification) -> Result<()> {
+        Notification::check_size(note.name.len(), note.msg.len())?;
+        protocol::notify::check_frame(note, self.inner.settings.handshake_max_len)
     }
 
     fn stats(&self) -> StatsSnapshot {
@@ -576,7 +587,7 @@ impl TransferBackend for Engine {
     }
 
     /// Take every notification received so far, oldest first.
-    fn drain_notifications(&self) -> Vec<(String, String)> {
+    fn drain_notifications(&self) -> Vec<Notification> {
         self.inner.notifications.drain()
     }
 

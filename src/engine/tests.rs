@@ -166,14 +166,14 @@ fn async_batches_and_ids() {
     let src = pattern(1 << 16, 4);
     let reqs: Vec<Request> = (0..16).map(|i| req(&src, i * 4096, addr(&target) + (i * 4096) as u64, 4096)).collect();
     // SAFETY: the test's buffers outlive the call (and every batch it starts).
-    let id = unsafe { a.submit(b.session_id(), Direction::Write, reqs, Some(("n".into(), "m".into()))) }.unwrap();
+    let id = unsafe { a.submit(b.session_id(), Direction::Write, reqs, Some(Notification::new("n", "m"))) }.unwrap();
     assert_ne!(id, 0);
     let s = a.batch_wait(id, Duration::from_secs(30)).unwrap();
     assert_eq!((s.state, s.total, s.completed, s.bytes), (TaskState::Completed, 16, 16, 1 << 16));
     assert!(target == src);
     assert_eq!(a.task_summary(id, 15).unwrap().state, TaskState::Completed);
     assert_eq!(a.task_summary(id, 16).unwrap_err().kind(), ErrorKind::IndexOutOfRange);
-    assert_eq!(b.drain_notifications(), vec![("n".to_owned(), "m".to_owned())]);
+    assert_eq!(b.drain_notifications(), vec![Notification::new("n", "m")]);
     a.batch_free(id).unwrap();
     for stale in [id, 0, 1, u64::MAX, id ^ (1 << 40)] {
         assert_eq!(a.batch_summary(stale).unwrap_err().kind(), ErrorKind::InvalidHandle, "{stale:#x}");
@@ -191,12 +191,52 @@ fn probe_and_notify_both_ways() {
     let (a, b) = (engine(), engine());
     a.probe(b.session_id()).unwrap();
     b.probe(a.session_id()).unwrap();
-    a.notify(b.session_id(), "req-1", "kv ready").unwrap();
-    b.notify(a.session_id(), "req-2", "ack").unwrap();
-    assert_eq!(b.drain_notifications(), vec![("req-1".to_owned(), "kv ready".to_owned())]);
-    assert_eq!(a.drain_notifications(), vec![("req-2".to_owned(), "ack".to_owned())]);
+    a.notify(b.session_id(), &Notification::new("req-1", "kv ready")).unwrap();
+    b.notify(a.session_id(), &Notification::new("req-2", "ack")).unwrap();
+    assert_eq!(b.drain_notifications(), vec![Notification::new("req-1", "kv ready")]);
+    assert_eq!(a.drain_notifications(), vec![Notification::new("req-2", "ack")]);
     let free = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     assert_eq!(a.probe(&format!("127.0.0.1:{free}")).unwrap_err().kind(), ErrorKind::PeerUnreachable);
+}
+
+/// Notifications are bytes: every byte value, NUL included, arrives intact
+/// between pdx engines, alone and riding on a batch. One whose frame is
+/// over the handshake frame limit is refused before anything is sent,
+/// saying so, and the batch it would ride on never starts; one exactly at
+/// the limit goes.
+#[test]
+fn notifications_are_bytes_and_bounded_by_the_frame_limit() {
+    let (a, b) = (engine(), engine());
+    let every: Vec<u8> = (0..=255u8).rev().collect();
+    let push = b"PUSH_REG:\x82\xa4name\xa1A\x00\x8b\xff".to_vec();
+    a.notify(b.session_id(), &Notification::new(every.clone(), push.clone())).unwrap();
+    let target = vec![0u8; 8192];
+    b.register(addr(&target), target.len() as u64).unwrap();
+    let src = pattern(4096, 9);
+    let note = Notification::new(b"\x00".to_vec(), every.clone());
+    // SAFETY: the test's buffers outlive the call (and every batch it starts).
+    let id = unsafe { a.submit(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), 4096)], Some(note)) }
+        .unwrap();
+    assert_eq!(a.batch_wait(id, Duration::from_secs(30)).unwrap().state, TaskState::Completed);
+    a.batch_free(id).unwrap();
+    let got = b.drain_notifications();
+    assert_eq!(got, vec![Notification::new(every.clone(), push), Notification::new(b"\x00".to_vec(), every)]);
+
+    let limit = a.inner.settings.handshake_max_len;
+    let big = Notification::new("kv", vec![0x8bu8; 8 << 20]);
+    let e = a.notify(b.session_id(), &big).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.message().contains(&format!("handshake frame limit of {limit} bytes")), "{e}");
+    assert!(e.message().contains("MC_HANDSHAKE_MAX_LENGTH"), "{e}");
+    let tail = req(&src, 0, addr(&target) + 4096, 4096);
+    // SAFETY: as above.
+    let e = unsafe { a.submit(b.session_id(), Direction::Write, vec![tail], Some(big)) }.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(target[4096..].iter().all(|&x| x == 0), "the batch never started");
+    let empty = Notification::new("n", "");
+    let fits = Notification::new("n", vec![b'x'; limit - protocol::notify::frame_len(&empty)]);
+    a.notify(b.session_id(), &fits).unwrap();
+    assert_eq!(b.drain_notifications(), vec![fits]);
 }
 
 #[test]
@@ -542,8 +582,8 @@ fn ipv6_loopback_sessions_are_bracketed_and_work() {
     // SAFETY: the test's buffers outlive the call (and every batch it starts).
     unsafe { a.transfer_sync(b.session_id(), Direction::Write, vec![req(&src, 0, addr(&target), 4096)]) }.unwrap();
     assert!(target == src);
-    a.notify(b.session_id(), "v6", "ok").unwrap();
-    assert_eq!(b.drain_notifications(), vec![("v6".to_owned(), "ok".to_owned())]);
+    a.notify(b.session_id(), &Notification::new("v6", "ok")).unwrap();
+    assert_eq!(b.drain_notifications(), vec![Notification::new("v6", "ok")]);
 }
 
 #[test]
@@ -616,7 +656,7 @@ fn soak_mixed_operations_from_many_threads() {
                         }
                         _ => {
                             a.probe(session).unwrap();
-                            a.notify(session, "soak", &k.to_string()).unwrap();
+                            a.notify(session, &Notification::new("soak", k.to_string())).unwrap();
                         }
                     }
                 }

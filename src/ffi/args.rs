@@ -8,7 +8,7 @@
 //! pdx_args_new(&a);
 //! pdx_args_parse_argv(a, argc, (const char *const *)argv);
 //! if (pdx_normalize_args(a) != PDX_OK) fprintf(stderr, "%s\n", pdx_last_error_message());
-//! for (size_t i = 0; i < pdx_args_message_count(a); i++) {
+//! for (size_t i = 0; i < pdx_args_message_count(a); i++) { /* also after a refusal */
 //!   int32_t level;
 //!   const char *text = pdx_args_message(a, i, &level);
 //! }
@@ -58,7 +58,8 @@ pub(crate) fn messages_to_c(messages: &[Message]) -> Result<Vec<(i32, CString)>>
 
 struct ArgsState {
     args: ServerArgs,
-    /// Messages of the last successful `pdx_normalize_args`.
+    /// Messages of the last `pdx_normalize_args`: its lines on success, the
+    /// lines SGLang logged before its refusal on failure.
     messages: Vec<(i32, CString)>,
     /// Strings handed out by `pdx_args_get`, by field name; cleared by every
     /// mutation, which is what ends their validity.
@@ -253,13 +254,18 @@ pub unsafe extern "C" fn pdx_args_parse_argv(
 /// / `pdx_args_message`. Strings from `pdx_args_get` and earlier messages
 /// of this object become invalid.
 ///
-/// On failure nothing changes (arguments, messages, environment) and the
+/// On failure the arguments and the environment do not change, and the
 /// exact SGLang message is in `pdx_last_error_message()`:
 /// `PDX_ERR_VALUE_ERROR` where SGLang raises `ValueError`,
 /// `PDX_ERR_ASSERTION` where it fails an `assert`; also
-/// `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`.
+/// `PDX_ERR_NULL_ARGUMENT`, `PDX_ERR_INVALID_HANDLE`. Where SGLang refuses,
+/// the messages become the lines SGLang logs before raising (its texts, its
+/// order, logged here too; none where it logs none): e.g. the `mooncake_tcp`
+/// rewrite's line before a staging-buffer refusal. Earlier messages of this
+/// object become invalid; strings from `pdx_args_get` stay valid.
 ///
-/// Environment write: when the `mooncake_tcp` alias applies, and only then,
+/// Environment write: when the `mooncake_tcp` alias applies and every rule
+/// passes, and only then,
 /// this call sets `MC_FORCE_TCP=1` in the process environment if the
 /// variable is absent (an existing value, even `0` or empty, is kept). The
 /// write happens under a lock that pdx's own environment reads share, but
@@ -274,28 +280,40 @@ pub extern "C" fn pdx_normalize_args(args: *mut pdx_args) -> pdx_status {
         let _logs = crate::logging::defer_callbacks();
         let mut state = handle.lock();
         let mut work = state.args.clone();
-        let messages = config::normalize(&mut work, &ProcessEnv)?;
-        state.args = work;
-        state.messages = messages_to_c(&messages)?;
-        state.mutated();
-        Ok(())
+        match config::normalize(&mut work, &ProcessEnv) {
+            Ok(messages) => {
+                let messages = messages_to_c(&messages)?;
+                state.args = work;
+                state.messages = messages;
+                state.mutated();
+                Ok(())
+            }
+            Err(refusal) => {
+                // SGLang's error wins over a message C cannot hold (texts
+                // come from C strings and pdx's own literals: none has a NUL).
+                state.messages = messages_to_c(&refusal.messages).unwrap_or_default();
+                Err(refusal.error)
+            }
+        }
     })
 }
 
-/// Number of messages kept by the last successful `pdx_normalize_args` on
-/// `args` (0 before any). Returns 0 for NULL or a stale handle (the error
-/// is recorded for `pdx_last_error_message`).
+/// Number of messages kept by the last `pdx_normalize_args` on `args` that
+/// succeeded or that SGLang's rules refused (then: the lines logged before
+/// the refusal); 0 before any. Returns 0 for NULL or a stale handle (the
+/// error is recorded for `pdx_last_error_message`).
 #[no_mangle]
 pub extern "C" fn pdx_args_message_count(args: *const pdx_args) -> usize {
     guard_or("pdx_args_message_count", 0, || Ok(ARGS.get(args)?.lock().messages.len()))
 }
 
-/// Message `i` (0-based, in emission order) of the last successful
-/// normalization, and its level (`PDX_LOG_INFO` or `PDX_LOG_WARNING`) in
-/// `*level` when `level` is not NULL.
+/// Message `i` (0-based, in emission order) of the last normalization (as
+/// `pdx_args_message_count` counts them), and its level (`PDX_LOG_INFO` or
+/// `PDX_LOG_WARNING`) in `*level` when `level` is not NULL.
 ///
-/// The text is owned by `args` and valid until the next successful
-/// `pdx_normalize_args` on it or `pdx_args_free`. Returns NULL (and leaves
+/// The text is owned by `args` and valid until the next
+/// `pdx_normalize_args` on it that succeeds or is refused by SGLang's
+/// rules, or `pdx_args_free`. Returns NULL (and leaves
 /// `*level` untouched) on error: stale handle, or `i` out of range
 /// (`PDX_ERR_INDEX_OUT_OF_RANGE` in the recorded error).
 ///

@@ -17,13 +17,16 @@
 use std::ffi::{c_char, c_void};
 use std::time::Duration;
 
-use super::boundary::{c_slice, c_str, guard, guard_or, handle_tag, opt_c_str, out_ptr, HandleTable};
-use super::engine::{backend_ref, pdx_engine, with_engine, PDX_OPCODE_READ, PDX_OPCODE_WRITE};
+use super::boundary::{c_slice, c_str, guard, guard_or, handle_tag, out_ptr, HandleTable};
+use super::engine::{
+    backend_ref, notification_from, notification_from_c, pdx_engine, pdx_notify_bytes, with_engine, PDX_OPCODE_READ,
+    PDX_OPCODE_WRITE,
+};
 use super::status::{pdx_status, status_of, PDX_OK};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::kv::{KvBuffer, KvHeads, KvPlan, MAX_BUFFERS, MAX_PAGES};
 use crate::transfer::kv_stream::{notify_outcome, LayerStreams, NotifyOutcome};
-use crate::transfer::Direction;
+use crate::transfer::{Direction, Notification};
 
 /// One buffer of a KV plan on one side: a layer's K, V or MLA buffer, or an
 /// aux or state buffer. Page `i` is `[base + i * page_bytes, base + (i + 1)
@@ -249,25 +252,62 @@ pub unsafe extern "C" fn pdx_kv_submit(
 ) -> pdx_status {
     guard("pdx_kv_submit", || {
         let out = out_ptr(out_batch, "out_batch")?;
-        let backend = backend_ref(engine)?;
-        let session = c_str(session, "session")?;
-        let p = PLANS.get(plan)?;
-        p.plan.check_range(first_buffer, end_buffer)?;
-        let direction = direction_of(opcode)?;
-        let notify = match (opt_c_str(notify_name, "notify_name")?, opt_c_str(notify_msg, "notify_msg")?) {
-            (Some(n), Some(m)) => Some((n.to_owned(), m.to_owned())),
-            (None, None) => None,
-            _ => return Err(Error::invalid_argument("notify_name and notify_msg must both be NULL or both be set")),
-        };
-        let after = (!wait_event.is_null()).then_some(wait_event as usize);
-        let key = engine as u64;
-        // SAFETY: the caller keeps the local memory valid until the batch finishes.
-        let id = unsafe {
-            p.streams.submit(key, backend, &p.plan, session, (first_buffer, end_buffer), direction, notify, after)?
-        };
-        *out = id;
-        Ok(())
+        let notify = notification_from_c(notify_name, notify_msg)?;
+        kv_submit(engine, session, plan, (first_buffer, end_buffer), opcode, wait_event, notify, out)
     })
+}
+
+/// `pdx_kv_submit` with the notification as bytes: `notify` NULL for none,
+/// else its name and message, any bytes (NUL and bytes that are not UTF-8
+/// included).
+///
+/// # Safety
+/// As `pdx_kv_submit`; `notify` is NULL or points to a readable `pdx_notify_bytes` whose `name`
+/// and `msg` are readable for `name_len` and `msg_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_kv_submit_notify_bytes(
+    engine: *mut pdx_engine,
+    session: *const c_char,
+    plan: *const pdx_kv_plan,
+    first_buffer: usize,
+    end_buffer: usize,
+    opcode: i32,
+    wait_event: *const c_void,
+    notify: *const pdx_notify_bytes,
+    out_batch: *mut u64,
+) -> pdx_status {
+    guard("pdx_kv_submit_notify_bytes", || {
+        let out = out_ptr(out_batch, "out_batch")?;
+        let notify = notification_from(notify)?;
+        kv_submit(engine, session, plan, (first_buffer, end_buffer), opcode, wait_event, notify, out)
+    })
+}
+
+/// What both KV submits do once their notification is read.
+#[allow(clippy::too_many_arguments)]
+unsafe fn kv_submit(
+    engine: *mut pdx_engine,
+    session: *const c_char,
+    plan: *const pdx_kv_plan,
+    (first_buffer, end_buffer): (usize, usize),
+    opcode: i32,
+    wait_event: *const c_void,
+    notify: Option<Notification>,
+    out: *mut u64,
+) -> Result<()> {
+    let backend = backend_ref(engine)?;
+    let session = c_str(session, "session")?;
+    let p = PLANS.get(plan)?;
+    p.plan.check_range(first_buffer, end_buffer)?;
+    let direction = direction_of(opcode)?;
+    let after = (!wait_event.is_null()).then_some(wait_event as usize);
+    let key = engine as u64;
+    // SAFETY: the caller keeps the local memory valid until the batch finishes.
+    let id = unsafe {
+        p.streams.submit(key, backend, &p.plan, session, (first_buffer, end_buffer), direction, notify, after)?
+    };
+    *out = id;
+    Ok(())
 }
 
 /// Move every buffer of `plan` to (`PDX_OPCODE_WRITE`) or from

@@ -13,7 +13,7 @@ use mooncake_sys::{
 use parking_lot::{Mutex, RwLock};
 
 use super::batches::{McBatch, Task};
-use super::convert::{check, task_state};
+use super::convert::{check, check_notify_frame, notify_cstrings, task_state};
 use super::topology;
 use crate::config::env::{self, vars, ProcessEnv};
 use crate::config::transport::TransportChoice;
@@ -23,7 +23,7 @@ use crate::transfer::backend::unavailable;
 use crate::transfer::host::engine_host;
 use crate::transfer::regions::RegionMap;
 use crate::transfer::stats::{Gauges, Stats, StatsSnapshot};
-use crate::transfer::{state, BatchSummary, Direction, Request, TaskState, TaskSummary, TransferBackend};
+use crate::transfer::{state, BatchSummary, Direction, Notification, Request, TaskState, TaskSummary, TransferBackend};
 
 /// Sync-call deadline when `MC_TRANSFER_TIMEOUT` is unset (seconds).
 const DEFAULT_SYNC_TIMEOUT_S: u64 = 30;
@@ -53,6 +53,10 @@ pub struct MooncakeBackend {
     /// freed once Mooncake agrees (never forgotten, never freed twice).
     orphans: Mutex<Vec<u64>>,
     sync_timeout: Duration,
+    /// The handshake frame limit Mooncake's peers enforce
+    /// (`MC_HANDSHAKE_MAX_LENGTH`): notifications that cannot fit are
+    /// refused before Mooncake sends them.
+    handshake_max_len: usize,
     stats: Stats,
 }
 
@@ -127,6 +131,7 @@ impl MooncakeBackend {
         })?;
         let mut backend = Self::start_with(api, &choice.protocol, &choice.hostname, &choice.device)?;
         backend.sync_timeout = sync_timeout_in(env);
+        backend.handshake_max_len = env::read(env, &vars::MC_HANDSHAKE_MAX_LENGTH).unwrap_or(1 << 20);
         Ok(backend)
     }
 
@@ -217,6 +222,7 @@ impl MooncakeBackend {
             batches: IdTable::new("batch id", 0),
             orphans: Mutex::new(Vec::new()),
             sync_timeout: sync_timeout_from_env(),
+            handshake_max_len: env::read(&ProcessEnv, &vars::MC_HANDSHAKE_MAX_LENGTH).unwrap_or(1 << 20),
             stats: Stats::default(),
         })
     }
@@ -258,9 +264,12 @@ impl MooncakeBackend {
         session: &str,
         direction: Direction,
         reqs: &[Request],
-        notify: Option<&(String, String)>,
+        notify: Option<&Notification>,
     ) -> Result<McBatch> {
         Request::validate_all(reqs)?;
+        if let Some(note) = notify {
+            self.check_notification(note)?;
+        }
         self.free_orphans();
         let mut tasks = Vec::with_capacity(reqs.len());
         let mut wire = Vec::new();
@@ -287,10 +296,7 @@ impl MooncakeBackend {
                 });
                 tasks.push(Task { mc_index, len: r.len as u64, remote: r.remote });
             }
-            let notify_c = match notify {
-                Some((n, m)) => Some((cstring(n, "notify_name")?, cstring(m, "notify_msg")?)),
-                None => None,
-            };
+            let notify_c = notify.map(notify_cstrings).transpose()?;
             if wire.is_empty() {
                 // Nothing crosses the wire; a requested notification goes out at once.
                 if let (Some((n, m)), Some(seg)) = (&notify_c, seg) {
@@ -561,7 +567,7 @@ impl TransferBackend for MooncakeBackend {
         session: &str,
         direction: Direction,
         reqs: Vec<Request>,
-        notify: Option<(String, String)>,
+        notify: Option<Notification>,
     ) -> Result<u64> {
         let b = Arc::new(self.start_batch(session, direction, &reqs, notify.as_ref())?);
         match self.batches.insert(b.clone()) {
@@ -645,12 +651,21 @@ impl TransferBackend for MooncakeBackend {
         })
     }
 
-    fn notify(&self, session: &str, name: &str, msg: &str) -> Result<()> {
-        let (n, m) = (cstring(name, "name")?, cstring(msg, "msg")?);
+    fn notify(&self, session: &str, note: &Notification) -> Result<()> {
+        self.check_notification(note)?;
+        let (n, m) = notify_cstrings(note)?;
         self.with_engine(|eng| {
             let seg = self.segment(eng, session)?;
             self.send_notify_to(eng, seg, session, &n, &m)
         })
+    }
+
+    /// No NUL byte (Mooncake's C API takes C strings), and a frame that can
+    /// fit the peer's handshake frame limit (see [`check_notify_frame`]).
+    fn check_notification(&self, note: &Notification) -> Result<()> {
+        Notification::check_size(note.name.len(), note.msg.len())?;
+        notify_cstrings(note)?;
+        check_notify_frame(note, self.handshake_max_len)
     }
 
     /// Initiator-side counters only: Mooncake serves peers itself and
@@ -668,7 +683,7 @@ impl TransferBackend for MooncakeBackend {
         m
     }
 
-    fn drain_notifications(&self) -> Vec<(String, String)> {
+    fn drain_notifications(&self) -> Vec<Notification> {
         self.with_engine(|eng| {
             let mut n: std::ffi::c_int = 0;
             // SAFETY: live engine; `n` receives the count.
@@ -679,15 +694,12 @@ impl TransferBackend for MooncakeBackend {
             // SAFETY: Mooncake returned an array of `n` entries whose strings
             // are NULL or NUL-terminated; it is handed back to it just after.
             let out = unsafe {
-                let text = |p: *const c_char| {
-                    if p.is_null() {
-                        String::new()
-                    } else {
-                        CStr::from_ptr(p).to_string_lossy().into_owned()
-                    }
-                };
-                let v =
-                    std::slice::from_raw_parts(list, n as usize).iter().map(|m| (text(m.name), text(m.msg))).collect();
+                let bytes =
+                    |p: *const c_char| if p.is_null() { Vec::new() } else { CStr::from_ptr(p).to_bytes().to_vec() };
+                let v = std::slice::from_raw_parts(list, n as usize)
+                    .iter()
+                    .map(|m| Notification::new(bytes(m.name), bytes(m.msg)))
+                    .collect();
                 (self.api.free_notifs_msg_buf)(list, n);
                 v
             };

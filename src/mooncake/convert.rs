@@ -1,9 +1,12 @@
-//! Mooncake's return values and task states as pdx errors and states.
+//! Mooncake's return values and task states as pdx errors and states, and
+//! a notification as its C API takes it.
+
+use std::ffi::CString;
 
 use mooncake_sys::{Code, Convention, McError};
 
 use crate::error::{Error, ErrorKind};
-use crate::transfer::TaskState;
+use crate::transfer::{Notification, TaskState};
 
 /// The pdx kind for a Mooncake error code.
 pub fn kind_of(code: Code) -> ErrorKind {
@@ -57,6 +60,39 @@ pub fn task_state(status: i32) -> (TaskState, Option<(ErrorKind, &'static str)>)
     }
 }
 
+/// A notification as Mooncake's C API takes it: two C strings, so a NUL
+/// byte cannot pass (refused, never cut short).
+pub fn notify_cstrings(note: &Notification) -> crate::Result<(CString, CString)> {
+    let nul = |what: &str| {
+        Error::invalid_argument(format!(
+            "the notification's {what} has a NUL byte, which Mooncake's C API cannot carry (its strings end at the \
+             first NUL); the tcp engine carries any bytes"
+        ))
+    };
+    let name = CString::new(note.name.clone()).map_err(|_| nul("name"))?;
+    let msg = CString::new(note.msg.clone()).map_err(|_| nul("message"))?;
+    Ok((name, msg))
+}
+
+/// Refuse `note` when the frame Mooncake would write for it cannot fit
+/// `limit` (`MC_HANDSHAKE_MAX_LENGTH`, which the peer enforces by closing
+/// the connection): `{"name":"...","notify_msg":"..."}` and its newline,
+/// every byte at least once. Its writer escapes bytes above 0x7f as
+/// `\uXXXX`, so a frame near the limit may still be too long.
+pub fn check_notify_frame(note: &Notification, limit: usize) -> crate::Result<()> {
+    const FRAME_TEXT: usize = r#"{"name":"","notify_msg":""}"#.len() + 2;
+    let least = note.len().saturating_add(FRAME_TEXT);
+    if least <= limit {
+        return Ok(());
+    }
+    Err(Error::invalid_argument(format!(
+        "a notification of {} bytes (name and message; a handshake frame of at least {least} bytes) is over the \
+         peer's handshake frame limit of {limit} bytes: a peer closes a longer frame unread \
+         (MC_HANDSHAKE_MAX_LENGTH, 1 MiB by default). Raise it on both sides, or send less",
+        note.len()
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +130,17 @@ mod tests {
             assert_eq!(task_state(odd).0, TaskState::Failed);
             assert_eq!(task_state(odd).1.unwrap().0, ErrorKind::Protocol);
         }
+    }
+
+    #[test]
+    fn notifications_as_c_strings_and_their_frame() {
+        let (n, m) = notify_cstrings(&Notification::new(b"n\xff".to_vec(), b"\x8b msgpack".to_vec())).unwrap();
+        assert_eq!((n.as_bytes(), m.as_bytes()), (&b"n\xff"[..], &b"\x8b msgpack"[..]));
+        let e = notify_cstrings(&Notification::new("n", b"a\x00b".to_vec())).unwrap_err();
+        assert!(e.message().contains("message has a NUL byte"), "{e}");
+        check_notify_frame(&Notification::new("n", vec![b'x'; 1000]), 1 << 20).unwrap();
+        let e = check_notify_frame(&Notification::new("kv", vec![b'x'; 8 << 20]), 1 << 20).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.message().contains("limit of 1048576 bytes") && e.message().contains("MC_HANDSHAKE_MAX_LENGTH"));
     }
 }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::location::Requested;
-use super::{BatchSummary, Direction, Request, TaskSummary};
+use super::{BatchSummary, Direction, Notification, Request, TaskSummary};
 use crate::error::{Error, Result};
 
 /// The default bound on entries per batch (`PDX_MAX_BATCH_ENTRIES`).
@@ -43,7 +43,10 @@ pub trait TransferBackend: Send + Sync {
     /// # Safety
     /// Local ranges must be valid until this returns.
     unsafe fn transfer_sync(&self, session: &str, direction: Direction, reqs: Vec<Request>) -> Result<()>;
-    /// Start a batch; the id is never 0.
+    /// Start a batch; the id is never 0. `notify` is sent to the peer once
+    /// every request completed; one the backend could never send (see
+    /// [`check_notification`](Self::check_notification)) is refused here,
+    /// before anything starts.
     ///
     /// # Safety
     /// Local ranges must stay valid until the batch is finished.
@@ -52,7 +55,7 @@ pub trait TransferBackend: Send + Sync {
         session: &str,
         direction: Direction,
         reqs: Vec<Request>,
-        notify: Option<(String, String)>,
+        notify: Option<Notification>,
     ) -> Result<u64>;
     /// As [`submit`](Self::submit), with the local bytes read or written
     /// only after the CUDA event `after` (a `CUevent`, valid until the batch
@@ -66,7 +69,7 @@ pub trait TransferBackend: Send + Sync {
         session: &str,
         direction: Direction,
         reqs: Vec<Request>,
-        notify: Option<(String, String)>,
+        notify: Option<Notification>,
         after: Option<usize>,
     ) -> Result<u64> {
         match after {
@@ -112,8 +115,17 @@ pub trait TransferBackend: Send + Sync {
         )))
     }
     fn probe(&self, session: &str) -> Result<()>;
-    fn notify(&self, session: &str, name: &str, msg: &str) -> Result<()>;
-    fn drain_notifications(&self) -> Vec<(String, String)>;
+    /// Send a notification to the peer; `NotifyRejected` when it refuses it.
+    fn notify(&self, session: &str, note: &Notification) -> Result<()>;
+    /// Whether `note` could be sent at all: `InvalidArgument` saying why
+    /// not (over the frame limit the peer enforces, bytes the backend
+    /// cannot carry), so that a caller refuses it before starting the
+    /// transfers it rides on.
+    fn check_notification(&self, note: &Notification) -> Result<()> {
+        Notification::check_size(note.name.len(), note.msg.len())
+    }
+    /// Every notification received so far, oldest first.
+    fn drain_notifications(&self) -> Vec<Notification>;
     /// Counters since the engine started (see [`super::stats`]).
     fn stats(&self) -> super::stats::StatsSnapshot;
     /// What a metrics scrape shows (see [`super::metrics`]); a backend that

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::kv::KvPlan;
-use super::{Direction, TaskState, TransferBackend};
+use super::notification::shown;
+use super::{Direction, Notification, TaskState, TransferBackend};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Most notifications waiting for their layers at once (one watcher
@@ -146,11 +147,15 @@ impl LayerStreams {
         session: &str,
         (first, end): (usize, usize),
         direction: Direction,
-        notify: Option<(String, String)>,
+        notify: Option<Notification>,
         after: Option<usize>,
     ) -> Result<u64> {
         if direction == Direction::Read {
             plan.check_readable()?;
+        }
+        if let Some(note) = &notify {
+            // Refused now, not after the layers landed.
+            backend.check_notification(note)?;
         }
         let reqs = plan.requests(first, end, backend.max_batch_entries())?;
         let place = notify.as_ref().map(|_| WatcherPlace::take()).transpose()?;
@@ -179,7 +184,7 @@ impl LayerStreams {
         // SAFETY: the caller keeps the local memory valid until the batch finishes.
         let id = unsafe { backend.submit_after(session, direction, reqs, None, after)? };
         ids.push(id);
-        if let (Some((name, msg)), Some(place)) = (notify, place) {
+        if let (Some(note), Some(place)) = (notify, place) {
             let waits = ids.clone();
             drop(streams);
             let slot = Arc::new(NotifySlot { outcome: Mutex::new(NotifyOutcome::Pending), changed: Condvar::new() });
@@ -194,14 +199,14 @@ impl LayerStreams {
             let watcher = move || {
                 let _place = place;
                 let outcome = match wait_all(&*backend, &waits) {
-                    Ok(()) => match backend.notify(&session, &name, &msg) {
+                    Ok(()) => match backend.notify(&session, &note) {
                         Ok(()) => NotifyOutcome::Sent,
                         Err(e) => NotifyOutcome::Failed(e),
                     },
                     Err(e) => NotifyOutcome::Failed(e),
                 };
                 if let NotifyOutcome::Failed(e) = &outcome {
-                    log::warn!("KV notification '{name}' to {session} not delivered: {e}");
+                    log::warn!("KV notification {} to {session} not delivered: {e}", shown(&note.name));
                 }
                 *slot.outcome.lock() = outcome;
                 slot.changed.notify_all();
@@ -289,7 +294,7 @@ mod tests {
         errors: Mutex<HashMap<u64, Error>>,
         changed: Condvar,
         next: Mutex<u64>,
-        sent: Mutex<Vec<(String, String, String)>>,
+        sent: Mutex<Vec<(String, Notification)>>,
     }
 
     impl Scripted {
@@ -331,13 +336,7 @@ mod tests {
         unsafe fn transfer_sync(&self, _: &str, _: Direction, _: Vec<Request>) -> Result<()> {
             Ok(())
         }
-        unsafe fn submit(
-            &self,
-            _: &str,
-            _: Direction,
-            _: Vec<Request>,
-            notify: Option<(String, String)>,
-        ) -> Result<u64> {
+        unsafe fn submit(&self, _: &str, _: Direction, _: Vec<Request>, notify: Option<Notification>) -> Result<u64> {
             assert!(notify.is_none(), "the KV layer sends notifications itself");
             let mut next = self.next.lock();
             *next += 1;
@@ -385,11 +384,11 @@ mod tests {
         fn probe(&self, _: &str) -> Result<()> {
             Ok(())
         }
-        fn notify(&self, session: &str, name: &str, msg: &str) -> Result<()> {
-            self.sent.lock().push((session.into(), name.into(), msg.into()));
+        fn notify(&self, session: &str, note: &Notification) -> Result<()> {
+            self.sent.lock().push((session.into(), note.clone()));
             Ok(())
         }
-        fn drain_notifications(&self) -> Vec<(String, String)> {
+        fn drain_notifications(&self) -> Vec<Notification> {
             Vec::new()
         }
         fn stats(&self) -> crate::transfer::stats::StatsSnapshot {
@@ -405,7 +404,7 @@ mod tests {
     }
 
     fn submit(streams: &LayerStreams, key: u64, b: &Arc<Scripted>, p: &KvPlan, layer: usize, notify: bool) -> u64 {
-        let notify = notify.then(|| ("kv_done".to_owned(), format!("room-{key}")));
+        let notify = notify.then(|| Notification::new("kv_done", format!("room-{key}")));
         let backend: Arc<dyn TransferBackend> = b.clone();
         // SAFETY: the scripted backend touches no memory.
         unsafe {
@@ -423,7 +422,7 @@ mod tests {
         assert!(b.sent.lock().is_empty(), "layer 0 has not landed");
         b.finish(ids[0], TaskState::Completed);
         assert_eq!(notify_outcome(7, ids[2], Duration::from_secs(30)), Some(NotifyOutcome::Sent));
-        assert_eq!(*b.sent.lock(), vec![("peer:2".to_owned(), "kv_done".to_owned(), "room-7".to_owned())]);
+        assert_eq!(*b.sent.lock(), vec![("peer:2".to_owned(), Notification::new("kv_done", "room-7"))]);
         assert_eq!(notify_outcome(7, ids[1], Duration::ZERO), None, "layers without a notification have none");
         // The next request through the same plan waits only for what is unfinished.
         let next = submit(&streams, 7, &b, &p, 0, true);

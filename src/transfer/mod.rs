@@ -11,6 +11,7 @@
 //! - [`backend`]: the [`TransferBackend`] trait the ABI drives.
 //! - [`kv`]: KV-cache page plans (runs, head slices) turned into requests.
 //! - [`kv_stream`]: layer-wise submits of a plan and their deferred notification.
+//! - [`notification`]: a notification's name and message, as bytes.
 //! - [`stats`], [`peer_stats`], [`metrics`]: counters, per-peer figures and
 //!   their Prometheus exposition; [`counter_index`]: the slots of their
 //!   per-direction and per-failure-kind arrays.
@@ -22,6 +23,7 @@ pub mod kv;
 pub mod kv_stream;
 pub mod location;
 pub mod metrics;
+pub mod notification;
 pub mod peer_stats;
 pub mod regions;
 pub mod request;
@@ -29,5 +31,6 @@ pub mod state;
 pub mod stats;
 
 pub use backend::TransferBackend;
+pub use notification::Notification;
 pub use request::{Direction, Request};
 pub use state::{BatchSummary, TaskState, TaskSummary};

@@ -266,6 +266,15 @@ def run(initiator: str, target_impl: str) -> dict[str, Any]:
         out["transfer_sync_no_notify"] = engine.transfer_sync(t, la, tb, 8, Op.Write)
         out["notifies_at_target"] = target.call(op="notifies", expect=2)
         out["initiator_notifies"] = [[n.name, n.msg] for n in engine.get_notifies()]
+        # Names and messages as bytes (what pybind11 takes for a std::string too); text reads back as str.
+        out["notify_bytes_fields"] = [Notify(b"a", b"b").name, Notify(b"a", b"b").msg]
+        setter = Notify()
+        setter.name, setter.msg = b"x", "y"
+        out["notify_set_fields"] = [setter.name, setter.msg]
+        record("notify_int_name", Notify, 1, "m")
+        utf8 = Notify(b"n3", "m3 \u00e9".encode())
+        out["transfer_sync_notify_bytes"] = engine.transfer_sync(t, la, tb, 8, Op.Write, utf8)
+        out["notifies_at_target_bytes"] = target.call(op="notifies", expect=1)
 
         # Refused addresses: the target's GAP is not registered.
         gap = tb + GAP[0]

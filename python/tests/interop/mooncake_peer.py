@@ -92,6 +92,17 @@ class MooncakePeer(peer_common.PeerBase):
     def eng_notifies(self):
         return [(n.name, n.msg) for n in self.engine.get_notifies()]
 
+    def eng_notifies_bytes(self):
+        # The wheel holds a std::string; its getter decodes it as UTF-8 and,
+        # for bytes that are not UTF-8, raises with those bytes in `.object`.
+        def raw(note, field):
+            try:
+                return getattr(note, field).encode("utf-8", "surrogatepass")
+            except UnicodeDecodeError as exc:
+                return bytes(exc.object)
+
+        return [(raw(n, "name"), raw(n, "msg")) for n in self.engine.get_notifies()]
+
     def eng_close(self):
         pass  # the process exits right after; the wheel has no shutdown call
 

@@ -34,7 +34,8 @@ _USED = {
     "pdx_transfer_sync_write", "pdx_transfer_sync_read", "pdx_batch_transfer_sync_write",
     "pdx_batch_transfer_sync_read", "pdx_send_probe", "pdx_send_notify", "pdx_notifications_drain",
     "pdx_notifications_count", "pdx_notification_get", "pdx_notifications_free", "pdx_batch_submit",
-    "pdx_batch_wait", "pdx_batch_free", "pdx_peer_info",
+    "pdx_batch_wait", "pdx_batch_free", "pdx_peer_info", "pdx_send_notify_bytes", "pdx_notification_get_bytes",
+    "pdx_batch_submit_notify_bytes",
 }
 _ENGINE_FUNCTIONS = [sig for sig in pdx._SIGNATURES if sig[0] in _USED]
 
@@ -143,6 +144,27 @@ class Engine:
     def send_notify(self, session: str, name: str, msg: str) -> int:
         return self.lib.pdx_send_notify(self.handle, _b(session), _b(name), _b(msg))
 
+    def send_notify_bytes(self, session: str, name: bytes, msg: bytes) -> int:
+        note, _keep = pdx.engine.notify_struct((name, msg))
+        return self.lib.pdx_send_notify_bytes(self.handle, _b(session), note)
+
+    def drain_notifications_bytes(self) -> tuple[int, list[tuple[bytes, bytes]]]:
+        out = c_void_p()
+        status = self.lib.pdx_notifications_drain(self.handle, byref(out))
+        if status != PDX_OK:
+            return status, []
+        pairs = []
+        try:
+            for i in range(self.lib.pdx_notifications_count(out)):
+                note = pdx.NotifyBytes()
+                status = self.lib.pdx_notification_get_bytes(out, i, byref(note))
+                if status != PDX_OK:
+                    return status, pairs
+                pairs.append((ctypes.string_at(note.name, note.name_len), ctypes.string_at(note.msg, note.msg_len)))
+        finally:
+            self.lib.pdx_notifications_free(out)
+        return PDX_OK, pairs
+
     def drain_notifications(self) -> tuple[int, list[tuple[str, str]]]:
         out = c_void_p()
         status = self.lib.pdx_notifications_drain(self.handle, byref(out))
@@ -161,8 +183,14 @@ class Engine:
         return PDX_OK, pairs
 
     def batch_submit(self, session: str, opcode: int, locals_, remotes, lens,
-                     notify_name: str | None = None, notify_msg: str | None = None) -> tuple[int, int]:
+                     notify_name: str | bytes | None = None, notify_msg: str | bytes | None = None) -> tuple[int, int]:
         batch = c_uint64(0)
+        if isinstance(notify_name, bytes) or isinstance(notify_msg, bytes):
+            note, _keep = pdx.engine.notify_struct((notify_name, notify_msg))
+            status = self.lib.pdx_batch_submit_notify_bytes(
+                self.handle, _b(session), opcode, *_arrays(locals_, remotes, lens), note, byref(batch)
+            )
+            return status, batch.value
         status = self.lib.pdx_batch_submit(self.handle, _b(session), opcode, *_arrays(locals_, remotes, lens),
                                            _b(notify_name), _b(notify_msg), byref(batch))
         return status, batch.value

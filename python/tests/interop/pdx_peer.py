@@ -105,7 +105,16 @@ class PdxPeer(peer_common.PeerBase):
         return self._rc(self.engine.send_probe(target))
 
     def eng_notify(self, target, name, msg):
+        if isinstance(name, bytes) or isinstance(msg, bytes):
+            note = [x if isinstance(x, bytes) else x.encode() for x in (name, msg)]
+            return self._rc(self.engine.send_notify_bytes(target, *note))
         return self._rc(self.engine.send_notify(target, name, msg))
+
+    def eng_notifies_bytes(self):
+        status, pairs = self.engine.drain_notifications_bytes()
+        if status != 0:
+            raise RuntimeError(f"pdx_notifications_drain failed: {status}: {self.engine.last_error()}")
+        return pairs
 
     def eng_notifies(self):
         status, pairs = self.engine.drain_notifications()

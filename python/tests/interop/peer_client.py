@@ -254,18 +254,32 @@ class Peer:
                  timeout: float = DEFAULT_TIMEOUT) -> dict:
         return self.call("transfer", timeout=timeout, op=op, target=_session(target), buf=buf.id,
                          local_offset=local_offset, remote_addr=remote_addr, len=length,
-                         notify=list(notify) if notify else None)
+                         notify=[_wire(x) for x in notify] if notify else None)
 
     def batch(self, op: str, target: "Peer | str", buf: Buf, entries, notify=None,
               timeout: float = DEFAULT_TIMEOUT) -> dict:
         return self.call("batch", timeout=timeout, op=op, target=_session(target), buf=buf.id,
-                         entries=[list(e) for e in entries], notify=list(notify) if notify else None)
+                         entries=[list(e) for e in entries], notify=[_wire(x) for x in notify] if notify else None)
 
     def probe(self, target: "Peer | str", timeout: float = DEFAULT_TIMEOUT) -> dict:
         return self.call("probe", timeout=timeout, target=_session(target))
 
-    def notify(self, target: "Peer | str", name: str, msg: str, timeout: float = DEFAULT_TIMEOUT) -> dict:
-        return self.call("notify", timeout=timeout, target=_session(target), name=name, msg=msg)
+    def notify(self, target: "Peer | str", name: str | bytes, msg: str | bytes,
+               timeout: float = DEFAULT_TIMEOUT) -> dict:
+        return self.call("notify", timeout=timeout, target=_session(target), name=_wire(name), msg=_wire(msg))
+
+    def notifies_bytes(self) -> list[tuple[bytes, bytes]]:
+        """The notifications received, each name and message as the engine holds its bytes."""
+        return [(bytes.fromhex(n), bytes.fromhex(m)) for n, m in self.call("notifies_bytes")["notifies"]]
+
+    def wait_notifies_bytes(self, count: int, timeout: float = 20.0) -> list[tuple[bytes, bytes]]:
+        got: list[tuple[bytes, bytes]] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            got += self.notifies_bytes()
+            if len(got) >= count or time.monotonic() > deadline:
+                return got
+            time.sleep(0.02)
 
     def notifies(self) -> list[tuple[str, str]]:
         return [tuple(p) for p in self.call("notifies")["notifies"]]
@@ -279,6 +293,11 @@ class Peer:
             if len(got) >= count or time.monotonic() > deadline:
                 return got
             time.sleep(0.02)
+
+
+def _wire(value):
+    """A notification's name or message in a command: text as it is, bytes as {"hex": ...}."""
+    return {"hex": bytes(value).hex()} if isinstance(value, (bytes, bytearray)) else value
 
 
 def _session(target) -> str:

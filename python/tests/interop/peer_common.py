@@ -147,6 +147,7 @@ class PeerBase:
     def eng_probe(self, target) -> dict: ...
     def eng_notify(self, target, name, msg) -> dict: ...
     def eng_notifies(self) -> list: ...
+    def eng_notifies_bytes(self) -> list: ...
     def eng_close(self): ...
 
     # ---- helpers ----
@@ -290,9 +291,14 @@ class PeerBase:
         b, offset, length = self._range(a)
         return {"hex": bytes(b.view[offset : offset + length]).hex()}
 
+    @staticmethod
+    def _note(value):
+        """A notification's name or message: text, or bytes sent as {"hex": ...}."""
+        return bytes.fromhex(value["hex"]) if isinstance(value, dict) else str(value)
+
     def _notify_arg(self, a):
         n = a.get("notify")
-        return None if n is None else (str(n[0]), str(n[1]))
+        return None if n is None else (self._note(n[0]), self._note(n[1]))
 
     def cmd_transfer(self, a):
         """One transfer: op "write" (local -> remote) or "read" (remote -> local)."""
@@ -326,10 +332,14 @@ class PeerBase:
         return self.eng_probe(a["target"])
 
     def cmd_notify(self, a):
-        return self.eng_notify(a["target"], a["name"], a["msg"])
+        return self.eng_notify(a["target"], self._note(a["name"]), self._note(a["msg"]))
 
     def cmd_notifies(self, a):
         return {"notifies": [list(pair) for pair in self.eng_notifies()]}
+
+    def cmd_notifies_bytes(self, a):
+        """Drain, every name and message as hex of the bytes the engine holds."""
+        return {"notifies": [[n.hex(), m.hex()] for n, m in self.eng_notifies_bytes()]}
 
     def cmd_sleep(self, a):
         """For harness tests: block the command loop."""

@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("mooncake.engine", reason="the mooncake-transfer-engine-non-cuda wheel is not installed")
 
+import mooncake_writer  # noqa: E402
 import scenarios as sc  # noqa: E402
 from peer_client import Peer  # noqa: E402
 
@@ -141,6 +142,52 @@ def test_notify_pdx_to_mooncake(sides):
     sc.batch(p, m, "read", sc.random_sizes(45, 30), seed=46, notify=("batch-done", "req 10"))
     sc.expect_notifies(m, [("alone", NOTE), ("kv-done", "req 9"), ("batch-done", "req 10")])
     assert p.peer.notifies() == []
+
+
+# Names and messages as bytes: every byte value, msgpack as vLLM's push
+# connector sends it, NUL, valid UTF-8 up to U+10FFFF, lone lead bytes.
+PUSH_REG = b"PUSH_REG:" + bytes([0x82, 0xA4]) + b"name" + bytes([0xA1, 0x41, 0xA4]) + b"mems" + bytes(
+    [0x92, 0xCD, 0x10, 0x8B, 0xCE, 0xFF, 0xFF, 0xFF, 0xFF, 0x00, 0x01]
+)
+BYTE_CASES = [
+    (b"every", bytes(range(256))),
+    (b"\xff\x00name", PUSH_REG),
+    (b"each-then-A", b"".join(bytes([b]) + b"A" for b in range(0x80, 0x100))),
+    (b"utf8", "\u00e9\u20ac\U0001F600\U0003FFFF\U00040000\U0010FFFF".encode()),
+    (b"tails", b"x\xc3"),
+    (b"tails", b"x\xe2\x82"),
+    (b"tails", b"x\xf4\x8f\xbf"),
+]
+
+
+def test_notify_bytes_pdx_to_mooncake(sides):
+    """pdx sends names and messages as bytes; the Mooncake peer's queue holds
+    every byte as it was sent (NUL included), alone and with a transfer."""
+    p, m = sides["pdx"], sides["mooncake"]
+    m.peer.notifies_bytes()
+    for name, msg in BYTE_CASES:
+        r = p.peer.notify(m.peer, name, msg)
+        assert r["rc"] == 0, f"pdx_send_notify_bytes: {r}"
+    sc.single(p, m, "write", 4096, seed=47, notify=(b"kv\x8b", PUSH_REG))
+    got = m.peer.wait_notifies_bytes(len(BYTE_CASES) + 1)
+    assert sorted(got) == sorted(BYTE_CASES + [(b"kv\x8b", PUSH_REG)])
+
+
+def test_notify_bytes_mooncake_to_pdx(sides):
+    """The Mooncake wheel re-encodes bytes that are not UTF-8 (and code points
+    from U+40000) as it writes its JSON: pdx receives exactly what that
+    writing leaves (mooncake_writer.received), a NUL and valid UTF-8 below
+    U+40000 intact."""
+    m, p = sides["mooncake"], sides["pdx"]
+    p.peer.notifies_bytes()
+    for i, (name, msg) in enumerate(BYTE_CASES):
+        sc.single(m, p, "write", 64, seed=48 + i, notify=(name, msg))
+    got = p.peer.wait_notifies_bytes(len(BYTE_CASES))
+    expected = [(mooncake_writer.received(n), mooncake_writer.received(x)) for n, x in BYTE_CASES]
+    assert sorted(got) == sorted(expected)
+    assert (b"x\xef\xbf\xbd" in [x for _, x in got]) and (b"every" in [n for n, _ in got])
+    push = dict(zip([n for n, _ in BYTE_CASES], expected))[b"\xff\x00name"][1]
+    assert push.startswith(b"PUSH_REG:\xc2\xa4name") and push != PUSH_REG  # 0x82 0xa4 became U+00A4
 
 
 @pytest.mark.parametrize("op", ["write", "read"])

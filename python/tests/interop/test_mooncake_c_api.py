@@ -192,3 +192,41 @@ def test_wheel_initiator_to_c_api_target(sides):
     assert r["rc"] == 0, r
     assert mc.sha256(buf, 6 * MiB, MiB) == hashlib.sha256(data).hexdigest()
     assert ours.notifications(0) == []
+
+
+def test_notification_bytes_both_ways(sides):
+    """Names and messages as bytes through Mooncake's C API: the C strings'
+    bytes (not UTF-8, msgpack) reach the wheel's queue intact; what the wheel
+    sends comes out of getNotifsFromEngine as the wheel's JSON writer left it
+    (mooncake_writer.received), cut at the first NUL as Mooncake's own
+    library cuts it."""
+    import mooncake_writer
+
+    ours, mc, buf = sides
+    seg = ours.lib.openSegment(ours.e, mc.session.encode())
+    assert seg > 0, ours.why()
+    every = bytes(range(1, 256))
+    push = b"PUSH_REG:\x82\xa4name\xa1A\x8b\xff"
+    mc.notifies_bytes()
+    assert ours.lib.genNotifyInEngine(ours.e, seg, NotifyMsg(b"n\xff", every)) == 0, ours.why()
+    assert ours.post(seg, WRITE, [(0, buf.addr, 4096)], notify=("push", "x")) == 0
+    assert ours.lib.genNotifyInEngine(ours.e, seg, NotifyMsg(b"PUSH_REG", push)) == 0, ours.why()
+    # Three sends that may ride different connections: their order of arrival is not
+    # promised (by Mooncake either), their bytes are.
+    assert sorted(mc.wait_notifies_bytes(3)) == sorted([(b"n\xff", every), (b"push", b"x"), (b"PUSH_REG", push)])
+
+    sent = [(b"PUSH_REG", push), (b"every", every), (b"nul", b"before\x00after")]
+    for i, (name, msg) in enumerate(sent):
+        r = mc.transfer("write", ours.name, buf, 0, ours.addr + i * 4096, 64, notify=(name, msg))
+        assert r["rc"] == 0, r
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < len(sent) and time.monotonic() < deadline:
+        size = ctypes.c_int(0)
+        msgs = ours.lib.getNotifsFromEngine(ours.e, ctypes.byref(size))
+        got += [(msgs[i].name, msgs[i].msg) for i in range(size.value)]  # c_char_p: the bytes up to NUL
+        assert ours.lib.freeNotifsMsgBuf(msgs, size.value) == 0
+        time.sleep(0.01)
+    cut = [(mooncake_writer.received(n).split(b"\0")[0], mooncake_writer.received(m).split(b"\0")[0]) for n, m in sent]
+    assert sorted(got) == sorted(cut)
+    assert (b"nul", b"before") in got

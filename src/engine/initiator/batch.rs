@@ -20,7 +20,7 @@ use super::window::{HostMemory, WindowOutcome};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::peer_stats::PeerCounters;
 use crate::transfer::state::{self, BatchSummary, TaskState, TaskSummary};
-use crate::transfer::{Direction, Request};
+use crate::transfer::{Direction, Notification, Request};
 
 /// The target this module logs under: its path before the engine's files
 /// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
@@ -77,7 +77,7 @@ pub struct BatchRun {
     remaining: AtomicUsize,
     abort: Mutex<Option<Error>>,
     peer: OnceLock<Result<Arc<Peer>>>,
-    notify: Option<(String, String)>,
+    notify: Option<Notification>,
     notify_error: Mutex<Option<Error>>,
     done: Mutex<bool>,
     done_cv: Condvar,
@@ -104,7 +104,7 @@ impl BatchRun {
         session: &str,
         direction: Direction,
         prepared: Prepared,
-        notify: Option<(String, String)>,
+        notify: Option<Notification>,
         after: Option<usize>,
     ) -> Arc<BatchRun> {
         // Device memory travels in pieces of one staging buffer (host-only
@@ -344,9 +344,9 @@ impl BatchRun {
     }
 
     fn finish(&self, inner: &Inner) {
-        if let Some((name, msg)) = &self.notify {
+        if let Some(note) = &self.notify {
             if self.tasks.iter().all(|t| t.state() == TaskState::Completed) {
-                let sent = self.peer(inner).and_then(|p| p.notify(name, msg));
+                let sent = self.peer(inner).and_then(|p| p.notify(note));
                 if let Err(e) = sent {
                     log::warn!(target: LOG_TARGET, "batch to {} completed but its notification failed: {e}", self.session);
                     *self.notify_error.lock() = Some(e);

@@ -139,7 +139,8 @@ impl Dialer {
     /// of the peer, by `by`) and checked.
     pub fn fetch_descriptor(&self, session: &str, by: Option<Instant>) -> Result<PeerDescriptor> {
         let port = self.settings.default_handshake_port;
-        let ask = |addr: &SessionAddr| self.exchange_by(addr, FrameType::Metadata, &self.own_descriptor(), by);
+        let ask =
+            |addr: &SessionAddr| self.exchange_by(addr, FrameType::Metadata, self.own_descriptor().as_bytes(), by);
         let fetched = self
             .directory
             .descriptor(session, port, &ask)
@@ -182,7 +183,13 @@ impl Dialer {
     /// final error names every try and why it failed. A target that refuses
     /// for a reason (authentication, a malformed or wrong reply, a timeout)
     /// is not asked again.
-    pub fn exchange_by(&self, addr: &SessionAddr, kind: FrameType, json: &str, by: Option<Instant>) -> Result<Vec<u8>> {
+    pub fn exchange_by(
+        &self,
+        addr: &SessionAddr,
+        kind: FrameType,
+        json: &[u8],
+        by: Option<Instant>,
+    ) -> Result<Vec<u8>> {
         let repeatable = matches!(kind, FrameType::Metadata | FrameType::Probe | FrameType::Connection);
         let bound = Instant::now() + self.settings.handshake_timeout;
         let bound = by.map_or(bound, |by| by.min(bound));
@@ -221,7 +228,7 @@ impl Dialer {
         &self,
         addr: &SessionAddr,
         kind: FrameType,
-        json: &str,
+        json: &[u8],
         by: Option<Instant>,
     ) -> std::result::Result<Vec<u8>, (Error, bool)> {
         let settings = &self.settings;
@@ -287,7 +294,7 @@ impl Dialer {
 
     /// Send a JSON request and parse the JSON reply (bounded by the handshake
     /// timeout).
-    pub fn exchange_json(&self, addr: &SessionAddr, kind: FrameType, json: &str) -> Result<Value> {
+    pub fn exchange_json(&self, addr: &SessionAddr, kind: FrameType, json: &[u8]) -> Result<Value> {
         let body = self.exchange_by(addr, kind, json, None)?;
         serde_json::from_slice(&body)
             .map_err(|e| Error::protocol(format!("malformed JSON reply from {}:{}: {e}", addr.host, addr.port)))

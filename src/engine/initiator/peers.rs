@@ -15,12 +15,14 @@ use super::super::net::conn::Conn;
 use super::super::net::deadline::{Progress, Stall};
 use super::super::net::rails::{Pairing, Rail, RailClock, RailSet};
 use super::super::protocol::descriptor::PeerDescriptor;
+use super::super::protocol::notify;
 use super::super::protocol::wire::FrameType;
 use super::super::registry::OwnedSocketGuard;
 use super::super::samehost::{self, PathChoice};
 use super::super::settings::Settings;
 use super::dialer::Dialer;
 use crate::error::{Error, ErrorKind, Result};
+use crate::transfer::Notification;
 
 /// The target this module logs under: its path before the engine's files
 /// were grouped by role, kept so that `RUST_LOG` filters and log callbacks
@@ -300,11 +302,12 @@ impl Peer {
         Ok(Lane { conn, v2, same_host, exports, exports_epoch, path, session, rail, _tracked: tracked })
     }
 
-    /// Send one notification to the name in the peer's descriptor.
-    pub fn notify(&self, name: &str, msg: &str) -> Result<()> {
+    /// Send one notification to the name in the peer's descriptor (refused
+    /// before sending when its frame is over the handshake frame limit).
+    pub fn notify(&self, note: &Notification) -> Result<()> {
+        notify::check_frame(note, self.dialer.settings.handshake_max_len)?;
         let target = self.dialer.rpc_address(&self.descriptor().notify_name)?;
-        let body = serde_json::json!({"name": name, "notify_msg": msg}).to_string();
-        let reply = self.dialer.exchange_json(&target, FrameType::Notify, &body)?;
+        let reply = self.dialer.exchange_json(&target, FrameType::Notify, &notify::encode(note))?;
         match reply.get("notify_msg").and_then(serde_json::Value::as_str) {
             Some(m) if !m.is_empty() => Ok(()),
             _ => Err(Error::new(ErrorKind::NotifyRejected, format!("{} rejected the notification", self.session))),

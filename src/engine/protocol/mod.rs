@@ -1,6 +1,7 @@
 //! What travels on the wire: the codecs of Mooncake's TCP transport
 //! ([`wire`]), the segment descriptor an engine advertises and reads
-//! ([`descriptor`]), pdx's own additions: the opening of a data connection
+//! ([`descriptor`]), a notification's body with its bytes ([`notify`]),
+//! pdx's own additions: the opening of a data connection
 //! ([`hello`]) and peer authentication ([`auth`]).
 //!
 //! May use: [`net`](super::net) (a hello is exchanged on a connection, by a
@@ -15,6 +16,10 @@ pub mod descriptor;
 #[cfg(not(feature = "fuzzing"))]
 pub(super) mod descriptor;
 pub(super) mod hello;
+#[cfg(feature = "fuzzing")]
+pub mod notify;
+#[cfg(not(feature = "fuzzing"))]
+pub(super) mod notify;
 #[cfg(feature = "fuzzing")]
 pub mod wire;
 #[cfg(not(feature = "fuzzing"))]

@@ -72,8 +72,10 @@ pub fn split_frame_body(body: &[u8]) -> (FrameType, &[u8]) {
 }
 
 /// Encode a frame: `[len u64 LE][type][json]`, with the trailing newline
-/// Mooncake's writer adds.
-pub fn encode_frame(kind: FrameType, json: &str) -> Vec<u8> {
+/// Mooncake's writer adds. `json` is bytes: a notification's strings may
+/// not be UTF-8 (see [`super::notify`]).
+pub fn encode_frame(kind: FrameType, json: impl AsRef<[u8]>) -> Vec<u8> {
+    let json = json.as_ref();
     let type_len = usize::from(kind.byte().is_some());
     let length = type_len + json.len() + 1;
     let mut out = Vec::with_capacity(8 + length);
@@ -81,7 +83,7 @@ pub fn encode_frame(kind: FrameType, json: &str) -> Vec<u8> {
     if let Some(b) = kind.byte() {
         out.push(b);
     }
-    out.extend_from_slice(json.as_bytes());
+    out.extend_from_slice(json);
     out.push(b'\n');
     out
 }

@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use super::super::net::deadline::BoundedStream;
 use super::super::protocol::auth::{AuthStep, ServerAuth};
+use super::super::protocol::notify;
 use super::super::protocol::wire::{self, FrameType};
 use super::super::registry::OwnedSocketGuard;
 use super::budget::{Charge, Ticket};
@@ -485,22 +486,23 @@ impl HandshakePlane {
 /// The reply frame to a request frame's body (`None`: malformed, close).
 fn reply_to(serving: &Serving, body: &[u8]) -> Option<Vec<u8>> {
     let (kind, json_text) = wire::split_frame_body(body);
-    let Ok(request) = serde_json::from_slice::<Value>(json_text) else {
+    let malformed = || {
         log::debug!("handshake: malformed JSON, closing");
-        return None;
+        None
     };
     let reply = match kind {
-        FrameType::Metadata => serving.dialer.own_descriptor(),
-        FrameType::Probe => json!({"status": "success"}).to_string(),
+        // A notification's strings are bytes, not always UTF-8: its own reader.
         FrameType::Notify => {
-            let name = request.get("name").and_then(Value::as_str);
-            let msg = request.get("notify_msg").and_then(Value::as_str);
-            let accepted = match (name, msg) {
-                (Some(n), Some(m)) => serving.notifications.push(n, m),
-                _ => false,
+            let accepted = match notify::decode(json_text) {
+                notify::Decoded::Note(note) => serving.notifications.push(note),
+                notify::Decoded::Refused => false,
+                notify::Decoded::Malformed => return malformed(),
             };
             json!({"name": "", "notify_msg": if accepted { "success" } else { "" }}).to_string()
         }
+        _ if serde_json::from_slice::<Value>(json_text).is_err() => return malformed(),
+        FrameType::Metadata => serving.dialer.own_descriptor(),
+        FrameType::Probe => json!({"status": "success"}).to_string(),
         FrameType::Connection | FrameType::Old => empty_handshake_desc().to_string(),
     };
     Some(wire::encode_frame(kind, &reply))

@@ -13,11 +13,11 @@
 //! pdx_engine_free(e);
 //! ```
 
-use std::ffi::CString;
+use std::ffi::{c_char, CStr, CString};
 
-use crate::error::Result;
-use crate::ffi::boundary::{handle_tag, HandleTable};
-use crate::transfer::{TaskState, TransferBackend};
+use crate::error::{Error, Result};
+use crate::ffi::boundary::{c_slice, handle_tag, HandleTable};
+use crate::transfer::{Notification, TaskState, TransferBackend};
 
 // Each file's functions appear in include/pdx.h in the order of the files'
 // names (cbindgen reads child modules in that order), which is also the
@@ -36,9 +36,10 @@ pub use memory::{
 };
 pub use transfer::{
     pdx_batch_cancel, pdx_batch_free, pdx_batch_notify_error, pdx_batch_status, pdx_batch_submit,
-    pdx_batch_transfer_sync_read, pdx_batch_transfer_sync_write, pdx_batch_wait, pdx_notification_get,
-    pdx_notifications_count, pdx_notifications_drain, pdx_notifications_free, pdx_send_notify, pdx_send_probe,
-    pdx_task_cancel, pdx_task_error_message, pdx_task_status, pdx_transfer_sync_read, pdx_transfer_sync_write,
+    pdx_batch_submit_notify_bytes, pdx_batch_transfer_sync_read, pdx_batch_transfer_sync_write, pdx_batch_wait,
+    pdx_notification_get, pdx_notification_get_bytes, pdx_notifications_count, pdx_notifications_drain,
+    pdx_notifications_free, pdx_send_notify, pdx_send_notify_bytes, pdx_send_probe, pdx_task_cancel,
+    pdx_task_error_message, pdx_task_status, pdx_transfer_sync_read, pdx_transfer_sync_write,
 };
 
 /// Opaque transfer engine. Made by `pdx_engine_init`, released by
@@ -53,6 +54,59 @@ pub struct pdx_engine {
 #[allow(non_camel_case_types)]
 pub struct pdx_notifications {
     _private: [u8; 0],
+}
+
+/// A notification's name and message as bytes: any bytes, NUL and bytes
+/// that are not UTF-8 included (the `*_bytes` calls take and give it).
+/// `name` may be NULL only when `name_len` is 0, `msg` only when `msg_len`
+/// is 0. Passed in, it is read during the call only; filled by
+/// `pdx_notification_get_bytes`, its pointers are owned by the list.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy)]
+pub struct pdx_notify_bytes {
+    pub name: *const u8,
+    pub name_len: usize,
+    pub msg: *const u8,
+    pub msg_len: usize,
+}
+
+/// The notification a `*_bytes` call was given: `None` for NULL; its
+/// lengths are checked before anything is copied.
+///
+/// # Safety
+/// `note` is NULL or points to a readable `pdx_notify_bytes` whose `name`
+/// and `msg` are readable for `name_len` and `msg_len` bytes.
+pub(crate) unsafe fn notification_from(note: *const pdx_notify_bytes) -> Result<Option<Notification>> {
+    if note.is_null() {
+        return Ok(None);
+    }
+    if !note.is_aligned() {
+        return Err(Error::invalid_argument("notify is not aligned"));
+    }
+    // SAFETY: checked non-NULL and aligned; readable by the caller's contract.
+    let n = unsafe { note.read() };
+    Notification::check_size(n.name_len, n.msg_len)?;
+    // SAFETY: the caller's contract; NULL with a length is refused.
+    let (name, msg) =
+        unsafe { (c_slice(n.name, n.name_len, "notify->name")?, c_slice(n.msg, n.msg_len, "notify->msg")?) };
+    Ok(Some(Notification::new(name, msg)))
+}
+
+/// A notification given as two C strings (any bytes up to the NUL, UTF-8 or
+/// not): both NULL is none, one NULL is an error.
+///
+/// # Safety
+/// `name` and `msg` are NULL or NUL-terminated.
+pub(crate) unsafe fn notification_from_c(name: *const c_char, msg: *const c_char) -> Result<Option<Notification>> {
+    match (name.is_null(), msg.is_null()) {
+        (true, true) => Ok(None),
+        // SAFETY: non-NULL and NUL-terminated by the caller's contract.
+        (false, false) => unsafe {
+            Ok(Some(Notification::new(CStr::from_ptr(name).to_bytes(), CStr::from_ptr(msg).to_bytes())))
+        },
+        _ => Err(Error::invalid_argument("notify_name and notify_msg must both be NULL or both be set")),
+    }
 }
 
 /// Opcode of `pdx_batch_submit`: read remote memory into local memory.

@@ -6,16 +6,14 @@ use std::ffi::{c_char, c_void, CString};
 use std::time::Duration;
 
 use super::{
-    pdx_batch_summary, pdx_engine, pdx_notifications, task_state, EngineHandle, ENGINES, PDX_OPCODE_READ,
-    PDX_OPCODE_WRITE,
+    notification_from, notification_from_c, pdx_batch_summary, pdx_engine, pdx_notifications, pdx_notify_bytes,
+    task_state, EngineHandle, ENGINES, PDX_OPCODE_READ, PDX_OPCODE_WRITE,
 };
 use crate::error::{Error, ErrorKind, Result};
-use crate::ffi::boundary::{
-    c_slice, c_str, guard, guard_or, handle_tag, opt_c_str, opt_out_ptr, out_ptr, text_out, HandleTable,
-};
+use crate::ffi::boundary::{c_slice, c_str, guard, guard_or, handle_tag, opt_out_ptr, out_ptr, text_out, HandleTable};
 use crate::ffi::status::{pdx_status, status_of, PDX_OK};
 use crate::transfer::backend::check_entry_count;
-use crate::transfer::{Direction, Request};
+use crate::transfer::{Direction, Notification, Request};
 
 /// The entries of a batch call, copied from C once the entry bound holds
 /// (nothing proportional to `n` is read or allocated before).
@@ -144,9 +142,13 @@ pub unsafe extern "C" fn pdx_batch_transfer_sync_read(
 /// (never 0) to `*out_batch`. `opcode` is `PDX_OPCODE_READ` or
 /// `PDX_OPCODE_WRITE`. With `notify_name` and `notify_msg` both non-NULL, a
 /// notification is sent to the peer after every entry completed (both NULL:
-/// none). Local memory must stay valid until the batch is finished. Poll
-/// with `pdx_batch_status` / `pdx_task_status`, wait with `pdx_batch_wait`,
-/// release with `pdx_batch_free`.
+/// none); their bytes up to the NUL are sent as they are, UTF-8 or not
+/// (`pdx_batch_submit_notify_bytes` takes any bytes). A notification whose
+/// handshake frame would be over the peer's limit (`MC_HANDSHAKE_MAX_LENGTH`,
+/// 1 MiB by default) is refused (`PDX_ERR_INVALID_ARGUMENT`) before
+/// anything starts. Local memory must stay valid until the batch is
+/// finished. Poll with `pdx_batch_status` / `pdx_task_status`, wait with
+/// `pdx_batch_wait`, release with `pdx_batch_free`.
 ///
 /// # Safety
 /// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
@@ -171,26 +173,64 @@ pub unsafe extern "C" fn pdx_batch_submit(
 ) -> pdx_status {
     guard("pdx_batch_submit", || {
         let out = out_ptr(out_batch, "out_batch")?;
-        let h = ENGINES.get(engine)?;
-        let session = c_str(session, "session")?;
-        let dir = match opcode {
-            PDX_OPCODE_READ => Direction::Read,
-            PDX_OPCODE_WRITE => Direction::Write,
-            other => {
-                return Err(Error::invalid_argument(format!(
-                    "opcode {other} is neither PDX_OPCODE_READ (0) nor PDX_OPCODE_WRITE (1)"
-                )))
-            }
-        };
-        let notify = match (opt_c_str(notify_name, "notify_name")?, opt_c_str(notify_msg, "notify_msg")?) {
-            (Some(n), Some(m)) => Some((n.to_owned(), m.to_owned())),
-            (None, None) => None,
-            _ => return Err(Error::invalid_argument("notify_name and notify_msg must both be NULL or both be set")),
-        };
-        let id = h.engine.submit(session, dir, requests(&h, locals, remotes, lens, n)?, notify)?;
-        *out = id;
-        Ok(())
+        let notify = notification_from_c(notify_name, notify_msg)?;
+        submit(engine, session, opcode, (locals, remotes, lens, n), notify, out)
     })
+}
+
+/// `pdx_batch_submit` with the notification as bytes: `notify` NULL for
+/// none, else its name and message, any bytes (NUL and bytes that are not
+/// UTF-8 included), delivered intact to a pdx peer (what a Mooncake peer
+/// receives: docs/wire.md).
+///
+/// # Safety
+/// As `pdx_batch_submit`; `notify` is NULL or points to a readable `pdx_notify_bytes` whose
+/// `name` and `msg` are readable for `name_len` and `msg_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_batch_submit_notify_bytes(
+    engine: *mut pdx_engine,
+    session: *const c_char,
+    opcode: i32,
+    locals: *const *mut c_void,
+    remotes: *const u64,
+    lens: *const usize,
+    n: usize,
+    notify: *const pdx_notify_bytes,
+    out_batch: *mut u64,
+) -> pdx_status {
+    guard("pdx_batch_submit_notify_bytes", || {
+        let out = out_ptr(out_batch, "out_batch")?;
+        let notify = notification_from(notify)?;
+        submit(engine, session, opcode, (locals, remotes, lens, n), notify, out)
+    })
+}
+
+/// The entry arrays of a batch call: locals, remotes, lens and their count.
+type Entries = (*const *mut c_void, *const u64, *const usize, usize);
+
+/// What both submits do once their notification is read.
+unsafe fn submit(
+    engine: *mut pdx_engine,
+    session: *const c_char,
+    opcode: i32,
+    (locals, remotes, lens, n): Entries,
+    notify: Option<Notification>,
+    out: *mut u64,
+) -> Result<()> {
+    let h = ENGINES.get(engine)?;
+    let session = c_str(session, "session")?;
+    let dir = match opcode {
+        PDX_OPCODE_READ => Direction::Read,
+        PDX_OPCODE_WRITE => Direction::Write,
+        other => {
+            return Err(Error::invalid_argument(format!(
+                "opcode {other} is neither PDX_OPCODE_READ (0) nor PDX_OPCODE_WRITE (1)"
+            )))
+        }
+    };
+    let id = h.engine.submit(session, dir, requests(&h, locals, remotes, lens, n)?, notify)?;
+    *out = id;
+    Ok(())
 }
 
 /// Fill `*out` with the batch's summary (state, counts, bytes). A stale,
@@ -409,7 +449,33 @@ pub unsafe extern "C" fn pdx_task_cancel(
     })
 }
 
-static NOTIFICATIONS: HandleTable<Vec<(CString, CString)>> =
+/// A drained notification: its bytes, and its C-string form for
+/// `pdx_notification_get` (a NUL byte shown as `\u0000`).
+struct Drained {
+    note: Notification,
+    name: CString,
+    msg: CString,
+}
+
+impl Drained {
+    fn new(note: Notification) -> Drained {
+        // C strings cannot hold a NUL: the C-string view shows it escaped
+        // rather than cutting the text there (the bytes view has it whole).
+        let c = |b: &[u8]| {
+            let mut out = Vec::with_capacity(b.len());
+            for &byte in b {
+                match byte {
+                    0 => out.extend_from_slice(b"\\u0000"),
+                    _ => out.push(byte),
+                }
+            }
+            CString::new(out).unwrap_or_default()
+        };
+        Drained { name: c(&note.name), msg: c(&note.msg), note }
+    }
+}
+
+static NOTIFICATIONS: HandleTable<Vec<Drained>> =
     HandleTable::new("pdx_notifications handle", handle_tag::NOTIFICATIONS);
 
 /// Ask `session` whether it is alive. `PDX_OK` when it answered.
@@ -453,8 +519,13 @@ pub unsafe extern "C" fn pdx_first_buffer_address(
     })
 }
 
-/// Send the notification (`name`, `msg`) to `session`, as Mooncake's notify.
-/// `PDX_ERR_NOTIFY_REJECTED` if the peer refused it.
+/// Send the notification (`name`, `msg`) to `session`, as Mooncake's notify:
+/// the bytes of each string up to its NUL, UTF-8 or not
+/// (`pdx_send_notify_bytes` takes any bytes). `PDX_ERR_NOTIFY_REJECTED` if
+/// the peer refused it; `PDX_ERR_INVALID_ARGUMENT`, before sending, when
+/// its handshake frame would be over the peer's limit
+/// (`MC_HANDSHAKE_MAX_LENGTH`, 1 MiB by default, which a peer enforces by
+/// closing the connection).
 ///
 /// # Safety
 /// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
@@ -469,7 +540,36 @@ pub unsafe extern "C" fn pdx_send_notify(
 ) -> pdx_status {
     guard("pdx_send_notify", || {
         let h = ENGINES.get(engine)?;
-        h.engine.notify(c_str(session, "session")?, c_str(name, "name")?, c_str(msg, "msg")?)
+        let session = c_str(session, "session")?;
+        for (p, what) in [(name, "name"), (msg, "msg")] {
+            if p.is_null() {
+                return Err(Error::new(ErrorKind::NullArgument, format!("{what} is NULL")));
+            }
+        }
+        let note = notification_from_c(name, msg)?.unwrap_or_default();
+        h.engine.notify(session, &note)
+    })
+}
+
+/// `pdx_send_notify` with the notification as bytes (any bytes, NUL and
+/// bytes that are not UTF-8 included; intact to a pdx peer, to a Mooncake
+/// peer as docs/wire.md says). `notify` must not be NULL.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `session` is NULL or a NUL-terminated
+/// string; `notify` is NULL or points to a readable `pdx_notify_bytes` whose `name` and `msg` are
+/// readable for `name_len` and `msg_len` bytes. Handles are checked by pdx, never trusted.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_send_notify_bytes(
+    engine: *mut pdx_engine,
+    session: *const c_char,
+    notify: *const pdx_notify_bytes,
+) -> pdx_status {
+    guard("pdx_send_notify_bytes", || {
+        let h = ENGINES.get(engine)?;
+        let session = c_str(session, "session")?;
+        let note = notification_from(notify)?.ok_or_else(|| Error::new(ErrorKind::NullArgument, "notify is NULL"))?;
+        h.engine.notify(session, &note)
     })
 }
 
@@ -487,17 +587,7 @@ pub unsafe extern "C" fn pdx_notifications_drain(
     guard("pdx_notifications_drain", || {
         let out = out_ptr(out, "out")?;
         let h = ENGINES.get(engine)?;
-        // A JSON string may carry `\u0000`; C strings cannot, so it is shown
-        // escaped rather than dropping the notification.
-        let list = h
-            .engine
-            .drain_notifications()
-            .into_iter()
-            .map(|(n, m)| {
-                let c = |s: String| CString::new(s.replace('\0', "\\u0000")).unwrap_or_default();
-                (c(n), c(m))
-            })
-            .collect();
+        let list = h.engine.drain_notifications().into_iter().map(Drained::new).collect();
         *out = NOTIFICATIONS.insert(list)?;
         Ok(())
     })
@@ -509,8 +599,11 @@ pub extern "C" fn pdx_notifications_count(list: *const pdx_notifications) -> usi
     guard_or("pdx_notifications_count", 0, || Ok(NOTIFICATIONS.get(list)?.len()))
 }
 
-/// Entry `i` of the list: `*name` and `*msg` point to strings owned by the
-/// list, valid until `pdx_notifications_free`. Either out-param may be NULL.
+/// Entry `i` of the list as C strings: `*name` and `*msg` point to strings
+/// owned by the list, valid until `pdx_notifications_free`. Either
+/// out-param may be NULL. The bytes arrive as the peer sent them, UTF-8 or
+/// not, except a NUL byte, which reads as the six characters `\u0000`
+/// here (`pdx_notification_get_bytes` gives the bytes exactly).
 ///
 /// # Safety
 /// The caller guarantees, for the duration of the call: `name` is NULL or valid for writing one
@@ -527,19 +620,45 @@ pub unsafe extern "C" fn pdx_notification_get(
         let name = opt_out_ptr(name, "name")?;
         let msg = opt_out_ptr(msg, "msg")?;
         let l = NOTIFICATIONS.get(list)?;
-        let (n, m) = l.get(i).ok_or_else(|| {
-            Error::new(
-                ErrorKind::IndexOutOfRange,
-                format!("notification index {i} out of range (list has {})", l.len()),
-            )
-        })?;
+        let d = entry(&l, i)?;
         if let Some(p) = name {
-            *p = n.as_ptr();
+            *p = d.name.as_ptr();
         }
         if let Some(p) = msg {
-            *p = m.as_ptr();
+            *p = d.msg.as_ptr();
         }
         Ok(())
+    })
+}
+
+/// Entry `i` of the list as bytes, exactly as they arrived: `*out`'s
+/// pointers are owned by the list, valid until `pdx_notifications_free`
+/// (a pointer to an empty name or message is not NULL).
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `out` is NULL or valid for writing one
+/// `pdx_notify_bytes`. Handles are checked by pdx, never trusted.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_notification_get_bytes(
+    list: *const pdx_notifications,
+    i: usize,
+    out: *mut pdx_notify_bytes,
+) -> pdx_status {
+    guard("pdx_notification_get_bytes", || {
+        let out = out_ptr(out, "out")?;
+        let l = NOTIFICATIONS.get(list)?;
+        let n = &entry(&l, i)?.note;
+        let bytes = |v: &Vec<u8>| if v.is_empty() { c"".as_ptr().cast::<u8>() } else { v.as_ptr() };
+        *out =
+            pdx_notify_bytes { name: bytes(&n.name), name_len: n.name.len(), msg: bytes(&n.msg), msg_len: n.msg.len() };
+        Ok(())
+    })
+}
+
+/// Entry `i` of a drained list.
+fn entry(l: &[Drained], i: usize) -> Result<&Drained> {
+    l.get(i).ok_or_else(|| {
+        Error::new(ErrorKind::IndexOutOfRange, format!("notification index {i} out of range (list has {})", l.len()))
     })
 }
 
