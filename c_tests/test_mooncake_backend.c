@@ -230,6 +230,15 @@ static void test_transfers(void) {
   CHECK_OK(pdx_batch_submit(a, sb, PDX_OPCODE_READ, locals, remotes, blens, 3, NULL, NULL, &id));
   CHECK_STATUS(pdx_batch_wait(a, id, 5, &st), PDX_ERR_TIMEOUT);
   CHECK_STATUS(pdx_batch_free(a, id), PDX_ERR_BUSY);
+  /* Mooncake's classic API has no cancel: refused, saying so; nothing changes. */
+  size_t cancelled = 99;
+  CHECK_STATUS(pdx_batch_cancel(a, id, &cancelled), PDX_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(pdx_last_error_message(), "has no cancel") != NULL);
+  CHECK(cancelled == 99);
+  int32_t task_state = -1;
+  CHECK_STATUS(pdx_task_cancel(a, id, 0, &task_state), PDX_ERR_INVALID_ARGUMENT);
+  CHECK(task_state == -1);
+  CHECK_STATUS(pdx_batch_cancel(a, id + 1, NULL), PDX_ERR_INVALID_HANDLE);
   CHECK_OK(pdx_batch_status(a, id, &s));
   CHECK(s.state == PDX_TASK_PENDING && s.completed == 1); /* the zero-length entry */
   unsetenv("FAKE_TE_HANG");

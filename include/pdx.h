@@ -88,9 +88,18 @@
 #define PDX_TASK_COMPLETED 1
 
 /**
- * Task or batch state: failed (a batch: at least one task failed).
+ * Task or batch state: failed (a batch: at least one task failed). Also a
+ * task pdx gave up on by itself (a deadline, a lost peer, the engine
+ * stopping).
  */
 #define PDX_TASK_FAILED 2
+
+/**
+ * Task or batch state: cancelled by the caller (`pdx_batch_cancel`,
+ * `pdx_task_cancel`) and only then; no byte of its local memory is read or
+ * written any more (a batch: none failed and at least one was cancelled).
+ */
+#define PDX_TASK_CANCELED 3
 
 /**
  * Kind of a parsed IB device configuration: nothing configured.
@@ -211,7 +220,8 @@ typedef struct {
 typedef struct {
   /**
    * `PDX_TASK_PENDING` until every task is terminal, then
-   * `PDX_TASK_COMPLETED` or `PDX_TASK_FAILED`.
+   * `PDX_TASK_COMPLETED`, `PDX_TASK_FAILED` (a task failed) or
+   * `PDX_TASK_CANCELED` (none failed, one was cancelled).
    */
   int32_t state;
   /**
@@ -223,7 +233,8 @@ typedef struct {
    */
   size_t completed;
   /**
-   * Tasks that failed.
+   * Tasks that failed. (Tasks cancelled by the caller count as neither
+   * completed nor failed: `pdx_batch_cancel` says how many it cancelled.)
    */
   size_t failed;
   /**
@@ -447,6 +458,11 @@ typedef struct {
    * The same for reads (of `tasks_read`).
    */
   uint64_t same_host_tasks_read;
+  /**
+   * Tasks the caller cancelled (`pdx_batch_cancel`, `pdx_task_cancel`;
+   * counted in neither completed nor failed tasks).
+   */
+  uint64_t tasks_canceled;
 } pdx_stats;
 
 
@@ -591,6 +607,12 @@ typedef struct {
  * A CUDA driver call failed (the message names the driver's error).
  */
 #define PDX_ERR_DEVICE -27
+
+/**
+ * The caller cancelled the task (`pdx_batch_cancel`, `pdx_task_cancel`):
+ * no byte of its local memory is read or written any more.
+ */
+#define PDX_ERR_CANCELED -28
 
 
 
@@ -1209,9 +1231,9 @@ pdx_status pdx_batch_notify_error(pdx_engine *engine,
 
 /**
  * Wait up to `timeout_ms` for the batch to finish. `PDX_OK` once every task
- * is terminal, with the batch state (`PDX_TASK_COMPLETED` or
- * `PDX_TASK_FAILED`) in `*out_state` (may be NULL); `PDX_ERR_TIMEOUT` while
- * tasks are still in flight. Every task reaches a terminal state within the
+ * is terminal, with the batch state (`PDX_TASK_COMPLETED`, `PDX_TASK_FAILED`
+ * or `PDX_TASK_CANCELED`) in `*out_state` (may be NULL); `PDX_ERR_TIMEOUT`
+ * while tasks are still in flight. Every task reaches a terminal state within the
  * engine's deadlines, so waiting again always ends.
  *
  * # Safety
@@ -1225,9 +1247,48 @@ pdx_status pdx_batch_wait(pdx_engine *engine,
 
 /**
  * Release a finished batch; its id becomes invalid. `PDX_ERR_BUSY` while
- * tasks are in flight (nothing is freed then).
+ * tasks are in flight (nothing is freed then): to release a batch in
+ * flight, `pdx_batch_cancel` it first.
  */
 pdx_status pdx_batch_free(pdx_engine *engine, uint64_t batch);
+
+/**
+ * Cancel every task of the batch still in flight; `*out_canceled` (may be
+ * NULL) is how many this call cancelled. When it returns `PDX_OK`, pdx
+ * reads no byte of their local sources and writes no byte into their local
+ * destinations again (data of a read that arrives later is dropped), so
+ * the caller may reuse that memory at once; bytes a cancelled write had
+ * already sent may still land in the peer's memory. Cancelled tasks end
+ * `PDX_TASK_CANCELED` (their error `PDX_ERR_CANCELED`, their bytes what
+ * was confirmed before); tasks already finished keep their state (a cancel
+ * racing a completion ends in exactly one of the two). The batch is then
+ * finished (free it with `pdx_batch_free`), unless every task had completed
+ * first and its notification is still being sent. Returns within seconds
+ * whatever the peer does; `PDX_ERR_TIMEOUT` when it could not make sure
+ * of the above within its bound (the tasks stay cancelled and the batch
+ * finishes once it can); `PDX_ERR_INVALID_ARGUMENT` on a backend that
+ * cannot cancel (Mooncake's own library). `*out_canceled` is untouched on
+ * error.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `out_canceled` is NULL or valid for
+ * writing one `size_t`. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_batch_cancel(pdx_engine *engine, uint64_t batch, size_t *out_canceled);
+
+/**
+ * Cancel task `task` of the batch if it is still in flight, as
+ * `pdx_batch_cancel` does for all of them; the batch's other tasks carry
+ * on. `*out_state` (may be NULL) is the task's state afterwards:
+ * `PDX_TASK_CANCELED`, or `PDX_TASK_COMPLETED` / `PDX_TASK_FAILED` when it
+ * had finished first. `PDX_ERR_INDEX_OUT_OF_RANGE` for `task >= total`.
+ * `*out_state` is untouched on error.
+ *
+ * # Safety
+ * The caller guarantees, for the duration of the call: `out_state` is NULL or valid for writing
+ * one `i32`. Handles are checked by pdx, never trusted.
+ */
+pdx_status pdx_task_cancel(pdx_engine *engine, uint64_t batch, size_t task, int32_t *out_state);
 
 /**
  * Ask `session` whether it is alive. `PDX_OK` when it answered.

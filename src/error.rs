@@ -84,6 +84,8 @@ error_kinds! {
         /// A CUDA driver call failed; the message has the driver's error name
         /// and text.
         Device,
+        /// The caller cancelled the transfer (never a failure pdx chose).
+        Canceled,
     }
 }
 

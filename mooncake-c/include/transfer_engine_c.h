@@ -212,7 +212,10 @@ int genNotifyInEngine(transfer_engine_t engine, uint64_t target_id, notify_msg_t
 int getTransferStatus(transfer_engine_t engine, batch_id_t batch_id, size_t task_id,
                       struct transfer_status *status);
 
-/* 0, or 4 (batch busy) while a task is in flight. */
+/* 0: freed. Tasks still in flight are cancelled first; once 0 is returned
+ * nothing reads or writes their local memory any more (pdx; Mooncake answers
+ * 4, batch busy, and keeps the batch, as pdx does with
+ * PDX_FREE_BATCH_IN_FLIGHT=busy or when a cancel cannot be made sure of). */
 int freeBatchID(transfer_engine_t engine, batch_id_t batch_id);
 
 /* Reach every open segment again. */

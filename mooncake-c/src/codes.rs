@@ -83,7 +83,8 @@ pub fn code_of(kind: ErrorKind) -> Code {
         | ErrorKind::ConnectionLost
         | ErrorKind::Timeout
         | ErrorKind::Io
-        | ErrorKind::Shutdown => Code::Socket,
+        | ErrorKind::Shutdown
+        | ErrorKind::Canceled => Code::Socket,
         ErrorKind::Protocol => Code::MalformedJson,
         ErrorKind::NotifyRejected => Code::RejectHandshake,
         ErrorKind::NotFound => Code::Metadata,

@@ -93,6 +93,9 @@ pub struct McEngine {
     /// Held for the whole of `installTransport` and `uninstallTransport`.
     reinstall: Mutex<()>,
     graceful: AtomicBool,
+    /// `freeBatchID` of a batch in flight cancels it (else "batch busy",
+    /// as Mooncake answers): `PDX_FREE_BATCH_IN_FLIGHT`.
+    cancel_on_free: bool,
 }
 
 impl McEngine {
@@ -102,6 +105,7 @@ impl McEngine {
         let named = if local_server_name.trim().is_empty() { ip } else { local_server_name };
         let host = pdx::transfer::host::engine_host(named)?;
         let metadata = if metadata.trim().is_empty() { "P2PHANDSHAKE" } else { metadata.trim() };
+        let cancel_on_free = env::read_choice(&ProcessEnv, &vars::PDX_FREE_BATCH_IN_FLIGHT)? != Some("busy");
         let e = McEngine {
             metadata: metadata.to_owned(),
             host,
@@ -114,6 +118,7 @@ impl McEngine {
             inbox: Mutex::new(VecDeque::new()),
             reinstall: Mutex::new(()),
             graceful: AtomicBool::new(false),
+            cancel_on_free,
         };
         if auto {
             e.install(&discovered_protocol(&ProcessEnv))?;
@@ -553,23 +558,47 @@ impl McEngine {
         }
     }
 
-    /// `freeBatchID`: "batch busy" while a task is in flight. The pdx
-    /// batches it freed are the installed transport's only: a batch whose
-    /// transport was uninstalled kept its states and frees nothing else.
+    /// `freeBatchID`. A batch with tasks in flight has them cancelled
+    /// first: once pdx's cancel returns, nothing reads or writes their
+    /// local memory any more, and the batch is freed. That is what NIXL's
+    /// `releaseReqH` needs (it frees a batch in flight, ignores the result
+    /// and hands the memory to the next request). Mooncake answers "batch
+    /// busy" and keeps the batch; so does this engine with
+    /// `PDX_FREE_BATCH_IN_FLIGHT=busy`, and on a transport that cannot
+    /// cancel (Mooncake's own library). The pdx batches it frees are the
+    /// installed transport's only: a batch whose transport was uninstalled
+    /// kept its states and frees nothing else.
     pub fn free_batch(&self, batch: u64) -> McResult<()> {
         let b = self.batch(batch)?;
-        {
+        // Read under the batch's lock: `uninstall` settles (and empties) a
+        // batch under it, so pdx batches seen here belong to this backend.
+        let running = {
             let g = b.lock();
-            if !g.subs().is_empty() {
-                let backend = self.backend()?;
-                for id in g.subs() {
-                    if backend.batch_summary(*id).is_ok_and(|s| s.in_flight() > 0) {
-                        return Err(McError::new(
-                            Code::BatchBusy,
-                            format!("batch {batch:#x} cannot be freed until all its tasks are done"),
-                        ));
-                    }
-                }
+            if g.subs().is_empty() {
+                None
+            } else {
+                Some((self.backend()?, g.subs().to_vec()))
+            }
+        };
+        if let Some((backend, subs)) = running {
+            let in_flight: Vec<u64> =
+                subs.into_iter().filter(|id| backend.batch_summary(*id).is_ok_and(|s| s.in_flight() > 0)).collect();
+            if !in_flight.is_empty() && !self.cancel_on_free {
+                return Err(McError::new(
+                    Code::BatchBusy,
+                    format!(
+                        "batch {batch:#x} cannot be freed until all its tasks are done \
+                         (PDX_FREE_BATCH_IN_FLIGHT=busy; unset, it would cancel them)"
+                    ),
+                ));
+            }
+            for id in in_flight {
+                backend.cancel(id, None).map_err(|e| {
+                    McError::new(
+                        Code::BatchBusy,
+                        format!("batch {batch:#x} has tasks in flight and cancelling them failed: {}", e.message()),
+                    )
+                })?;
             }
         }
         self.send_deferred(&b);

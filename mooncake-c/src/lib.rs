@@ -413,8 +413,9 @@ pub unsafe extern "C" fn submitTransferWithNotify(
 }
 
 /// The state of task `task_id`: `STATUS_WAITING` in flight,
-/// `STATUS_COMPLETED` confirmed at the target, `STATUS_FAILED`; `*status`
-/// is written only when 0 is returned.
+/// `STATUS_COMPLETED` confirmed at the target, `STATUS_FAILED`,
+/// `STATUS_CANCELED` (cancelled by `freeBatchID` while another thread
+/// polls it); `*status` is written only when 0 is returned.
 ///
 /// # Safety
 /// `status` is NULL or writable.
@@ -435,6 +436,7 @@ pub unsafe extern "C" fn getTransferStatus(
             TaskState::Pending => STATUS_WAITING,
             TaskState::Completed => STATUS_COMPLETED,
             TaskState::Failed => STATUS_FAILED,
+            TaskState::Canceled => STATUS_CANCELED,
         };
         // SAFETY: checked non-NULL and aligned; writable by the caller's contract.
         unsafe { *status = TransferStatus { status: code, transferred_bytes: bytes } };
@@ -442,7 +444,11 @@ pub unsafe extern "C" fn getTransferStatus(
     })
 }
 
-/// Free a batch; 4 ("batch busy") while a task is in flight.
+/// Free a batch. Tasks still in flight are cancelled first: when this
+/// returns 0, nothing reads or writes their local memory any more (data a
+/// read receives later is dropped). Mooncake instead answers 4 ("batch
+/// busy") and keeps the batch, as this does with
+/// `PDX_FREE_BATCH_IN_FLIGHT=busy` or when a cancel cannot be made sure of.
 #[no_mangle]
 pub extern "C" fn freeBatchID(engine: Engine, batch_id: BatchId) -> c_int {
     guard("freeBatchID", pos, || {

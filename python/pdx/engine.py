@@ -30,6 +30,7 @@ PDX_OPCODE_WRITE = 1
 PDX_TASK_PENDING = 0
 PDX_TASK_COMPLETED = 1
 PDX_TASK_FAILED = 2
+PDX_TASK_CANCELED = 3
 
 
 class BatchSummary(ctypes.Structure):
@@ -57,6 +58,7 @@ STATS_FIELDS = (
     "handshakes", "inbound_connections", "inbound_connections_open", "peers_connected",
     "notification_bytes_queued", "latency_p50_us", "latency_p99_us", "served_device_failures",
     "same_host_bytes_written", "same_host_bytes_read", "same_host_tasks_written", "same_host_tasks_read",
+    "tasks_canceled",
 )
 
 
@@ -143,6 +145,8 @@ _ENGINE_SIGNATURES: list[_Signature] = [
      [c_void_p, c_uint64, POINTER(pdx_status), POINTER(ctypes.c_char), c_size_t, POINTER(c_size_t)]),
     ("pdx_batch_wait", pdx_status, [c_void_p, c_uint64, ctypes.c_uint32, POINTER(c_int32)]),
     ("pdx_batch_free", pdx_status, [c_void_p, c_uint64]),
+    ("pdx_batch_cancel", pdx_status, [c_void_p, c_uint64, POINTER(c_size_t)]),
+    ("pdx_task_cancel", pdx_status, [c_void_p, c_uint64, c_size_t, POINTER(c_int32)]),
     ("pdx_send_probe", pdx_status, [c_void_p, c_char_p]),
     ("pdx_first_buffer_address", pdx_status, [c_void_p, c_char_p, POINTER(ctypes.c_uint64)]),
     ("pdx_batch_submit_notify_bytes", pdx_status,
@@ -425,9 +429,26 @@ class Engine(_Handle):
         return state.value
 
     def free(self, batch: int) -> None:
-        """Release a finished batch (PDX_ERR_BUSY while tasks are in flight)."""
+        """Release a finished batch (PDX_ERR_BUSY while tasks are in flight: cancel it first)."""
         check(lib.pdx_batch_free(self._h, batch))
         self._batches.pop(batch, None)
+
+    def cancel(self, batch: int) -> int:
+        """Cancel the batch's tasks still in flight; returns how many this call cancelled.
+
+        Once it returns, pdx reads and writes none of their local memory again (a cancelled
+        write's bytes already sent may still land at the peer); they end PDX_TASK_CANCELED and
+        the batch is finished (free it as usual)."""
+        n = c_size_t()
+        check(lib.pdx_batch_cancel(self._h, batch, ctypes.byref(n)))
+        return n.value
+
+    def cancel_task(self, batch: int, task: int) -> int:
+        """Cancel one task if it is still in flight, as `cancel`; returns its state after
+        (PDX_TASK_CANCELED, or PDX_TASK_COMPLETED / PDX_TASK_FAILED when it had ended first)."""
+        state = c_int32()
+        check(lib.pdx_task_cancel(self._h, batch, task, ctypes.byref(state)))
+        return state.value
 
     # Control messages.
     def probe(self, session: str) -> None:

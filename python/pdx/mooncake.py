@@ -40,7 +40,11 @@ Where pdx differs (listed in the README): ``get_engine``, ``get_engine_ptr``
 and ``get_local_topology`` raise ``NotImplementedError`` (there is no C++
 ``mooncake::TransferEngine`` object); the ``location`` of a registration and ``transport_hint`` are
 accepted and ignored (the wheel ignores the hint too); a stale or made-up
-batch id gives ``-1`` instead of undefined behaviour.
+batch id gives ``-1`` instead of undefined behaviour; a batch that
+``get_batch_transfer_status`` gives up on (a deadline, a failed neighbour) is
+cancelled before the call returns, so its memory is untouched afterwards (the
+wheel's keeps moving); and the module function ``cancel_transfer(engine,
+batch_id)`` (pdx only) cancels a batch.
 """
 
 from __future__ import annotations
@@ -752,7 +756,8 @@ class TransferEngine:
     def _wait_and_free(self, fn: str, batch_ids: Sequence[int]) -> int:
         """Wait for every batch (each within MC_TRANSFER_TIMEOUT plus 1 ns per byte) and free
         it; 0 when all completed, -1 at the first failure. As in the wheel, every listed id
-        is invalid afterwards; batches still in flight are freed once they end."""
+        is invalid afterwards; batches still in flight are cancelled (their memory untouched
+        once this returns) and freed."""
         h = self._h()
         result = 0
         for batch in batch_ids:
@@ -801,11 +806,19 @@ class TransferEngine:
         log.error("%s: batch %d failed (%d of %d tasks)%s", fn, batch, summary.failed, summary.total, reason)
 
     def _release(self, batch: int) -> None:
-        """Forget a batch id; free it now, or once it finishes if it is still in flight."""
+        """Forget a batch id and free it. One still in flight is cancelled first (nothing
+        touches its memory once that returns); where it cannot be (Mooncake's own library has
+        no cancel) it is freed once it finishes."""
         with self._lock:
             if self._batches.pop(batch, None) is None:
                 return
             self._abandoned.add(batch)
+        summary = BatchSummary()
+        h = self._h()
+        if lib.pdx_batch_status(h, batch, ctypes.byref(summary)) == PDX_OK and summary.state == PDX_TASK_PENDING:
+            status = int(lib.pdx_batch_cancel(h, batch, None))
+            if status != PDX_OK:
+                log.warning("batch %d is released in flight and cannot be cancelled: %s", batch, last_error())
         self._reap()
 
     def _reap(self) -> None:
@@ -817,6 +830,20 @@ class TransferEngine:
             if status != PDX_ERR_BUSY:  # freed (or already gone)
                 with self._lock:
                     self._abandoned.discard(batch)
+
+    def _cancel_transfer(self, batch_id: int) -> int:
+        """See the module's `cancel_transfer`."""
+        batch = _uint(batch_id, "cancel_transfer")
+        with self._lock:
+            known = batch in self._batches
+        if not known:
+            log.error("cancel_transfer: %d is not a batch of this engine (unknown or already finished)", batch)
+            return -1
+        status = int(lib.pdx_batch_cancel(self._h(), batch, None))
+        if status != PDX_OK:
+            self._fail(f"cancel_transfer: batch {batch}", status)
+        self._release(batch)
+        return 0 if status == PDX_OK else -1
 
     def get_batch_transfer_status(self, batch_ids: list[int]) -> int:
         """Wait for the listed batches and free them; 0 if every one completed, -1 otherwise."""
@@ -945,6 +972,15 @@ class TransferEngine:
                 engine.close()
             except Exception:
                 pass
+
+
+def cancel_transfer(engine: TransferEngine, batch_id: int) -> int:
+    """pdx only (the wheel has no cancel; a function of the module, so that the class keeps
+    exactly the wheel's attributes): cancel `engine`'s batch `batch_id` if it is still in
+    flight and free the id. 0 once nothing reads or writes its local memory any more (bytes
+    of a write already sent may still land at the peer); -1 for an unknown id, or when the
+    batch cannot be cancelled (Mooncake's own library; it is then freed once it finishes)."""
+    return engine._cancel_transfer(batch_id)
 
 
 # help() and typing.get_type_hints show the enum by its public name (the source says

@@ -179,6 +179,40 @@ def test_round_trip(cuda, engines, local_dev, remote_dev, size):
                 cuda.free(addr)
 
 
+def test_a_cancelled_staged_read_copies_nothing_to_the_device_after(cuda):
+    """A read into device memory over TCP goes through pinned buffers, each copied to the
+    device: cancelled on the wire, no copy reaches the device memory once the cancel
+    returned (the memory, filled right after, keeps the fill; the stand-in counts no
+    copy but the test's own)."""
+    n = 64 * MiB
+    with pdx.Engine("127.0.0.1", "tcp", same_host="off") as target, pdx.Engine(
+        "127.0.0.1", "tcp", same_host="off"
+    ) as initiator:
+        remote = bytearray(bytes(range(128)) * (n // 128))
+        base = target.register_at(remote, location="cpu:0")
+        dev = cuda.alloc(0, n)
+        initiator.register_at(dev, n, "cuda:0")
+        try:
+            batch = initiator.submit(target.session_id, "read", [(dev, base, n)])
+            while initiator.status(batch).bytes == 0 and initiator.status(batch).state == pdx.PDX_TASK_PENDING:
+                pass
+            assert initiator.cancel(batch) == 1
+            copies = cuda.stats().h2d_copies
+            fill = b"\xa5" * n
+            cuda.put(0, dev, fill)
+            time.sleep(1.0)
+            assert cuda.stats().h2d_copies == copies + 1, "a device copy after the cancel returned"
+            assert cuda.get(0, dev, n) == fill, "late bytes in a cancelled read's device memory"
+            assert initiator.status(batch).state == pdx.PDX_TASK_CANCELED
+            initiator.free(batch)
+            initiator.read(target.session_id, dev, base, n)
+            assert cuda.get(0, dev, n) == bytes(remote), "the next staged read lands whole"
+        finally:
+            initiator.unregister(dev)
+            cuda.free(dev)
+            target.unregister(remote)
+
+
 def test_scattered_pages_and_accounting(cuda, engines):
     target, initiator = engines
     pages, page, n = 4096, 4 * KiB, 2048

@@ -129,7 +129,7 @@ def test_constants_match_header():
 
 def test_task_state_constants_in_header():
     text = HEADER.read_text()
-    for name in ("PDX_TASK_PENDING", "PDX_TASK_COMPLETED", "PDX_TASK_FAILED"):
+    for name in ("PDX_TASK_PENDING", "PDX_TASK_COMPLETED", "PDX_TASK_FAILED", "PDX_TASK_CANCELED"):
         m = re.search(rf"#define {name} (-?\d+)", text)
         assert m and int(m.group(1)) == getattr(pdx, name)
 
@@ -585,6 +585,54 @@ def test_pending_batch_against_silent_peer(pair):
     assert state == pdx.PDX_TASK_FAILED and error not in (pdx.PDX_OK, pdx.PDX_ERR_REMOTE_REJECTED)
     assert pair.a.task_error(batch, 0)
     pair.a.free(batch)
+
+
+def test_cancel_a_batch_against_a_silent_peer(pair):
+    """A batch stuck on a peer that never answers is cancelled at once: CANCELED (not FAILED),
+    freed, and the engine's other peers are not held up."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    silent = f"127.0.0.1:{lsock.getsockname()[1]}"
+    try:
+        batch = pair.a.submit(silent, "write", [(b"abc", 0x10000), (b"def", 0x20000)])
+        assert pair.a.cancel_task(batch, 1) == pdx.PDX_TASK_CANCELED
+        assert pair.a.status(batch).state == pdx.PDX_TASK_PENDING  # task 0 still in flight
+        assert pair.a.cancel(batch) == 1
+        assert pair.a.wait(batch, 0) == pdx.PDX_TASK_CANCELED
+        assert pair.a.task_status(batch, 0) == (pdx.PDX_TASK_CANCELED, 0, pdx.PDX_ERR_CANCELED)
+        assert pair.a.task_error(batch, 0) == "canceled by the caller"
+        assert pair.a.cancel(batch) == 0
+        pair.a.free(batch)
+        with pytest.raises(pdx.PdxError) as err:
+            pair.a.cancel(batch)
+        assert err.value.status == pdx.PDX_ERR_INVALID_HANDLE
+        pair.a.probe(pair.session)
+    finally:
+        lsock.close()
+    assert pair.a.stats()["tasks_canceled"] >= 2
+
+
+def test_cancel_a_read_in_flight_leaves_its_buffer_untouched():
+    """A 64 MiB read cancelled on the wire: the buffer, filled right after the call returned,
+    keeps the fill (no late byte within a second); the peer serves the next read."""
+    n = 64 << 20
+    with pdx.Engine("127.0.0.1", "tcp", same_host="off") as a, pdx.Engine("127.0.0.1", "tcp", same_host="off") as b:
+        remote = bytearray(bytes(range(128)) * (n // 128))
+        local = bytearray(n)
+        base = b.register(remote)
+        batch = a.submit(b.session_id, "read", [(local, base)])
+        while a.status(batch).bytes == 0 and a.status(batch).state == pdx.PDX_TASK_PENDING:
+            pass
+        assert a.cancel(batch) == 1
+        ctypes.memset((ctypes.c_char * n).from_buffer(local), 0xA5, n)
+        assert a.status(batch).state == pdx.PDX_TASK_CANCELED
+        a.free(batch)
+        threading.Event().wait(1.0)
+        assert local.count(0xA5) == n, "late bytes in a cancelled read's buffer"
+        a.read(b.session_id, local, base)
+        assert local == remote
+        b.unregister(remote)
 
 
 # ------------------------------------------------------ notify and probe

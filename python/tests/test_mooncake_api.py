@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 
 import pytest
 
@@ -57,6 +58,32 @@ def test_stale_and_made_up_batch_ids_fail_cleanly(engine: mc.TransferEngine) -> 
         pass
     assert state == 1 and dst.raw[8:11] == b"abc"
     assert engine.transfer_check_status(submitted) == -1
+
+
+def test_cancel_transfer_leaves_the_buffer_untouched(engine: mc.TransferEngine, monkeypatch) -> None:
+    """pdx's extension (a module function: the class keeps the wheel's attributes): a read
+    cancelled in flight writes nothing into its buffer once cancel_transfer returned 0; the
+    id is freed; unknown ids give -1."""
+    monkeypatch.setenv("PDX_SAME_HOST", "off")
+    peer = mc.TransferEngine()
+    assert peer.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    n = 64 << 20
+    remote = (ctypes.c_char * n).from_buffer(bytearray(bytes(range(128)) * (n // 128)))
+    local = (ctypes.c_char * n)()
+    assert peer.register_memory(ctypes.addressof(remote), n) == 0
+    assert engine.register_memory(ctypes.addressof(local), n) == 0
+    session = f"127.0.0.1:{peer.get_rpc_port()}"
+    batch = engine.batch_transfer_async_read(session, [ctypes.addressof(local)], [ctypes.addressof(remote)], [n])
+    assert batch != 0
+    assert mc.cancel_transfer(engine, batch) == 0
+    ctypes.memset(local, 0xA5, n)
+    time.sleep(1.0)
+    assert bytes(local).count(0xA5) == n, "late bytes in a cancelled read's buffer"
+    assert mc.cancel_transfer(engine, batch) == -1  # freed
+    assert engine.get_batch_transfer_status([batch]) == -1
+    assert mc.cancel_transfer(engine, 12345) == -1
+    batch = engine.batch_transfer_async_read(session, [ctypes.addressof(local)], [ctypes.addressof(remote)], [n])
+    assert engine.get_batch_transfer_status([batch]) == 0 and bytes(local) == bytes(remote)
 
 
 def test_protocols_other_than_tcp_need_mooncakes_library(monkeypatch: pytest.MonkeyPatch, caplog) -> None:

@@ -283,6 +283,8 @@ vars! {
     PDX_BIND_ADDRESS: Ty::Text, "the hostname's address", "Where the listeners bind.";
     PDX_TCP_ENGINE: Ty::Choice(&["native", "mooncake"]), "native", "Which engine serves `tcp`.";
     PDX_MOONCAKE_LIB: Ty::Text, "libtransfer_engine.so", "Mooncake's Transfer Engine library (C API) to load.";
+    PDX_FREE_BATCH_IN_FLIGHT: Ty::Choice(&["cancel", "busy"]), "cancel",
+        "pdx's `libtransfer_engine.so`: `freeBatchID` of a batch with tasks in flight cancels them, waits until their local memory is untouched and frees it (`cancel`), or answers \"batch busy\" and keeps it, as Mooncake does (`busy`).";
     PDX_CUDA_LIB: Ty::Text, "libcuda.so.1", "The CUDA driver library to load (device memory; see docs/gpu.md).";
     PDX_CUDA_STAGING_BYTES: Ty::Int { min: 0, max: 1 << 40 }, "67108864",
         "Pinned host memory per engine for staging device memory (bytes); values below 65536 are raised to it, with a warning.";
@@ -700,7 +702,7 @@ mod tests {
     fn nothing_else_reads_the_environment() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut files = Vec::new();
-        for dir in ["src", "mooncake-sys/src", "cuda-sys/src", "pdx-bench/src"] {
+        for dir in ["src", "mooncake-sys/src", "mooncake-c/src", "cuda-sys/src", "pdx-bench/src"] {
             if root.join(dir).is_dir() {
                 sources(&root.join(dir), &mut files);
             }

@@ -80,8 +80,8 @@ use super::protocol::wire::{check_frame_length, encode_frame, split_frame_body, 
 /// reads or answers. Handshakes are answered here (with a descriptor that
 /// sends data connections to the proxy); data connections are forwarded to
 /// a real engine while not frozen.
-struct Freezable {
-    session: String,
+pub(super) struct Freezable {
+    pub(super) session: String,
     frozen: Arc<AtomicBool>,
     slow: Arc<AtomicBool>,
     _target: Engine,
@@ -142,7 +142,7 @@ fn serve_fake_handshakes(rpc: TcpListener, desc: String, frozen: Arc<AtomicBool>
 
 impl Freezable {
     /// A peer whose real engine registered `region` (its address range).
-    fn new(region: &[u8]) -> Freezable {
+    pub(super) fn new(region: &[u8]) -> Freezable {
         let target = engine_with(settings());
         target.register(addr(region), region.len() as u64).unwrap();
         // A small receive buffer (inherited by accepted sockets) keeps what
@@ -175,8 +175,18 @@ impl Freezable {
         Freezable { session, frozen, slow, _target: target }
     }
 
-    fn freeze(&self) {
+    pub(super) fn freeze(&self) {
         self.frozen.store(true, Ordering::Release);
+    }
+
+    /// Let it run again (what it held is forwarded).
+    pub(super) fn thaw(&self) {
+        self.frozen.store(false, Ordering::Release);
+    }
+
+    /// Forward about 1.3 MB/s (`true`) or at full speed.
+    pub(super) fn slow(&self, slow: bool) {
+        self.slow.store(slow, Ordering::Release);
     }
 }
 

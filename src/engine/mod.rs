@@ -43,6 +43,8 @@ mod auth_tests;
 #[cfg(test)]
 mod burst_tests;
 #[cfg(test)]
+mod cancel_tests;
+#[cfg(test)]
 mod fuzz_tests;
 #[cfg(test)]
 mod hardening_tests;
@@ -518,6 +520,13 @@ impl TransferBackend for Engine {
             .batches
             .remove_with(id, |run| if run.is_done() { Ok(()) } else { Err(state::still_in_flight(id)) })
             .map(drop)
+    }
+
+    /// Cancel in-flight tasks (see [`TransferBackend::cancel`] and
+    /// `initiator::cancel`): every path stops touching their memory before
+    /// this returns.
+    fn cancel(&self, id: u64, task: Option<usize>) -> Result<usize> {
+        self.inner.batches.get(id)?.cancel(&self.inner, task)
     }
 
     /// Ask the peer whether it is alive (a Probe exchange).

@@ -320,3 +320,37 @@ fn the_first_batch_past_silent_and_dead_rails_succeeds_within_seconds() {
 fn rx_ready(rx: &std::sync::mpsc::Receiver<()>) -> bool {
     rx.recv_timeout(std::time::Duration::from_secs(10)).is_ok()
 }
+
+/// A read and a write cancelled while on the wire over two rails (in a
+/// network namespace of the test's own): no late byte lands in the read's
+/// buffer, no byte of the write's source is read after the cancel, and the
+/// rails stay up (a cut lane says nothing against its rail); the peer
+/// serves on at once.
+#[test]
+fn a_cancel_over_rails_touches_no_local_byte_and_leaves_the_rails_up() {
+    let setup = "ip link add c50a type veth peer name c50b && ip addr add 10.50.1.1/24 dev c50a && \
+                 ip addr add 10.50.1.2/24 dev c50b && ip link set c50a up && ip link set c50b up";
+    in_own_netns(setup, || {
+        let (a, b) = (engine(Some("auto"), false), engine(Some("auto"), false));
+        let warm = vec![0u8; 12 << 20];
+        b.register(warm.as_ptr() as u64, warm.len() as u64).unwrap();
+        assert!(round_trip(&a, &b, &warm), "rails paired by a first batch");
+        let region: Vec<u8> = (0..128usize << 20).map(|i| ((i * 131 + (i >> 12)) & 0x7f) as u8).collect();
+        let target = vec![0u8; 128 << 20];
+        b.register(region.as_ptr() as u64, region.len() as u64).unwrap();
+        b.register(target.as_ptr() as u64, target.len() as u64).unwrap();
+        assert!(round_trip(&a, &b, &warm), "the descriptor with the new regions in hand");
+        let on_rails = |info: &serde_json::Value| -> u64 {
+            let rails = info["rails"].as_array().expect("rails in pdx_peer_info");
+            assert!(rails.len() >= 2 && rails.iter().all(|r| r["state"] == "up"), "the rails stay up: {info}");
+            rails.iter().map(|r| r["bytes"].as_u64().unwrap()).sum()
+        };
+        let before = on_rails(&a.peer_info(b.session_id()).unwrap());
+        let read = super::cancel_tests::cancel_read(&a, b.session_id(), &region, 8 << 20);
+        assert!(on_rails(&read.info) >= before + (8 << 20), "the read moved over the rails: {}", read.info);
+        let write = super::cancel_tests::cancel_write(&a, b.session_id(), &target, 8 << 20);
+        on_rails(&write.info);
+        println!("over rails: cancelled a read in {:?}, a write in {:?}", read.took, write.took);
+        assert!(round_trip(&a, &b, &warm), "the peer serves on");
+    });
+}

@@ -88,6 +88,9 @@ pub struct pdx_stats {
     pub same_host_tasks_written: u64,
     /// The same for reads (of `tasks_read`).
     pub same_host_tasks_read: u64,
+    /// Tasks the caller cancelled (`pdx_batch_cancel`, `pdx_task_cancel`;
+    /// counted in neither completed nor failed tasks).
+    pub tasks_canceled: u64,
 }
 
 fn to_c(s: &StatsSnapshot) -> pdx_stats {
@@ -124,6 +127,7 @@ fn to_c(s: &StatsSnapshot) -> pdx_stats {
         same_host_bytes_read: s.same_host_bytes_read,
         same_host_tasks_written: s.same_host_tasks_written,
         same_host_tasks_read: s.same_host_tasks_read,
+        tasks_canceled: s.tasks_canceled,
     }
 }
 
@@ -166,6 +170,6 @@ mod tests {
     #[test]
     fn the_size_field_comes_first_and_fields_are_u64() {
         assert_eq!(std::mem::offset_of!(pdx_stats, size), 0);
-        assert_eq!(std::mem::size_of::<pdx_stats>(), 8 + 29 * 8, "fields are only added at the end");
+        assert_eq!(std::mem::size_of::<pdx_stats>(), 8 + 30 * 8, "fields are only added at the end");
     }
 }

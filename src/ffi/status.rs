@@ -73,6 +73,9 @@ pub const PDX_ERR_NOTIFY_REJECTED: pdx_status = -25;
 pub const PDX_ERR_DEVICE_UNAVAILABLE: pdx_status = -26;
 /// A CUDA driver call failed (the message names the driver's error).
 pub const PDX_ERR_DEVICE: pdx_status = -27;
+/// The caller cancelled the task (`pdx_batch_cancel`, `pdx_task_cancel`):
+/// no byte of its local memory is read or written any more.
+pub const PDX_ERR_CANCELED: pdx_status = -28;
 
 /// One status: its code, the constant's name (as C and Python spell it),
 /// the error kind it reports (none for `PDX_OK`) and its fixed text.
@@ -124,6 +127,7 @@ const TABLE: &[Status] = &[
     row!(PDX_ERR_NOTIFY_REJECTED, Some(ErrorKind::NotifyRejected), "peer rejected the notification\0"),
     row!(PDX_ERR_DEVICE_UNAVAILABLE, Some(ErrorKind::DeviceUnavailable), "CUDA driver or device unavailable\0"),
     row!(PDX_ERR_DEVICE, Some(ErrorKind::Device), "CUDA driver call failed\0"),
+    row!(PDX_ERR_CANCELED, Some(ErrorKind::Canceled), "canceled by the caller\0"),
 ];
 
 /// The status code for an error kind.

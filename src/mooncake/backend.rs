@@ -602,6 +602,17 @@ impl TransferBackend for MooncakeBackend {
         Ok(b.summary())
     }
 
+    /// Mooncake's classic API has no cancel: its transfers cannot be
+    /// stopped from here (a stale id is still `InvalidHandle`).
+    fn cancel(&self, id: u64, _task: Option<usize>) -> Result<usize> {
+        self.batches.get(id)?;
+        Err(Error::invalid_argument(format!(
+            "batch {id:#x}: the {} backend runs Mooncake's own library, whose API has no cancel; wait for the batch \
+             to finish (pdx's native engine, protocol tcp, can cancel)",
+            self.protocol()
+        )))
+    }
+
     fn batch_free(&self, id: u64) -> Result<()> {
         self.batches
             .remove_with(id, |b| {

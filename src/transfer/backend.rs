@@ -98,6 +98,22 @@ pub trait TransferBackend: Send + Sync {
     fn batch_wait(&self, id: u64, timeout: Duration) -> Result<BatchSummary>;
     /// Free a finished batch; `Busy` while tasks are in flight.
     fn batch_free(&self, id: u64) -> Result<()>;
+    /// Cancel the tasks of batch `id` still in flight (`task`: that one
+    /// only); returns how many this call cancelled. They end `Canceled`.
+    /// Once this returns `Ok`, pdx reads and writes none of their local
+    /// memory again (their remote memory may still receive what was
+    /// already sent); tasks that had ended keep their state, so a cancel
+    /// racing a completion ends in exactly one of the two. The batch
+    /// finishes once its other tasks do, and is freed as usual.
+    /// `Timeout` when the cancel could not make sure of that within its
+    /// bound; the default: this backend cannot cancel.
+    fn cancel(&self, id: u64, task: Option<usize>) -> Result<usize> {
+        let _ = (id, task);
+        Err(Error::invalid_argument(format!(
+            "the {} backend cannot cancel a transfer; wait for the batch to finish",
+            self.protocol()
+        )))
+    }
     fn probe(&self, session: &str) -> Result<()>;
     /// Send a notification to the peer; `NotifyRejected` when it refuses it.
     fn notify(&self, session: &str, note: &Notification) -> Result<()>;

@@ -237,14 +237,18 @@ fn drop_finished(backend: &dyn TransferBackend, ids: &mut Vec<u64>) {
     ids.drain(..done);
 }
 
-/// The error of the failed batch `id` of `total` tasks: its first failed
-/// task's own error (so its kind, e.g. `RemoteRejected`, decides the status
-/// the caller sees), naming the batch and how many of its requests failed.
+/// The error of the failed (or cancelled) batch `id` of `total` tasks: its
+/// first failed task's own error (so its kind, e.g. `RemoteRejected`,
+/// decides the status the caller sees), naming the batch and how many of
+/// its requests failed; a cancelled task's `Canceled` where none failed.
 fn batch_failure(backend: &dyn TransferBackend, id: u64, total: usize) -> Error {
-    let failures = (0..total).filter_map(|task| match backend.task_summary(id, task) {
-        Ok(t) if t.state == TaskState::Failed => Some(t.error),
-        _ => None,
-    });
+    let ended = |state| {
+        (0..total).filter_map(move |task| match backend.task_summary(id, task) {
+            Ok(t) if t.state == state => Some(t.error),
+            _ => None,
+        })
+    };
+    let failures = ended(TaskState::Failed).chain(ended(TaskState::Canceled));
     match super::state::outcome(total, failures) {
         Err(e) => e.context(format!("batch {id:#x} of this plan failed")),
         // Freed by the caller in the meantime: what its tasks failed with is gone.
@@ -300,7 +304,9 @@ mod tests {
         }
         fn summary(state: TaskState) -> BatchSummary {
             let failed = usize::from(state == TaskState::Failed);
-            BatchSummary { state, total: 1, completed: usize::from(state == TaskState::Completed), failed, bytes: 0 }
+            let completed = usize::from(state == TaskState::Completed);
+            let canceled = usize::from(state == TaskState::Canceled);
+            BatchSummary { state, total: 1, completed, failed, canceled, bytes: 0 }
         }
     }
 
@@ -345,9 +351,17 @@ mod tests {
             if task != 0 {
                 return Err(Error::new(ErrorKind::IndexOutOfRange, format!("task {task}")));
             }
-            let error = (state == TaskState::Failed).then(|| {
-                self.errors.lock().get(&id).cloned().unwrap_or_else(|| Error::new(ErrorKind::ConnectionLost, "lost"))
-            });
+            let error = match state {
+                TaskState::Failed => Some(
+                    self.errors
+                        .lock()
+                        .get(&id)
+                        .cloned()
+                        .unwrap_or_else(|| Error::new(ErrorKind::ConnectionLost, "lost")),
+                ),
+                TaskState::Canceled => Some(crate::transfer::state::canceled()),
+                _ => None,
+            };
             Ok(TaskSummary { state, bytes: 0, error })
         }
         fn batch_wait(&self, id: u64, timeout: Duration) -> Result<BatchSummary> {
@@ -450,6 +464,20 @@ mod tests {
         b.finish(again, TaskState::Completed);
         assert_eq!(notify_outcome(8, again, Duration::from_secs(30)), Some(NotifyOutcome::Sent));
         assert_eq!(b.sent.lock().len(), 1);
+    }
+
+    #[test]
+    fn a_cancelled_layer_holds_the_notification_back_and_says_so() {
+        let (b, p, streams) = (Arc::new(Scripted::default()), plan(2), LayerStreams::default());
+        let first = submit(&streams, 12, &b, &p, 0, false);
+        b.finish(first, TaskState::Canceled);
+        let last = submit(&streams, 12, &b, &p, 1, true);
+        b.finish(last, TaskState::Completed);
+        match notify_outcome(12, last, Duration::from_secs(30)) {
+            Some(NotifyOutcome::Failed(e)) => assert_eq!(e.kind(), ErrorKind::Canceled, "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(b.sent.lock().is_empty());
     }
 
     #[test]

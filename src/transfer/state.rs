@@ -13,8 +13,13 @@ pub enum TaskState {
     Pending,
     /// Every byte confirmed at the target.
     Completed,
-    /// Failed (a batch: at least one task failed).
+    /// Failed (a batch: at least one task failed). Also every task pdx gave
+    /// up on by itself (a deadline, a dead peer, the engine stopping).
     Failed,
+    /// Cancelled by the caller (and only then): no byte of its local memory
+    /// is read or written again (a batch: none failed, at least one was
+    /// cancelled).
+    Canceled,
 }
 
 impl TaskState {
@@ -24,6 +29,7 @@ impl TaskState {
             TaskState::Pending => 0,
             TaskState::Completed => 1,
             TaskState::Failed => 2,
+            TaskState::Canceled => 3,
         }
     }
 
@@ -32,11 +38,12 @@ impl TaskState {
         match v {
             0 => TaskState::Pending,
             1 => TaskState::Completed,
+            3 => TaskState::Canceled,
             _ => TaskState::Failed,
         }
     }
 
-    /// True for `Completed` and `Failed`.
+    /// True for `Completed`, `Failed` and `Canceled`.
     pub fn is_terminal(self) -> bool {
         self != TaskState::Pending
     }
@@ -49,33 +56,42 @@ pub struct BatchSummary {
     pub total: usize,
     pub completed: usize,
     pub failed: usize,
+    /// Tasks cancelled by the caller (counted in neither of the above).
+    pub canceled: usize,
     pub bytes: u64,
 }
 
 impl BatchSummary {
     /// Count `tasks` (state, bytes); the batch state is terminal only when
     /// `done` (a batch may have work left after its tasks, e.g. a
-    /// notification).
+    /// notification). A done batch is failed if a task failed, else
+    /// cancelled if one was, else completed.
     pub fn tally(tasks: impl IntoIterator<Item = (TaskState, u64)>, done: bool) -> BatchSummary {
-        let mut s = BatchSummary { state: TaskState::Pending, total: 0, completed: 0, failed: 0, bytes: 0 };
+        let mut s =
+            BatchSummary { state: TaskState::Pending, total: 0, completed: 0, failed: 0, canceled: 0, bytes: 0 };
         for (state, bytes) in tasks {
             s.total += 1;
             match state {
                 TaskState::Completed => s.completed += 1,
                 TaskState::Failed => s.failed += 1,
+                TaskState::Canceled => s.canceled += 1,
                 TaskState::Pending => {}
             }
             s.bytes += bytes;
         }
         if done {
-            s.state = if s.failed == 0 { TaskState::Completed } else { TaskState::Failed };
+            s.state = match (s.failed, s.canceled) {
+                (0, 0) => TaskState::Completed,
+                (0, _) => TaskState::Canceled,
+                _ => TaskState::Failed,
+            };
         }
         s
     }
 
     /// Tasks not yet terminal.
     pub fn in_flight(&self) -> usize {
-        self.total - self.completed - self.failed
+        self.total - self.completed - self.failed - self.canceled
     }
 
     /// The `Timeout` error for a batch still in flight after waiting `waited`.
@@ -115,6 +131,11 @@ pub fn still_in_flight(id: u64) -> Error {
     Error::new(ErrorKind::Busy, format!("batch id {id:#x} still has tasks in flight"))
 }
 
+/// The error a task cancelled by the caller reports.
+pub fn canceled() -> Error {
+    Error::new(ErrorKind::Canceled, "canceled by the caller")
+}
+
 /// `IndexOutOfRange` for task `i` of a batch of `total`.
 pub fn no_such_task(i: usize, total: usize) -> Error {
     Error::new(ErrorKind::IndexOutOfRange, format!("task index {i} out of range (batch has {total} tasks)"))
@@ -126,19 +147,22 @@ mod tests {
 
     #[test]
     fn states_round_trip_and_tally() {
-        for s in [TaskState::Pending, TaskState::Completed, TaskState::Failed] {
+        for s in [TaskState::Pending, TaskState::Completed, TaskState::Failed, TaskState::Canceled] {
             assert_eq!(TaskState::from_u8(s.to_u8()), s);
         }
         assert_eq!(TaskState::from_u8(200), TaskState::Failed);
-        let tasks = [(TaskState::Completed, 4), (TaskState::Failed, 0), (TaskState::Pending, 2)];
+        let tasks =
+            [(TaskState::Completed, 4), (TaskState::Failed, 0), (TaskState::Pending, 2), (TaskState::Canceled, 1)];
         let s = BatchSummary::tally(tasks, false);
         assert_eq!(
-            (s.state, s.total, s.completed, s.failed, s.bytes, s.in_flight()),
-            (TaskState::Pending, 3, 1, 1, 6, 1)
+            (s.state, s.total, s.completed, s.failed, s.canceled, s.bytes, s.in_flight()),
+            (TaskState::Pending, 4, 1, 1, 1, 7, 1)
         );
         assert_eq!(BatchSummary::tally(tasks[..1].iter().copied(), true).state, TaskState::Completed);
         assert_eq!(BatchSummary::tally(tasks[..2].iter().copied(), true).state, TaskState::Failed);
-        assert!(s.not_finished(0x10, Duration::from_secs(1)).message().contains("1 of 3 tasks still in flight"));
+        assert_eq!(BatchSummary::tally([tasks[0], tasks[3]], true).state, TaskState::Canceled);
+        assert_eq!(BatchSummary::tally([tasks[3], tasks[1]], true).state, TaskState::Failed, "a failure wins");
+        assert!(s.not_finished(0x10, Duration::from_secs(1)).message().contains("1 of 4 tasks still in flight"));
     }
 
     #[test]

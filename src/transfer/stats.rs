@@ -158,6 +158,8 @@ pub struct Stats {
     pub tasks_failed: AtomicU64,
     /// Failed tasks by [`FAILURE_KINDS`], then everything else.
     pub failed_by_kind: [AtomicU64; FAILURE_KINDS.len() + 1],
+    /// Tasks the caller cancelled (neither completed nor failed).
+    pub tasks_canceled: AtomicU64,
     pub served_bytes_written: AtomicU64,
     pub served_bytes_read: AtomicU64,
     pub served_writes: AtomicU64,
@@ -237,6 +239,14 @@ impl Stats {
         self.tasks_queued.fetch_sub(1, Relaxed);
     }
 
+    /// A task submitted through [`Stats::tasks_submitted`] was cancelled by
+    /// the caller (and is no longer queued).
+    pub fn task_canceled(&self, peer: &PeerCounters) {
+        self.tasks_canceled.fetch_add(1, Relaxed);
+        self.tasks_queued.fetch_sub(1, Relaxed);
+        peer.queued.fetch_sub(1, Relaxed);
+    }
+
     /// A completed task of `bytes` in `direction` (already counted by
     /// [`Stats::task_finished`]) moved entirely over the same-host link.
     pub fn same_host_task(&self, peer: &PeerCounters, direction: Direction, bytes: u64) {
@@ -270,6 +280,7 @@ impl Stats {
             tasks_read: l(&self.tasks_read),
             tasks_failed: l(&self.tasks_failed),
             failed_by_kind: std::array::from_fn(|i| l(&self.failed_by_kind[i])),
+            tasks_canceled: l(&self.tasks_canceled),
             served_bytes_written: l(&self.served_bytes_written),
             served_bytes_read: l(&self.served_bytes_read),
             served_writes: l(&self.served_writes),
@@ -312,6 +323,7 @@ pub struct StatsSnapshot {
     pub tasks_read: u64,
     pub tasks_failed: u64,
     pub failed_by_kind: [u64; FAILURE_KINDS.len() + 1],
+    pub tasks_canceled: u64,
     pub served_bytes_written: u64,
     pub served_bytes_read: u64,
     pub served_writes: u64,
@@ -394,5 +406,9 @@ mod tests {
         s.task_finished(&peer, Direction::Read, 10, Duration::ZERO, Err(&e));
         assert_eq!((s.tasks_queued.load(Relaxed), peer.queued.load(Relaxed)), (1, 1));
         assert_eq!((s.tasks_read.load(Relaxed), s.tasks_failed.load(Relaxed)), (1, 1));
+        s.task_canceled(&peer);
+        assert_eq!((s.tasks_queued.load(Relaxed), peer.queued.load(Relaxed)), (0, 0));
+        let snap = s.snapshot(Gauges::default());
+        assert_eq!((snap.tasks_canceled, snap.tasks_failed), (1, 1), "a cancel is no failure");
     }
 }

@@ -12,6 +12,7 @@ use parking_lot::{Condvar, Mutex};
 use super::super::memory::local::{HostMemory, WindowOutcome};
 use super::super::net::deadline::Stall;
 use super::super::Inner;
+use super::cancel::{Ticket, Windows, CANCEL_BOUND};
 use super::link::Link;
 use super::peers::{recv_limit, stalled, Lane, Peer};
 use super::plan::{Plan, PIECE_BYTES, WINDOW_BYTES};
@@ -53,6 +54,13 @@ impl Task {
     fn state(&self) -> TaskState {
         TaskState::from_u8(self.state.load(Ordering::Acquire))
     }
+
+    /// End the task in `state` unless it has already ended: the one atomic
+    /// decision a completion and a cancel race for. True if this call did.
+    fn decide(&self, state: TaskState) -> bool {
+        let pending = TaskState::Pending.to_u8();
+        self.state.compare_exchange(pending, state.to_u8(), Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
 }
 
 /// A running (or finished) batch.
@@ -84,6 +92,8 @@ pub struct BatchRun {
     /// Lane jobs of this batch still claiming windows (a slow rail's lane
     /// leaves the tail to the others only while another one claims).
     lanes_claiming: AtomicUsize,
+    /// Its windows in flight, for a cancel to stop (see [`super::cancel`]).
+    windows: Windows,
 }
 
 impl BatchRun {
@@ -142,6 +152,7 @@ impl BatchRun {
             host_waited: OnceLock::new(),
             peer_stats: inner.stats.peers.entry(session),
             lanes_claiming: AtomicUsize::new(0),
+            windows: Windows::default(),
         })
     }
 
@@ -220,6 +231,12 @@ impl BatchRun {
             return;
         }
         let error = task.error.lock().clone();
+        let state = if error.is_some() { TaskState::Failed } else { TaskState::Completed };
+        // The one decision of how the task ends: a cancel that decided
+        // first keeps it cancelled (and accounts for it itself).
+        if !task.decide(state) {
+            return;
+        }
         let outcome = match &error {
             Some(e) => Err(e),
             None => Ok(task.bytes.load(Ordering::Acquire)),
@@ -228,12 +245,96 @@ impl BatchRun {
         if let (Ok(bytes), false) = (outcome, task.over_tcp.load(Ordering::Acquire)) {
             inner.stats.same_host_task(&self.peer_stats, self.direction, bytes);
         }
-        let failure = error.as_ref().map(Error::kind);
-        let state = if failure.is_some() { TaskState::Failed } else { TaskState::Completed };
-        task.state.store(state.to_u8(), Ordering::Release);
+        self.task_done(inner);
+    }
+
+    /// A task left the count of unfinished ones; the last one finishes the batch.
+    fn task_done(&self, inner: &Inner) {
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.finish(inner);
         }
+    }
+
+    fn canceled(&self, task: usize) -> bool {
+        self.tasks[task].state() == TaskState::Canceled
+    }
+
+    /// Cancel the tasks still in flight (`task`: that one only); returns
+    /// how many this call cancelled. Once it returns `Ok`, nothing touches
+    /// a cancelled task's local memory any more (see [`super::cancel`]);
+    /// the other tasks carry on, those that shared a window with a
+    /// cancelled one on a fresh lane. `Timeout` when a window stopped did
+    /// not end within [`CANCEL_BOUND`] (the tasks stay cancelled, and the
+    /// batch finishes once it ends).
+    pub fn cancel(&self, inner: &Inner, task: Option<usize>) -> Result<usize> {
+        let range = match task {
+            Some(t) if t >= self.tasks.len() => return Err(state::no_such_task(t, self.tasks.len())),
+            Some(t) => t..t + 1,
+            None => 0..self.tasks.len(),
+        };
+        let won: Vec<usize> = range
+            .filter(|&t| {
+                let task = &self.tasks[t];
+                let won = task.decide(TaskState::Canceled);
+                if won {
+                    *task.error.lock() = Some(state::canceled());
+                }
+                won
+            })
+            .collect();
+        // Even with nothing won here (another cancel decided first), this
+        // returns only once no window of a cancelled task runs.
+        let by = Instant::now() + CANCEL_BOUND;
+        let settle = |tasks: &[usize]| self.settle_canceled(inner, tasks);
+        match self.windows.stop(&won, &|t| self.canceled(t), &settle, CANCEL_BOUND) {
+            Ok(()) => {
+                // Every task is terminal now; a completion that raced this
+                // cancel may still be finishing the batch: a whole-batch
+                // cancel returns with the batch finished (but for a
+                // notification on its way, when all had completed first).
+                let notifies = self.notify.is_some() && !(0..self.tasks.len()).any(|t| self.canceled(t));
+                if task.is_none() && !notifies {
+                    self.wait_until(Some(by));
+                }
+                Ok(won.len())
+            }
+            Err(running) => Err(Error::timeout(format!(
+                "cancelling in batch to {}: {running} window(s) in flight did not end within {CANCEL_BOUND:?}; \
+                 their tasks are cancelled and the batch finishes once they end",
+                self.session
+            ))),
+        }
+    }
+
+    /// Account for cancelled tasks no window holds any more (under the
+    /// windows' lock: nothing in it waits on the network, since a batch
+    /// with a cancelled task sends no notification).
+    fn settle_canceled(&self, inner: &Inner, tasks: &[usize]) {
+        for _ in tasks {
+            inner.stats.task_canceled(&self.peer_stats);
+            self.task_done(inner);
+        }
+    }
+
+    /// List the window `idx` about to run on `link` (see
+    /// [`super::cancel`]), its cancelled tasks' pieces left out; `None`
+    /// when none is left.
+    fn enter(&self, idx: &mut Vec<usize>, link: &dyn Link) -> Option<Ticket<'_>> {
+        let cutter = link.cutter(idx.iter().map(|&i| self.plan.pieces[i].len).max().unwrap_or(0));
+        self.windows.enter(idx, &|i| self.plan.piece_task[i], &|t| self.canceled(t), cutter)
+    }
+
+    /// Take the window off the list; true if a cancel stopped it.
+    fn leave(&self, inner: &Inner, ticket: Ticket<'_>) -> bool {
+        self.windows.leave(ticket, &|t| self.canceled(t), &|tasks| self.settle_canceled(inner, tasks))
+    }
+
+    /// Close a lane whose window a cancel stopped: with a reset (no stale
+    /// byte of it is ever read again, and what its socket still queues is
+    /// not sent), and without a word against the peer or its rail.
+    fn discard_cut(&self, peer: &Peer, lane: Lane) {
+        let _ = socket2::SockRef::from(lane.conn.stream()).set_linger(Some(Duration::ZERO));
+        peer.release(lane, false);
     }
 
     fn fail_all(&self, inner: &Inner, idx: &[usize], e: &Error) {
@@ -254,8 +355,11 @@ impl BatchRun {
         }
         *self.done.lock() = true;
         self.done_cv.notify_all();
-        if let Err(e) = self.outcome() {
-            log::warn!(target: LOG_TARGET, "{} to {} failed: {e}", self.direction.name(), self.session);
+        match self.outcome() {
+            Err(e) if e.kind() != ErrorKind::Canceled => {
+                log::warn!(target: LOG_TARGET, "{} to {} failed: {e}", self.direction.name(), self.session)
+            }
+            _ => {}
         }
     }
 
@@ -345,7 +449,13 @@ impl BatchRun {
             let Some(w) = self.plan.claim_within(if on_rail { self.rail_window() } else { WINDOW_BYTES }) else {
                 break;
             };
-            let idx: Vec<usize> = w.collect();
+            let mut idx: Vec<usize> = w.collect();
+            // Cancelled tasks' pieces never go out (checked again, under the
+            // cancel's lock, when the window is listed).
+            idx.retain(|&i| !self.canceled(self.plan.piece_task[i]));
+            if idx.is_empty() {
+                continue;
+            }
             let next = self.proceed(inner, &stall, None);
             let mut l = match next
                 .and_then(|()| lane.take().map(Ok).unwrap_or_else(|| self.open_on(&peer, &stall, None, rail)))
@@ -356,11 +466,28 @@ impl BatchRun {
                     continue;
                 }
             };
+            let Some(ticket) = self.enter(&mut idx, &l) else {
+                lane = Some(l);
+                continue;
+            };
             // SAFETY: the submitter guarantees local memory stays valid until
             // every task of the batch is terminal.
-            let out = unsafe { self.run_lane(inner, &peer, &mut l, &idx) };
+            let out = unsafe { self.run_lane(inner, &peer, &mut l, &idx, &ticket) };
+            let cut = self.leave(inner, ticket);
             for &i in &idx[..out.confirmed] {
                 self.complete(inner, i, Ok(()));
+            }
+            let mut next = out.confirmed;
+            if cut {
+                // A cancel stopped the window: the lane goes, and what it
+                // held of other tasks runs again on fresh lanes.
+                self.discard_cut(&peer, l);
+                if out.rejected {
+                    self.complete(inner, idx[next], Err(self.rejected(idx[next])));
+                    next += 1;
+                }
+                self.retry_each(inner, &peer, &stall, &idx[next..], None);
+                continue;
             }
             match out.broken {
                 None => lane = Some(l),
@@ -372,7 +499,6 @@ impl BatchRun {
                         // runs on a fresh connection, the peer re-validated.
                         peer.discard_idle();
                     }
-                    let mut next = out.confirmed;
                     if out.rejected {
                         self.complete(inner, idx[next], Err(self.rejected(idx[next])));
                         next += 1;
@@ -457,19 +583,28 @@ impl BatchRun {
     ///
     /// # Safety
     /// As for [`Self::run`].
-    unsafe fn run_lane(&self, inner: &Inner, peer: &Peer, lane: &mut Lane, idx: &[usize]) -> WindowOutcome {
+    unsafe fn run_lane(
+        &self,
+        inner: &Inner,
+        peer: &Peer,
+        lane: &mut Lane,
+        idx: &[usize],
+        ticket: &Ticket<'_>,
+    ) -> WindowOutcome {
         let Some(rail) = lane.rail.clone() else {
             // SAFETY: forwarded from the caller.
-            return unsafe { self.run(inner, lane, idx) };
+            return unsafe { self.run(inner, lane, idx, ticket) };
         };
         let t0 = Instant::now();
         rail.busy(true);
         // SAFETY: forwarded from the caller.
-        let out = unsafe { self.run(inner, lane, idx) };
+        let out = unsafe { self.run(inner, lane, idx, ticket) };
         let bytes: usize = idx[..out.confirmed].iter().map(|&i| self.plan.pieces[i].len).sum();
         rail.confirmed(bytes as u64, t0.elapsed());
         rail.busy(false);
-        if let (Some(e), false, Some((set, _))) = (&out.broken, out.rejected, peer.rails_of(lane)) {
+        // A window a cancel cut says nothing of the rail.
+        let failed = if ticket.is_cut() { None } else { out.broken.as_ref() };
+        if let (Some(e), false, Some((set, _))) = (failed, out.rejected, peer.rails_of(lane)) {
             let lost = matches!(e.kind(), ErrorKind::Timeout | ErrorKind::ConnectionLost);
             if lost && set.rails.iter().any(|r| r.index != rail.index && r.is_up()) {
                 // Its pieces are sent again on another rail: what this
@@ -482,12 +617,13 @@ impl BatchRun {
         out
     }
 
-    /// Run the pieces `idx` (one window) on `link`: host memory as it is,
-    /// device memory staged (or moved by the link itself where it can). Connection errors name the peer here, once.
+    /// Run the pieces `idx` (one window, listed as `ticket`) on `link`: host
+    /// memory as it is, device memory staged (or moved by the link itself
+    /// where it can). Connection errors name the peer here, once.
     ///
     /// # Safety
     /// As for the batch: local memory stays valid until every task is terminal.
-    unsafe fn run(&self, inner: &Inner, link: &mut dyn Link, idx: &[usize]) -> WindowOutcome {
+    unsafe fn run(&self, inner: &Inner, link: &mut dyn Link, idx: &[usize], ticket: &Ticket<'_>) -> WindowOutcome {
         let reqs: Vec<Request> = idx.iter().map(|&i| self.plan.pieces[i]).collect();
         let device = idx.iter().find_map(|&i| self.plan.kind(i));
         let mut out = match device.and_then(|d| self.devices.iter().find(|dev| dev.ordinal == d)) {
@@ -507,7 +643,7 @@ impl BatchRun {
             // SAFETY: as above.
             Some(dev) => unsafe { self.run_direct(link, idx, &reqs, dev) }.unwrap_or_else(|| {
                 let on_device = idx.iter().map(|&i| self.plan.kind(i).is_some()).collect();
-                let stop = || inner.registry.stopping();
+                let stop = || inner.registry.stopping() || ticket.is_cut();
                 match inner.staging.staged(&reqs, on_device, dev, self.after, &stop) {
                     // SAFETY: as above.
                     Ok(mut memory) => unsafe { link.run_window(self.direction, &reqs, &mut memory) },
@@ -535,6 +671,9 @@ impl BatchRun {
     /// been silent for the limit, what is left fails without another try.
     fn retry_each(&self, inner: &Inner, peer: &Peer, stall: &Stall, idx: &[usize], cause: Option<Error>) {
         for (k, &i) in idx.iter().enumerate() {
+            if self.canceled(self.plan.piece_task[i]) {
+                continue;
+            }
             let next = self.proceed(inner, stall, cause.as_ref());
             let mut l = match next.and_then(|()| self.open(peer, stall, cause.as_ref())) {
                 Ok(l) => l,
@@ -544,8 +683,21 @@ impl BatchRun {
                 }
             };
             let v2 = l.v2;
+            let mut one = vec![i];
+            let Some(ticket) = self.enter(&mut one, &l) else {
+                peer.release(l, true);
+                continue;
+            };
             // SAFETY: as in `lane_job`.
-            let out = unsafe { self.run_lane(inner, peer, &mut l, &[i]) };
+            let out = unsafe { self.run_lane(inner, peer, &mut l, &one, &ticket) };
+            if self.leave(inner, ticket) {
+                // Its task was cancelled meanwhile.
+                if out.confirmed == 1 {
+                    self.complete(inner, i, Ok(()));
+                }
+                self.discard_cut(peer, l);
+                continue;
+            }
             match out.broken {
                 None => {
                     peer.release(l, true);
@@ -616,10 +768,11 @@ impl BatchRun {
     }
 
     /// The error of a finished batch: `Ok` if every task completed, else
-    /// the first failure with a count.
+    /// the first failure (or cancel) with a count.
     pub fn outcome(&self) -> Result<()> {
-        let failures = self.tasks.iter().filter(|t| t.state() == TaskState::Failed).map(|t| t.error.lock().clone());
-        state::outcome(self.tasks.len(), failures)
+        // A failure is named before a cancel.
+        let of = |s: TaskState| self.tasks.iter().filter(move |t| t.state() == s).map(|t| t.error.lock().clone());
+        state::outcome(self.tasks.len(), of(TaskState::Failed).chain(of(TaskState::Canceled)))
     }
 
     /// The notification error, if the batch's notification failed.

@@ -12,8 +12,14 @@
 //! forked child never uses its parent's), and only over memory this
 //! process registered: a window with local memory outside it rides TCP on
 //! the same connection (the target copies nothing else of this process).
+//!
+//! A window can be stopped from another thread (a cancel, see
+//! [`super::cancel`]): each link says, before a window runs, how with a
+//! [`Cutter`].
 
+use std::os::fd::RawFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::super::memory::cuda::Device;
 use super::super::memory::local::{LocalMemory, WindowOutcome};
@@ -64,6 +70,86 @@ pub(crate) trait Link {
         reqs: &[Request],
         dev: &Arc<Device>,
     ) -> Option<WindowOutcome>;
+
+    /// How a cancel stops a window about to run on this link, whose
+    /// longest request is `longest` bytes. The cutter is used only while
+    /// the window runs, while this link is alive.
+    fn cutter(&self, longest: usize) -> Cutter;
+}
+
+/// How another thread stops a window in flight on a link so that the
+/// caller's memory is touched no more; the window's thread then returns
+/// from [`Link::run_window`] (its outcome broken or short), and the
+/// executor leaves the window, discards the link and retries what was not
+/// cancelled elsewhere. A cancel returns only once the window is left.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Cutter {
+    /// The bytes of the window move through this socket, in this process
+    /// (TCP, rails, and the same-host link's inline windows): shutting it
+    /// down both ways wakes a send or receive blocked on it at once, on a
+    /// frozen peer too, and what arrives after that is refused by the
+    /// kernel (the peer's sends fail: a pdx target stops serving the
+    /// connection). What the kernel had already queued for a receive is
+    /// bounded by the socket's buffer and lands before the window's thread
+    /// returns, so before the cancel does.
+    Socket(RawFd),
+    /// The target copies the bytes itself, into or out of this process's
+    /// memory (the same-host link, host memory or CUDA IPC). Interim, until
+    /// the link has a cancel message of its own: the connection is
+    /// half-closed; the target serves the requests it has already read
+    /// (they land), reads the end of the stream and closes, and the window
+    /// ends when its thread reads that close: the target's word that it
+    /// copies no more. A target that says nothing within
+    /// [`Cutter::grace`] (frozen, or far behind) is cut off like a socket;
+    /// the requests of the window it had already taken (at most
+    /// [`super::plan::WINDOW_BYTES`]) may then still land when it runs again.
+    ///
+    /// What the link's own cancel is to provide in its place: `ask` tells
+    /// the target to stop copying for this connection; the window's thread
+    /// returns from the link only once the target answered that it copies
+    /// no more (the executor waits for that thread, so for that answer);
+    /// `force` stays the answer to a target that says nothing.
+    TargetCopies(RawFd),
+}
+
+/// How long a target that copies itself may take to finish what it read
+/// after a cancel asked it to stop (its copies run at memory speed: a
+/// window of [`super::plan::WINDOW_BYTES`] takes milliseconds).
+const TARGET_GRACE: Duration = Duration::from_secs(1);
+
+impl Cutter {
+    /// Ask the window to end (see the variants).
+    pub fn ask(&self) {
+        match *self {
+            Cutter::Socket(fd) => shutdown(fd, libc::SHUT_RDWR),
+            Cutter::TargetCopies(fd) => shutdown(fd, libc::SHUT_WR),
+        }
+    }
+
+    /// End it now: the socket shut down both ways.
+    pub fn force(&self) {
+        let (Cutter::Socket(fd) | Cutter::TargetCopies(fd)) = *self;
+        shutdown(fd, libc::SHUT_RDWR);
+    }
+
+    /// How long after [`Cutter::ask`] the window may take to end before it
+    /// is forced.
+    pub fn grace(&self) -> Duration {
+        match self {
+            Cutter::Socket(_) => Duration::ZERO,
+            Cutter::TargetCopies(_) => TARGET_GRACE,
+        }
+    }
+}
+
+/// `shutdown(2)` on a socket that a window in flight owns (the caller
+/// holds the lock under which that window is listed, so the descriptor is
+/// still open and still that socket).
+fn shutdown(fd: RawFd, how: libc::c_int) {
+    // SAFETY: shutdown takes a descriptor and a flag; `fd` is the open
+    // socket of a window in flight (see above), and shutting it down only
+    // ends its connection.
+    unsafe { libc::shutdown(fd, how) };
 }
 
 /// The error of a lane this process did not open (a forked child's
@@ -159,6 +245,20 @@ impl Link for Lane {
                 log::debug!(target: LOG_TARGET, "{}: device memory staged for a window: {e}", self.session);
                 None
             }
+        }
+    }
+
+    /// On the same-host link the target copies (but for inline windows of
+    /// host memory); see [`Cutter`]. A window whose memory turns out to be
+    /// unregistered rides TCP instead: cut as the target's, it only waits
+    /// longer.
+    fn cutter(&self, longest: usize) -> Cutter {
+        let fd = self.conn.raw_fd();
+        let inline = longest < samehost::window::INLINE_BELOW;
+        if self.link.is_some() && self.ours() && (self.moves_device_memory() || !inline) {
+            Cutter::TargetCopies(fd)
+        } else {
+            Cutter::Socket(fd)
         }
     }
 }

@@ -4,7 +4,7 @@
 //! ([`peers`], data connections opened through the handshake client
 //! [`dialer`]), each window through a [`link`] with the window protocol
 //! ([`window`]); [`workers`] run the lanes of multi-lane and asynchronous
-//! batches.
+//! batches; [`cancel`] stops the windows of cancelled tasks.
 //!
 //! May use: [`protocol`](super::protocol), [`net`](super::net),
 //! [`memory`](super::memory), [`samehost`](super::samehost) (the same-host
@@ -13,6 +13,7 @@
 //! state (`Inner`, taken whole only by [`batch`]). Not the server.
 
 mod batch;
+mod cancel;
 pub(super) mod dialer;
 mod limits;
 mod link;

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use polling::{Event, Events, Poller};
 
-use super::super::net::conn::Conn;
+use super::super::net::conn::{Conn, RecvBuf};
 use super::super::protocol::hello;
 use super::super::protocol::wire::HEADER_LEN;
 use super::super::registry::OwnedSocketGuard;
@@ -604,7 +604,7 @@ impl DataPlane {
 
     fn run(self: Arc<Self>) {
         // This thread's receive buffer, lent to the connection it serves.
-        let mut buf: Option<Box<[u8]>> = None;
+        let mut buf: Option<RecvBuf> = None;
         let id = self.next_thread.fetch_add(1, Ordering::Relaxed);
         let mut idle_since = Instant::now();
         // Told by the requests served when they are inside work that

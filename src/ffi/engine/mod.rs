@@ -35,11 +35,11 @@ pub use memory::{
     pdx_unregister_memory,
 };
 pub use transfer::{
-    pdx_batch_free, pdx_batch_notify_error, pdx_batch_status, pdx_batch_submit, pdx_batch_submit_notify_bytes,
-    pdx_batch_transfer_sync_read, pdx_batch_transfer_sync_write, pdx_batch_wait, pdx_notification_get,
-    pdx_notification_get_bytes, pdx_notifications_count, pdx_notifications_drain, pdx_notifications_free,
-    pdx_send_notify, pdx_send_notify_bytes, pdx_send_probe, pdx_task_error_message, pdx_task_status,
-    pdx_transfer_sync_read, pdx_transfer_sync_write,
+    pdx_batch_cancel, pdx_batch_free, pdx_batch_notify_error, pdx_batch_status, pdx_batch_submit,
+    pdx_batch_submit_notify_bytes, pdx_batch_transfer_sync_read, pdx_batch_transfer_sync_write, pdx_batch_wait,
+    pdx_notification_get, pdx_notification_get_bytes, pdx_notifications_count, pdx_notifications_drain,
+    pdx_notifications_free, pdx_send_notify, pdx_send_notify_bytes, pdx_send_probe, pdx_task_cancel,
+    pdx_task_error_message, pdx_task_status, pdx_transfer_sync_read, pdx_transfer_sync_write,
 };
 
 /// Opaque transfer engine. Made by `pdx_engine_init`, released by
@@ -118,8 +118,14 @@ pub const PDX_OPCODE_WRITE: i32 = 1;
 pub const PDX_TASK_PENDING: i32 = 0;
 /// Task or batch state: every byte confirmed at the target.
 pub const PDX_TASK_COMPLETED: i32 = 1;
-/// Task or batch state: failed (a batch: at least one task failed).
+/// Task or batch state: failed (a batch: at least one task failed). Also a
+/// task pdx gave up on by itself (a deadline, a lost peer, the engine
+/// stopping).
 pub const PDX_TASK_FAILED: i32 = 2;
+/// Task or batch state: cancelled by the caller (`pdx_batch_cancel`,
+/// `pdx_task_cancel`) and only then; no byte of its local memory is read or
+/// written any more (a batch: none failed and at least one was cancelled).
+pub const PDX_TASK_CANCELED: i32 = 3;
 
 /// Summary of an asynchronous batch, filled by `pdx_batch_status`.
 #[repr(C)]
@@ -127,13 +133,15 @@ pub const PDX_TASK_FAILED: i32 = 2;
 #[derive(Debug, Clone, Copy)]
 pub struct pdx_batch_summary {
     /// `PDX_TASK_PENDING` until every task is terminal, then
-    /// `PDX_TASK_COMPLETED` or `PDX_TASK_FAILED`.
+    /// `PDX_TASK_COMPLETED`, `PDX_TASK_FAILED` (a task failed) or
+    /// `PDX_TASK_CANCELED` (none failed, one was cancelled).
     pub state: i32,
     /// Number of tasks (entries) in the batch.
     pub total: usize,
     /// Tasks confirmed at the target.
     pub completed: usize,
-    /// Tasks that failed.
+    /// Tasks that failed. (Tasks cancelled by the caller count as neither
+    /// completed nor failed: `pdx_batch_cancel` says how many it cancelled.)
     pub failed: usize,
     /// Bytes confirmed at the target so far.
     pub bytes: u64,
@@ -145,6 +153,7 @@ fn task_state(state: TaskState) -> i32 {
         TaskState::Pending => PDX_TASK_PENDING,
         TaskState::Completed => PDX_TASK_COMPLETED,
         TaskState::Failed => PDX_TASK_FAILED,
+        TaskState::Canceled => PDX_TASK_CANCELED,
     }
 }
 
@@ -192,8 +201,8 @@ mod tests {
 
     #[test]
     fn task_states_are_distinct_abi_integers() {
-        let all = [TaskState::Pending, TaskState::Completed, TaskState::Failed].map(task_state);
-        assert_eq!(all, [PDX_TASK_PENDING, PDX_TASK_COMPLETED, PDX_TASK_FAILED]);
-        assert_eq!(all, [0, 1, 2], "the values are part of the ABI");
+        let all = [TaskState::Pending, TaskState::Completed, TaskState::Failed, TaskState::Canceled].map(task_state);
+        assert_eq!(all, [PDX_TASK_PENDING, PDX_TASK_COMPLETED, PDX_TASK_FAILED, PDX_TASK_CANCELED]);
+        assert_eq!(all, [0, 1, 2, 3], "the values are part of the ABI (3 is Mooncake's STATUS_CANCELED too)");
     }
 }

@@ -354,9 +354,9 @@ pub unsafe extern "C" fn pdx_batch_notify_error(
 }
 
 /// Wait up to `timeout_ms` for the batch to finish. `PDX_OK` once every task
-/// is terminal, with the batch state (`PDX_TASK_COMPLETED` or
-/// `PDX_TASK_FAILED`) in `*out_state` (may be NULL); `PDX_ERR_TIMEOUT` while
-/// tasks are still in flight. Every task reaches a terminal state within the
+/// is terminal, with the batch state (`PDX_TASK_COMPLETED`, `PDX_TASK_FAILED`
+/// or `PDX_TASK_CANCELED`) in `*out_state` (may be NULL); `PDX_ERR_TIMEOUT`
+/// while tasks are still in flight. Every task reaches a terminal state within the
 /// engine's deadlines, so waiting again always ends.
 ///
 /// # Safety
@@ -381,10 +381,72 @@ pub unsafe extern "C" fn pdx_batch_wait(
 }
 
 /// Release a finished batch; its id becomes invalid. `PDX_ERR_BUSY` while
-/// tasks are in flight (nothing is freed then).
+/// tasks are in flight (nothing is freed then): to release a batch in
+/// flight, `pdx_batch_cancel` it first.
 #[no_mangle]
 pub extern "C" fn pdx_batch_free(engine: *mut pdx_engine, batch: u64) -> pdx_status {
     guard("pdx_batch_free", || ENGINES.get(engine)?.engine.batch_free(batch))
+}
+
+/// Cancel every task of the batch still in flight; `*out_canceled` (may be
+/// NULL) is how many this call cancelled. When it returns `PDX_OK`, pdx
+/// reads no byte of their local sources and writes no byte into their local
+/// destinations again (data of a read that arrives later is dropped), so
+/// the caller may reuse that memory at once; bytes a cancelled write had
+/// already sent may still land in the peer's memory. Cancelled tasks end
+/// `PDX_TASK_CANCELED` (their error `PDX_ERR_CANCELED`, their bytes what
+/// was confirmed before); tasks already finished keep their state (a cancel
+/// racing a completion ends in exactly one of the two). The batch is then
+/// finished (free it with `pdx_batch_free`), unless every task had completed
+/// first and its notification is still being sent. Returns within seconds
+/// whatever the peer does; `PDX_ERR_TIMEOUT` when it could not make sure
+/// of the above within its bound (the tasks stay cancelled and the batch
+/// finishes once it can); `PDX_ERR_INVALID_ARGUMENT` on a backend that
+/// cannot cancel (Mooncake's own library). `*out_canceled` is untouched on
+/// error.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `out_canceled` is NULL or valid for
+/// writing one `size_t`. Handles are checked by pdx, never trusted.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_batch_cancel(engine: *mut pdx_engine, batch: u64, out_canceled: *mut usize) -> pdx_status {
+    guard("pdx_batch_cancel", || {
+        let out = opt_out_ptr(out_canceled, "out_canceled")?;
+        let n = ENGINES.get(engine)?.engine.cancel(batch, None)?;
+        if let Some(p) = out {
+            *p = n;
+        }
+        Ok(())
+    })
+}
+
+/// Cancel task `task` of the batch if it is still in flight, as
+/// `pdx_batch_cancel` does for all of them; the batch's other tasks carry
+/// on. `*out_state` (may be NULL) is the task's state afterwards:
+/// `PDX_TASK_CANCELED`, or `PDX_TASK_COMPLETED` / `PDX_TASK_FAILED` when it
+/// had finished first. `PDX_ERR_INDEX_OUT_OF_RANGE` for `task >= total`.
+/// `*out_state` is untouched on error.
+///
+/// # Safety
+/// The caller guarantees, for the duration of the call: `out_state` is NULL or valid for writing
+/// one `i32`. Handles are checked by pdx, never trusted.
+#[no_mangle]
+pub unsafe extern "C" fn pdx_task_cancel(
+    engine: *mut pdx_engine,
+    batch: u64,
+    task: usize,
+    out_state: *mut i32,
+) -> pdx_status {
+    guard("pdx_task_cancel", || {
+        let out = opt_out_ptr(out_state, "out_state")?;
+        let h = ENGINES.get(engine)?;
+        h.engine.cancel(batch, Some(task))?;
+        let state = h.engine.task_summary(batch, task)?.state;
+        if let Some(p) = out {
+            *p = task_state(state);
+        }
+        Ok(())
+    })
 }
 
 /// A drained notification: its bytes, and its C-string form for
