@@ -25,6 +25,7 @@ pub mod boundary;
 pub mod codes;
 pub mod engine;
 pub mod memory;
+pub mod transport;
 pub mod types;
 
 use std::ffi::{c_char, c_int, c_void};
