@@ -271,13 +271,15 @@ fn finish(inner: &Serving, conn: &mut Conn, acks: &mut Acks, step: Step) -> io::
 /// wait a remote peer can stretch (a hello awaiting the proof of the peer
 /// secret, a device request), and when it is out again. Same-host requests
 /// and the same-host challenge are not told: only a process on this host
-/// that the kernel says holds the connection gets that far.
+/// that the kernel says holds the connection gets that far. `expect` is
+/// set to the bytes the next request likely brings (header and payload).
 pub(super) fn serve_data(
     inner: &Serving,
     conn: &mut Conn,
     ticket: &super::budget::Ticket,
     resume: Option<Pending>,
     held: &dyn Fn(bool),
+    expect: &mut usize,
 ) -> Option<Pending> {
     conn.set_spin(inner.settings.spin);
     conn.set_idle_timeout(inner.settings.idle_timeout);
@@ -300,6 +302,7 @@ pub(super) fn serve_data(
     // The same-host link, once accepted.
     let mut same_host = conn.extension::<TargetLink>();
     loop {
+        *expect = HEADER_LEN;
         let header = match conn.recv_header_idle::<HEADER_LEN>(&stopping) {
             // Only a connection's first request may be a hello.
             Ok(Some(h)) if first && hello::is_hello(&h) => {
@@ -384,6 +387,10 @@ pub(super) fn serve_data(
             }
             continue;
         }
+        // A small write is likely followed by one like it (a lane sending
+        // one request at a time repeats its slice): see `pool::EXPECT_WINDOW`.
+        let small_write = header.direction == Direction::Write && header.size as usize <= FLOW_FLOOR;
+        *expect = if small_write { HEADER_LEN + header.size as usize } else { HEADER_LEN };
         let step = match header.direction {
             Direction::Write => Step::Write { header, hold, done: 0 },
             Direction::Read => {
