@@ -644,7 +644,7 @@ impl DataPlane {
                 s.pending = serve_data(&self.serving, &mut s.conn, &s.ticket, s.pending.take(), &held, &mut expect);
                 // Idle: its next request, if it comes within the linger, is
                 // served here, as a thread of its own would serve it.
-                if s.pending.is_some() || !s.conn.parked() || !self.linger(&mut s, expect) {
+                if s.pending.is_some() || !s.conn.parked() || !self.linger(&mut s, &mut expect) {
                     break;
                 }
             }
@@ -675,11 +675,11 @@ impl DataPlane {
     /// another thread is free to lead, and given up as soon as the leader
     /// holds connections it has no thread for. `expect`: the bytes the
     /// next request likely brings, waited for whole at first (see
-    /// [`EXPECT_WINDOW`]).
-    fn linger(&self, s: &mut Served, expect: usize) -> bool {
+    /// [`EXPECT_WINDOW`]); not expected again once that wait runs out.
+    fn linger(&self, s: &mut Served, expect: &mut usize) -> bool {
         let now = Instant::now();
         let until = now + LINGER;
-        let mut whole_by = (expect > HEADER_LEN).then_some(now + EXPECT_WINDOW);
+        let mut whole_by = (*expect > HEADER_LEN).then_some(now + EXPECT_WINDOW);
         let came = loop {
             if self.free.load(Ordering::Relaxed) == 0
                 || self.wanted.load(Ordering::Relaxed)
@@ -693,11 +693,14 @@ impl DataPlane {
                 break false;
             }
             let (lowat, slice) = match whole_by {
-                Some(by) if by > now => (expect, by - now),
-                _ => {
+                Some(by) if by > now => (*expect, by - now),
+                Some(_) => {
+                    // Not it (a read, another size) or a slow peer: a header is awaited.
                     whole_by = None;
+                    *expect = HEADER_LEN;
                     (1, left.min(LINGER_SLICE))
                 }
+                None => (1, left.min(LINGER_SLICE)),
             };
             if s.conn.set_rcvlowat(lowat).is_err() {
                 break false;
