@@ -43,15 +43,6 @@ struct Window {
     got: usize,
 }
 
-/// The most bytes a large payload's receive waits for before it wakes.
-/// Woken at every `floor` (64 KiB) instead, a 1 MiB write from Mooncake's
-/// initiator (sent in 64 KiB slices) cost 16 wake-ups and ran at 0.7x of a
-/// Mooncake target; and a mark between the socket's buffer and the
-/// payload is worse still: raising `SO_RCVLOWAT` past the receive buffer
-/// also clamps the TCP window to it. Waiting for the whole rest, the
-/// window is never below it, and one wake-up takes it.
-const WHOLE_REST: usize = 4 << 20;
-
 impl Conn {
     /// `SO_RCVLOWAT`: readiness (and a blocking receive) waits for `bytes`
     /// queued, or the end of the stream. A system call only when it changes.
@@ -176,10 +167,8 @@ impl Conn {
             let want = rest.min(floor);
             if rest >= RECV_BUF / 2 {
                 // A large rest: one receive of a whole chunk, for `wait` at
-                // most, must bring the next `floor` bytes. It wakes once
-                // all of the rest is queued (up to `WHOLE_REST`), not at
-                // every `floor`: see `WHOLE_REST`.
-                self.set_rcvlowat(rest.min(WHOLE_REST).max(want))?;
+                // most, must bring the next `floor` bytes.
+                self.set_rcvlowat(want)?;
                 self.set_short_recv_timeout(Some(wait))?;
                 // SAFETY: forwarded from the caller.
                 match unsafe { self.take_payload(ptr, len, done, libc::MSG_WAITALL) } {
