@@ -151,8 +151,6 @@ pub struct Conn {
     resumed: bool,
     /// A request header was read from it.
     seen_header: bool,
-    /// Its peer opened it with pdx's hello (a pdx initiator).
-    greeted: bool,
     /// What the server's hello added to this connection (the same-host
     /// link to the initiator's process), kept while it is parked between
     /// requests; this layer only keeps it.
@@ -222,7 +220,6 @@ impl Conn {
             parked: false,
             resumed: false,
             seen_header: false,
-            greeted: false,
             extension: None,
             attachment: None,
             woken: false,
@@ -336,16 +333,6 @@ impl Conn {
     /// next is not its first request.
     pub fn resumed(&self) -> bool {
         self.resumed
-    }
-
-    /// Its peer opened it with pdx's hello (see [`Conn::greeted`]).
-    pub fn set_greeted(&mut self) {
-        self.greeted = true;
-    }
-
-    /// True once its peer opened it with pdx's hello.
-    pub fn greeted(&self) -> bool {
-        self.greeted
     }
 
     /// The extension of type `T` the hello added to this connection, if any.

@@ -135,16 +135,6 @@ pub(super) const FLOW_WAIT: Duration = Duration::from_millis(20);
 /// See [`FLOW_WAIT`].
 pub(super) const FLOW_FLOOR: usize = 64 << 10;
 
-/// A large write from a peer without pdx's hello (Mooncake's initiator,
-/// which sends one request at a time on a lane, in 64 KiB slices) is
-/// received once up to this much of it is queued, not every
-/// [`FLOW_FLOOR`]: a 1 MiB write took 16 wake-ups and ran at 0.7x of a
-/// Mooncake target. Not for pdx's initiators: they pipeline a window of
-/// pieces, and a payload waited for whole no longer overlaps the next
-/// (pdx to pdx 1 MiB writes ran at 0.6x so); and raising `SO_RCVLOWAT`
-/// past the socket's buffer also clamps the TCP window to it.
-const WHOLE_PAYLOAD: usize = 4 << 20;
-
 /// A request its connection was parked in the middle of, waiting on its
 /// peer (see [`FLOW_WAIT`]): where it stopped, the hold on its region (so
 /// unregistering waits for it, and shuts its socket down to end it), and
@@ -199,10 +189,9 @@ enum Stepped {
 /// timeout, as a blocking call would).
 fn advance(inner: &Serving, conn: &mut Conn, acks: &mut Acks, step: Step) -> io::Result<Stepped> {
     let pace = if conn.parks_when_idle() {
-        let whole = if conn.greeted() { 0 } else { WHOLE_PAYLOAD };
-        Pace { wait: FLOW_WAIT, floor: FLOW_FLOOR, whole }
+        Pace { wait: FLOW_WAIT, floor: FLOW_FLOOR }
     } else {
-        Pace { wait: inner.settings.progress_timeout.max(Duration::from_millis(1)), floor: 1, whole: 0 }
+        Pace { wait: inner.settings.progress_timeout.max(Duration::from_millis(1)), floor: 1 }
     };
     let stopping = || inner.registry.stopping();
     let stepped = match step {
@@ -346,7 +335,6 @@ pub(super) fn serve_data(
                 ticket.set_busy(false);
                 match hello {
                     AfterHello::Serve(link) => {
-                        conn.set_greeted();
                         same_host = link.clone();
                         conn.set_extension(link.map(|l| l as Arc<dyn Any + Send + Sync>));
                         continue;

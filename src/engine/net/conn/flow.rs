@@ -15,13 +15,11 @@ use super::{Conn, MAX_IO_CHUNK, RECV_BUF};
 /// The pace a payload moved by [`Conn::recv_flowing`] or
 /// [`Conn::send_flowing`] must keep: whenever the socket has nothing to
 /// read (or no room to send), `floor` bytes (the rest, if fewer) within
-/// `wait`. A large rest to receive is waited for whole, up to `whole`
-/// bytes, before the receive wakes (else `floor` at a time).
+/// `wait`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pace {
     pub wait: Duration,
     pub floor: usize,
-    pub whole: usize,
 }
 
 /// How a payload moved by [`Conn::recv_flowing`] or [`Conn::send_flowing`]
@@ -132,7 +130,7 @@ impl Conn {
         stop: &dyn Fn() -> bool,
         pace: Pace,
     ) -> io::Result<Flow> {
-        let Pace { wait, floor, whole } = pace;
+        let Pace { wait, floor } = pace;
         // A small rest is waited for in windows of `wait`, each of which
         // must bring the next `floor` bytes (or the rest).
         let mut window = Window::default();
@@ -169,9 +167,8 @@ impl Conn {
             let want = rest.min(floor);
             if rest >= RECV_BUF / 2 {
                 // A large rest: one receive of a whole chunk, for `wait` at
-                // most, must bring the next `floor` bytes (woken once all
-                // of it, up to `whole`, is queued).
-                self.set_rcvlowat(rest.min(whole).max(want))?;
+                // most, must bring the next `floor` bytes.
+                self.set_rcvlowat(want)?;
                 self.set_short_recv_timeout(Some(wait))?;
                 // SAFETY: forwarded from the caller.
                 match unsafe { self.take_payload(ptr, len, done, libc::MSG_WAITALL) } {
@@ -326,7 +323,7 @@ impl Conn {
         stop: &dyn Fn() -> bool,
         pace: Pace,
     ) -> io::Result<Flow> {
-        let Pace { wait, floor, .. } = pace;
+        let Pace { wait, floor } = pace;
         let total = prefix.len() + len;
         // Once the socket has no room: windows of `wait`, each of which must
         // take the next `floor` bytes (or the rest).
@@ -382,7 +379,7 @@ mod tests {
 
     use super::*;
 
-    const PACE: Pace = Pace { wait: Duration::from_millis(20), floor: 64 << 10, whole: 0 };
+    const PACE: Pace = Pace { wait: Duration::from_millis(20), floor: 64 << 10 };
 
     /// A client socket and the server's side of it as a `Conn` (timeouts 5 s).
     fn pair() -> (TcpStream, Conn) {
@@ -430,47 +427,13 @@ mod tests {
         assert_eq!(conn.stream.read_timeout().unwrap(), Some(Duration::from_secs(5)), "the timeout is restored");
     }
 
-    /// Waited for whole (a peer that sends one request at a time), a
-    /// payload that comes in slices lands whole, and one that pauses
-    /// still stalls where it stopped, parked for the next `floor` bytes.
-    #[test]
-    fn a_payload_waited_for_whole_lands_in_slices_and_still_stalls() {
-        const LEN: usize = 1 << 20;
-        let pace = Pace { whole: 4 << 20, ..PACE };
-        let (client, mut conn) = pair();
-        let payload: Vec<u8> = (0..LEN).map(|i| (i % 247) as u8).collect();
-        let sent = payload.clone();
-        let sender = std::thread::spawn(move || {
-            let mut client = client;
-            for slice in sent[..LEN / 2].chunks(64 << 10) {
-                client.write_all(slice).unwrap();
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-            client
-        });
-        let mut dst = vec![0u8; LEN];
-        let mut done = 0;
-        // SAFETY: `dst` is writable for its length.
-        let flow = unsafe { conn.recv_flowing(dst.as_mut_ptr(), LEN, &mut done, &|| false, pace) }.unwrap();
-        assert_eq!((flow, done), (Flow::Stalled, LEN / 2), "the pause stalls it where it stopped");
-        assert_eq!(conn.rcvlowat, PACE.floor);
-        let mut client = sender.join().unwrap();
-        client.write_all(&payload[LEN / 2..]).unwrap();
-        // SAFETY: as above.
-        let flow = unsafe { conn.recv_flowing(dst.as_mut_ptr(), LEN, &mut done, &|| false, pace) }.unwrap();
-        assert_eq!((flow, done), (Flow::Done, LEN));
-        assert!(dst == payload, "landed byte for byte");
-        assert_eq!(conn.rcvlowat, 1);
-    }
-
     /// The small rest after a large one is waited for byte by byte: the
     /// large rest's low-water mark (the next `floor` bytes) does not make
     /// the last few KiB wait for bytes that will never come.
     #[test]
     fn the_tail_after_a_large_rest_is_not_held_to_the_floor() {
         const LEN: usize = 300 << 10;
-        let pace = Pace { wait: Duration::from_millis(500), floor: 64 << 10, whole: 0 };
+        let pace = Pace { wait: Duration::from_millis(500), floor: 64 << 10 };
         let (client, mut conn) = pair();
         let payload: Vec<u8> = (0..LEN).map(|i| (i % 239) as u8).collect();
         let sent = payload.clone();
