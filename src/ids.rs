@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -24,7 +24,9 @@ const GENERATION_MASK: u64 = 0xffff_ffff;
 pub struct IdTable<T> {
     what: &'static str,
     tag: u8,
-    slots: Mutex<Slots<T>>,
+    /// Read-locked by lookups (status polls look up their batch on every
+    /// call: they never wait on each other), write-locked to insert and remove.
+    slots: RwLock<Slots<T>>,
 }
 
 struct Slots<T> {
@@ -37,7 +39,7 @@ impl<T> IdTable<T> {
     /// (distinct per table that shares an id space) keeps one table's ids
     /// from ever naming an object of another.
     pub const fn new(what: &'static str, tag: u8) -> Self {
-        IdTable { what, tag, slots: parking_lot::const_mutex(Slots { entries: Vec::new(), free: Vec::new() }) }
+        IdTable { what, tag, slots: parking_lot::const_rwlock(Slots { entries: Vec::new(), free: Vec::new() }) }
     }
 
     /// `(index, generation)` of an id of this table.
@@ -56,7 +58,7 @@ impl<T> IdTable<T> {
     /// Store `value`; the id is never 0, and a reused slot gets a new
     /// generation so old ids stay dead. `Busy` when the table is full.
     pub fn insert(&self, value: Arc<T>) -> Result<u64> {
-        let mut s = self.slots.lock();
+        let mut s = self.slots.write();
         let index = match s.free.pop() {
             Some(i) => i as usize,
             None if s.entries.len() < MAX_LIVE => {
@@ -79,7 +81,7 @@ impl<T> IdTable<T> {
     /// The live object behind `id`.
     pub fn get(&self, id: u64) -> Result<Arc<T>> {
         let (index, generation) = self.split(id).ok_or_else(|| self.not_live(id))?;
-        match self.slots.lock().entries.get(index) {
+        match self.slots.read().entries.get(index) {
             Some((g, Some(v))) if *g == generation => Ok(v.clone()),
             _ => Err(self.not_live(id)),
         }
@@ -89,7 +91,7 @@ impl<T> IdTable<T> {
     /// one id is released at most once.
     pub fn remove_with(&self, id: u64, release: impl FnOnce(&T) -> Result<()>) -> Result<Arc<T>> {
         let (index, generation) = self.split(id).ok_or_else(|| self.not_live(id))?;
-        let mut s = self.slots.lock();
+        let mut s = self.slots.write();
         let value = match s.entries.get(index) {
             Some((g, Some(v))) if *g == generation => v.clone(),
             _ => return Err(self.not_live(id)),
@@ -112,7 +114,7 @@ impl<T> IdTable<T> {
 
     /// Every live object.
     pub fn all(&self) -> Vec<Arc<T>> {
-        self.slots.lock().entries.iter().filter_map(|(_, v)| v.clone()).collect()
+        self.slots.read().entries.iter().filter_map(|(_, v)| v.clone()).collect()
     }
 }
 
@@ -156,6 +158,6 @@ mod tests {
             assert!(a.remove(stale).is_none());
             stale = fresh;
         }
-        assert_eq!(a.slots.lock().entries.len(), 1, "one slot serves every cycle");
+        assert_eq!(a.slots.read().entries.len(), 1, "one slot serves every cycle");
     }
 }

@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use mooncake_sys::Code;
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 
 use crate::codes::{McError, McResult};
 use crate::engine::McEngine;
@@ -102,12 +102,13 @@ struct Engines {
     live: BTreeMap<usize, Arc<McEngine>>,
 }
 
-static ENGINES: Mutex<Engines> = parking_lot::const_mutex(Engines { next: 1, live: BTreeMap::new() });
+/// Read-locked by every call that names an engine (status polls among them).
+static ENGINES: RwLock<Engines> = parking_lot::const_rwlock(Engines { next: 1, live: BTreeMap::new() });
 const ENGINE_TAG: u64 = 0x4d;
 
 /// Hand out `engine` as an opaque pointer.
 pub fn insert_engine(engine: McEngine) -> McResult<*mut c_void> {
-    let mut t = ENGINES.lock();
+    let mut t = ENGINES.write();
     let n = t.next;
     if n >= 1 << 48 {
         return Err(McError::new(Code::TooManyRequests, "no engine handles left in this process"));
@@ -124,12 +125,12 @@ pub fn live(ptr: *mut c_void) -> McResult<Arc<McEngine>> {
     if ptr.is_null() {
         return Err(McError::invalid("engine is NULL"));
     }
-    ENGINES.lock().live.get(&(ptr as usize)).cloned().ok_or_else(|| {
+    ENGINES.read().live.get(&(ptr as usize)).cloned().ok_or_else(|| {
         McError::invalid(format!("engine {ptr:p} is not a live engine of this library (destroyed, or never created)"))
     })
 }
 
 /// Take the engine behind `ptr` out of the table (`None`: NULL or unknown).
 pub fn remove_engine(ptr: *mut c_void) -> Option<Arc<McEngine>> {
-    ENGINES.lock().live.remove(&(ptr as usize))
+    ENGINES.write().live.remove(&(ptr as usize))
 }

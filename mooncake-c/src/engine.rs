@@ -17,15 +17,21 @@ use parking_lot::{Mutex, RwLock};
 use pdx::config::engine_options::EngineOptions;
 use pdx::config::env::{self, vars, ProcessEnv};
 use pdx::transfer::location::Requested;
-use pdx::transfer::notification::shown;
 use pdx::transfer::{Direction, Notification, Request, TaskState, TransferBackend};
 use pdx::ErrorKind;
 
-use crate::batches::{group, Deferred, McBatch, Place};
+use crate::batches::{group, Deferred, McBatch};
 use crate::codes::{McError, McResult};
 use crate::memory::Registered;
 use crate::transport::{check_mooncake_library, discovered_protocol};
 use crate::types::{SegmentId, TransferRequest, LOCAL_SEGMENT, OPCODE_READ, OPCODE_WRITE};
+
+mod status;
+
+/// A Mooncake batch, shared by the calls that name it. Status polls take
+/// its read lock (they never wait on each other); submits and frees its
+/// write lock. No transfer thread takes it.
+type SharedBatch = Arc<RwLock<McBatch>>;
 
 /// Most segments one engine keeps open.
 const MAX_SEGMENTS: usize = 1 << 16;
@@ -83,7 +89,7 @@ pub struct McEngine {
     /// read against the transport installed while its lock is held;
     /// `uninstall` settles every batch under its lock before another
     /// transport can be installed).
-    batches: Mutex<HashMap<u64, Arc<Mutex<McBatch>>>>,
+    batches: RwLock<HashMap<u64, SharedBatch>>,
     /// pdx batches (generation, id) whose Mooncake batch was freed while
     /// their notification was still on its way: freed once it is, on the
     /// transport that ran them (dropped with it).
@@ -113,7 +119,7 @@ impl McEngine {
             transport: RwLock::new(None),
             segments: Mutex::new(Segments { next: 1, ..Default::default() }),
             regions: RwLock::new(Registered::default()),
-            batches: Mutex::new(HashMap::new()),
+            batches: RwLock::new(HashMap::new()),
             orphans: Mutex::new(Vec::new()),
             inbox: Mutex::new(VecDeque::new()),
             reinstall: Mutex::new(()),
@@ -140,11 +146,7 @@ impl McEngine {
     fn generation(&self) -> McResult<(Arc<dyn TransferBackend>, bool, u64)> {
         match &*self.transport.read() {
             Some(t) => Ok((t.backend.clone(), t.native, t.generation)),
-            None => Err(McError::new(
-                Code::NotSupportedTransport,
-                "no transport is installed: create the engine with auto_discover or call installTransport(engine, \
-                 \"tcp\", NULL) first",
-            )),
+            None => Err(no_transport()),
         }
     }
 
@@ -227,9 +229,9 @@ impl McEngine {
     /// Keep the state of every task the stopped `backend` ran in its
     /// Mooncake batch (see [`McBatch::settle`]).
     fn settle_batches(&self, backend: &dyn TransferBackend) {
-        let batches: Vec<Arc<Mutex<McBatch>>> = self.batches.lock().values().cloned().collect();
+        let batches: Vec<SharedBatch> = self.batches.read().values().cloned().collect();
         for b in batches {
-            b.lock().settle(|id, index| match backend.task_summary(id, index) {
+            b.write().settle(|id, index| match backend.task_summary(id, index) {
                 Ok(t) => (t.state, t.bytes, t.error.map(|e| e.message().to_owned())),
                 Err(e) => (TaskState::Failed, 0, Some(format!("its transport was uninstalled: {}", e.message()))),
             });
@@ -368,7 +370,7 @@ impl McEngine {
             return Err(McError::invalid(format!("a batch of {capacity} entries is over the limit of {max}")));
         }
         self.reap_orphans();
-        let mut batches = self.batches.lock();
+        let mut batches = self.batches.write();
         if batches.len() >= MAX_BATCHES {
             return Err(McError::new(
                 Code::TooManyRequests,
@@ -376,12 +378,12 @@ impl McEngine {
             ));
         }
         let id = NEXT_BATCH.fetch_add(1, Ordering::Relaxed);
-        batches.insert(id, Arc::new(Mutex::new(McBatch::new(capacity))));
+        batches.insert(id, Arc::new(RwLock::new(McBatch::new(capacity))));
         Ok(id)
     }
 
-    fn batch(&self, id: u64) -> McResult<Arc<Mutex<McBatch>>> {
-        self.batches.lock().get(&id).cloned().ok_or_else(|| {
+    fn batch(&self, id: u64) -> McResult<SharedBatch> {
+        self.batches.read().get(&id).cloned().ok_or_else(|| {
             McError::invalid(format!("batch {id:#x} is not a batch of this engine (never allocated, or freed)"))
         })
     }
@@ -447,7 +449,7 @@ impl McEngine {
             return Err(McError::invalid("entries must not be empty when a notification rides on them"));
         }
         let entries = self.check_entries(reqs)?;
-        let mut b = b.lock();
+        let mut b = b.write();
         // Taken under the batch's lock: the pdx ids it records are this
         // transport's (see `batches`).
         let backend = self.backend()?;
@@ -492,72 +494,6 @@ impl McEngine {
         Ok(())
     }
 
-    /// `getTransferStatus`: the task's state as Mooncake numbers it and the
-    /// bytes it moved; a completed task whose batch is all completed sends
-    /// the batch's notification if this layer holds it. A failed task's
-    /// reason becomes the last error, although the call succeeds.
-    pub fn task_status(&self, batch: u64, task: usize) -> McResult<(TaskState, u64)> {
-        let b = self.batch(batch)?;
-        let (state, bytes) = {
-            let g = b.lock();
-            let place = g.task(task).map_err(|n| {
-                McError::invalid(format!("task {task} is out of range (batch {batch:#x} has {n} tasks)"))
-            })?;
-            match place {
-                Place::NotStarted => {
-                    pdx::ffi::set_last_error(&format!(
-                        "task {task} of batch {batch:#x} never started: its submit failed"
-                    ));
-                    return Ok((TaskState::Failed, 0));
-                }
-                Place::Settled { state, bytes } => {
-                    if state == TaskState::Failed {
-                        let why =
-                            g.settled_failure(task).unwrap_or("it was in flight when its transport was uninstalled");
-                        pdx::ffi::set_last_error(&format!("task {task} of batch {batch:#x} failed: {why}"));
-                    }
-                    (state, bytes)
-                }
-                Place::Running { id, index } => {
-                    let t = self.backend()?.task_summary(id, index)?;
-                    if let Some(e) = &t.error {
-                        pdx::ffi::set_last_error(&format!("task {task} of batch {batch:#x} failed: {}", e.message()));
-                    }
-                    (t.state, t.bytes)
-                }
-            }
-        };
-        if state == TaskState::Completed {
-            self.send_deferred(&b);
-        }
-        Ok((state, bytes))
-    }
-
-    /// Send the batch's notification if this layer holds it and every task
-    /// has completed (once; a failure is logged, the transfers stand).
-    fn send_deferred(&self, b: &Mutex<McBatch>) {
-        let (deferred, backend) = {
-            let mut g = b.lock();
-            if g.deferred.is_none() || g.has_unstarted() || !g.settled_all_completed() {
-                return;
-            }
-            let Ok(backend) = self.backend() else { return };
-            let all = g
-                .subs()
-                .iter()
-                .all(|id| backend.batch_summary(*id).is_ok_and(|s| s.completed == s.total && s.failed == 0));
-            if !all {
-                return;
-            }
-            (g.deferred.take(), backend)
-        };
-        if let Some(d) = deferred {
-            if let Err(e) = backend.notify(&d.session, &d.note) {
-                log::error!("notification {} to {} failed: {}", shown(&d.note.name), d.session, e.message());
-            }
-        }
-    }
-
     /// `freeBatchID`. A batch with tasks in flight has them cancelled
     /// first: once pdx's cancel returns, nothing reads or writes their
     /// local memory any more, and the batch is freed. That is what NIXL's
@@ -573,7 +509,7 @@ impl McEngine {
         // Read under the batch's lock: `uninstall` settles (and empties) a
         // batch under it, so pdx batches seen here belong to this backend.
         let running = {
-            let g = b.lock();
+            let g = b.read();
             if g.subs().is_empty() {
                 None
             } else {
@@ -602,10 +538,10 @@ impl McEngine {
             }
         }
         self.send_deferred(&b);
-        if self.batches.lock().remove(&batch).is_none() {
+        if self.batches.write().remove(&batch).is_none() {
             return Err(McError::invalid(format!("batch {batch:#x} was freed by another thread")));
         }
-        let g = b.lock();
+        let g = b.read();
         if g.subs().is_empty() {
             return Ok(());
         }
@@ -712,9 +648,9 @@ impl McEngine {
         let Some(t) = self.transport.write().take() else { return };
         if self.graceful.load(Ordering::Relaxed) {
             let deadline = Instant::now() + GRACEFUL_WAIT;
-            let batches: Vec<Arc<Mutex<McBatch>>> = self.batches.lock().values().cloned().collect();
+            let batches: Vec<SharedBatch> = self.batches.read().values().cloned().collect();
             for b in batches {
-                let subs = b.lock().subs().to_vec();
+                let subs = b.read().subs().to_vec();
                 for id in subs {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if let Err(e) = t.backend.batch_wait(id, left) {
@@ -725,6 +661,15 @@ impl McEngine {
         }
         t.backend.stop();
     }
+}
+
+/// What a call that needs a transport answers when none is installed.
+fn no_transport() -> McError {
+    McError::new(
+        Code::NotSupportedTransport,
+        "no transport is installed: create the engine with auto_discover or call installTransport(engine, \"tcp\", \
+         NULL) first",
+    )
 }
 
 impl McError {

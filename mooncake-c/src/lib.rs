@@ -660,6 +660,9 @@ pub unsafe extern "C" fn showLinks(engine: Engine, buf_out: *mut c_char, buf_len
 }
 
 #[cfg(test)]
+mod status_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

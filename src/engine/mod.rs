@@ -71,7 +71,7 @@ use crate::ids::IdTable;
 use crate::transfer::host::engine_host;
 use crate::transfer::location::Requested;
 use crate::transfer::stats::{Stats, StatsSnapshot};
-use crate::transfer::{state, BatchSummary, Direction, Notification, Request, TaskSummary, TransferBackend};
+use crate::transfer::{state, BatchSummary, Direction, Notification, Request, TaskState, TaskSummary, TransferBackend};
 use initiator::{BatchRun, Dialer, Peers, Prepared, Workers};
 use memory::{Regions, Staging};
 use protocol::{FrameType, Identity};
@@ -504,6 +504,10 @@ impl TransferBackend for Engine {
 
     fn task_summary(&self, id: u64, task: usize) -> Result<TaskSummary> {
         self.inner.batches.get(id)?.task(task)
+    }
+
+    fn task_state(&self, id: u64, task: usize) -> Result<(TaskState, u64)> {
+        self.inner.batches.get(id)?.task_state(task)
     }
 
     fn batch_wait(&self, id: u64, timeout: Duration) -> Result<BatchSummary> {

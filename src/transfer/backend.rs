@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::location::Requested;
-use super::{BatchSummary, Direction, Notification, Request, TaskSummary};
+use super::{BatchSummary, Direction, Notification, Request, TaskState, TaskSummary};
 use crate::error::{Error, Result};
 
 /// The default bound on entries per batch (`PDX_MAX_BATCH_ENTRIES`).
@@ -94,6 +94,13 @@ pub trait TransferBackend: Send + Sync {
     }
     fn batch_summary(&self, id: u64) -> Result<BatchSummary>;
     fn task_summary(&self, id: u64, task: usize) -> Result<TaskSummary>;
+    /// A task's state and bytes confirmed, for status polls (NIXL asks
+    /// every task on every poll): a backend that can reads them without
+    /// taking a lock its transfer threads need and without allocating. The
+    /// reason of a failure is [`task_summary`](Self::task_summary)'s.
+    fn task_state(&self, id: u64, task: usize) -> Result<(TaskState, u64)> {
+        self.task_summary(id, task).map(|t| (t.state, t.bytes))
+    }
     /// Wait for the batch to finish; `Timeout` while tasks are in flight.
     fn batch_wait(&self, id: u64, timeout: Duration) -> Result<BatchSummary>;
     /// Free a finished batch; `Busy` while tasks are in flight.

@@ -3,7 +3,7 @@
 //! are reached through a table of ids (index + generation, never a pointer),
 //! so a stale or made-up id is an error, not a crash.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,7 @@ use super::link::Link;
 use super::peers::{recv_limit, stalled, Lane, Peer};
 use super::plan::{Plan, PIECE_BYTES, WINDOW_BYTES};
 use super::prepare::Prepared;
+use super::task::Task;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transfer::peer_stats::PeerCounters;
 use crate::transfer::state::{self, BatchSummary, TaskState, TaskSummary};
@@ -38,31 +39,6 @@ const RAIL_WINDOW_BYTES: usize = PIECE_BYTES;
 const RAIL_TAIL_BYTES: usize = 8 << 20;
 const RAIL_TAIL_PIECE: usize = 512 << 10;
 
-struct Task {
-    state: AtomicU8,
-    bytes: AtomicU64,
-    /// The length asked for (what the statistics count a failed task at).
-    requested: u64,
-    /// Pieces of this task not yet terminal.
-    pieces_left: AtomicUsize,
-    /// A piece of it went over TCP (else it moved over the same-host link).
-    over_tcp: AtomicBool,
-    error: Mutex<Option<Error>>,
-}
-
-impl Task {
-    fn state(&self) -> TaskState {
-        TaskState::from_u8(self.state.load(Ordering::Acquire))
-    }
-
-    /// End the task in `state` unless it has already ended: the one atomic
-    /// decision a completion and a cancel race for. True if this call did.
-    fn decide(&self, state: TaskState) -> bool {
-        let pending = TaskState::Pending.to_u8();
-        self.state.compare_exchange(pending, state.to_u8(), Ordering::AcqRel, Ordering::Acquire).is_ok()
-    }
-}
-
 /// A running (or finished) batch.
 pub struct BatchRun {
     session: String,
@@ -81,6 +57,8 @@ pub struct BatchRun {
     notify_error: Mutex<Option<Error>>,
     done: Mutex<bool>,
     done_cv: Condvar,
+    /// `done`, read without its lock by status polls (set under it).
+    finished: AtomicBool,
     /// When the batch was made: task latencies and stall clocks count from here.
     started: Instant,
     /// A CUDA event the local bytes are read or written after (a `CUevent`).
@@ -119,19 +97,8 @@ impl BatchRun {
         if railed {
             plan.split_tail(RAIL_TAIL_BYTES, RAIL_TAIL_PIECE);
         }
-        let tasks = plan
-            .task_pieces
-            .iter()
-            .zip(&prepared.reqs)
-            .map(|(&count, r)| Task {
-                state: AtomicU8::new(if count == 0 { TaskState::Completed } else { TaskState::Pending }.to_u8()),
-                bytes: AtomicU64::new(0),
-                requested: r.len as u64,
-                pieces_left: AtomicUsize::new(count),
-                over_tcp: AtomicBool::new(false),
-                error: Mutex::new(None),
-            })
-            .collect();
+        let tasks =
+            plan.task_pieces.iter().zip(&prepared.reqs).map(|(&count, r)| Task::new(count, r.len as u64)).collect();
         let pending = plan.task_pieces.iter().filter(|&&c| c > 0).count();
         Arc::new(BatchRun {
             session: session.to_owned(),
@@ -146,6 +113,7 @@ impl BatchRun {
             notify,
             notify_error: Mutex::new(None),
             done: Mutex::new(false),
+            finished: AtomicBool::new(false),
             done_cv: Condvar::new(),
             started: Instant::now(),
             after,
@@ -353,7 +321,10 @@ impl BatchRun {
                 }
             }
         }
-        *self.done.lock() = true;
+        let mut done = self.done.lock();
+        *done = true;
+        self.finished.store(true, Ordering::Release);
+        drop(done);
         self.done_cv.notify_all();
         match self.outcome() {
             Err(e) if e.kind() != ErrorKind::Canceled => {
@@ -754,12 +725,19 @@ impl BatchRun {
 
     /// True once every task is terminal (and any notification was sent).
     pub fn is_done(&self) -> bool {
-        *self.done.lock()
+        self.finished.load(Ordering::Acquire)
     }
 
     pub fn summary(&self) -> BatchSummary {
-        let tasks = self.tasks.iter().map(|t| (t.state(), t.bytes.load(Ordering::Acquire)));
+        let tasks = self.tasks.iter().map(Task::status);
         BatchSummary::tally(tasks, self.is_done())
+    }
+
+    /// A task's state and bytes confirmed, from its atomics alone (no lock
+    /// a transfer thread takes, no allocation): what status polls read. A
+    /// completed task's bytes are final (added before the state was decided).
+    pub fn task_state(&self, i: usize) -> Result<(TaskState, u64)> {
+        Ok(self.tasks.get(i).ok_or_else(|| state::no_such_task(i, self.tasks.len()))?.status())
     }
 
     pub fn task(&self, i: usize) -> Result<TaskSummary> {

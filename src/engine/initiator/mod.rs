@@ -4,7 +4,8 @@
 //! ([`peers`], data connections opened through the handshake client
 //! [`dialer`]), each window through a [`link`] with the window protocol
 //! ([`window`]); [`workers`] run the lanes of multi-lane and asynchronous
-//! batches; [`cancel`] stops the windows of cancelled tasks.
+//! batches; [`cancel`] stops the windows of cancelled tasks; [`task`] holds
+//! a task's state word, which status polls read without a lock.
 //!
 //! May use: [`protocol`](super::protocol), [`net`](super::net),
 //! [`memory`](super::memory), [`samehost`](super::samehost) (the same-host
@@ -20,6 +21,7 @@ mod link;
 pub(super) mod peers;
 pub(super) mod plan;
 mod prepare;
+mod task;
 pub(super) mod window;
 mod workers;
 

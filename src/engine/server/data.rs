@@ -263,6 +263,24 @@ fn finish(inner: &Serving, conn: &mut Conn, acks: &mut Acks, step: Step) -> io::
     }
 }
 
+/// What a connection's next request is expected to bring, after `header`
+/// (`buffered`: its payload bytes already read with it), for a thread that
+/// waits for it (see `pool::EXPECT_WINDOW`): a small write whose header
+/// came ahead of its payload (an initiator that writes them apart, one
+/// request at a time: Mooncake's) is expected again, whole, as long as
+/// the writes keep that size; anything else expects a header only.
+fn next_expected(expected: usize, header: &RequestHeader, buffered: usize) -> usize {
+    let size = header.size as usize;
+    if header.direction != Direction::Write || size > FLOW_FLOOR {
+        return HEADER_LEN;
+    }
+    if buffered < size || expected == HEADER_LEN + size {
+        HEADER_LEN + size
+    } else {
+        HEADER_LEN
+    }
+}
+
 /// Serve a data connection's requests in order, from where `resume` left
 /// off if it was parked in the middle of one. Returns that request where
 /// its peer stopped keeping pace (the pool parks the connection with it);
@@ -271,13 +289,15 @@ fn finish(inner: &Serving, conn: &mut Conn, acks: &mut Acks, step: Step) -> io::
 /// wait a remote peer can stretch (a hello awaiting the proof of the peer
 /// secret, a device request), and when it is out again. Same-host requests
 /// and the same-host challenge are not told: only a process on this host
-/// that the kernel says holds the connection gets that far.
+/// that the kernel says holds the connection gets that far. `expect`:
+/// what the next request likely brings, kept up to date ([`next_expected`]).
 pub(super) fn serve_data(
     inner: &Serving,
     conn: &mut Conn,
     ticket: &super::budget::Ticket,
     resume: Option<Pending>,
     held: &dyn Fn(bool),
+    expect: &mut usize,
 ) -> Option<Pending> {
     conn.set_spin(inner.settings.spin);
     conn.set_idle_timeout(inner.settings.idle_timeout);
@@ -327,6 +347,7 @@ pub(super) fn serve_data(
                     log::debug!("data connection: a same-host request on a connection without the link; closing");
                     break;
                 };
+                *expect = HEADER_LEN;
                 ticket.set_busy(true);
                 let _idle_again = IdleAgain(ticket);
                 let cx = LocalServing {
@@ -352,6 +373,7 @@ pub(super) fn serve_data(
             }
         };
         first = false;
+        *expect = next_expected(*expect, &header, conn.buffered());
         // In flight: never evicted until served (parked in the middle of
         // it, too).
         ticket.set_busy(true);
@@ -403,4 +425,28 @@ pub(super) fn serve_data(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(direction: Direction, size: usize) -> RequestHeader {
+        RequestHeader { size: size as u64, addr: 0x1000, direction, acknowledged: true }
+    }
+
+    /// A small write whose payload came after its header is expected again
+    /// whole, while the writes keep that size; whatever else comes expects
+    /// a header only.
+    #[test]
+    fn a_small_write_ahead_of_its_payload_is_expected_again() {
+        let w = header(Direction::Write, 64 << 10);
+        let whole = HEADER_LEN + (64 << 10);
+        assert_eq!(next_expected(HEADER_LEN, &w, 0), whole, "the header came alone");
+        assert_eq!(next_expected(whole, &w, 64 << 10), whole, "it came whole, as expected");
+        assert_eq!(next_expected(HEADER_LEN, &w, 64 << 10), HEADER_LEN, "written together: nothing to wait for");
+        assert_eq!(next_expected(whole, &header(Direction::Write, 4096), 4096), HEADER_LEN, "another size");
+        assert_eq!(next_expected(whole, &header(Direction::Read, 64 << 10), 0), HEADER_LEN, "a read");
+        assert_eq!(next_expected(HEADER_LEN, &header(Direction::Write, FLOW_FLOOR + 1), 0), HEADER_LEN, "not small");
+    }
 }

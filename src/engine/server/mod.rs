@@ -278,7 +278,7 @@ pub fn accept_loop(serving: Arc<Serving>, listener: TcpListener, plane: Plane) {
                 let Ok(mut conn) = Conn::new(stream, t, t) else { return };
                 let Some(ticket) = serving2.budget.admit(plane, from.ip(), conn.raw_fd()) else { return };
                 let Some(_tracked) = serving2.registry.track(conn.stream()) else { return };
-                data::serve_data(&serving2, &mut conn, &ticket, None, &|_| {});
+                data::serve_data(&serving2, &mut conn, &ticket, None, &|_| {}, &mut 0);
             }),
         };
         if let Err(e) = spawned {

@@ -13,7 +13,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::ffi::boundary::{c_slice, c_str, guard, guard_or, handle_tag, opt_out_ptr, out_ptr, text_out, HandleTable};
 use crate::ffi::status::{pdx_status, status_of, PDX_OK};
 use crate::transfer::backend::check_entry_count;
-use crate::transfer::{Direction, Notification, Request};
+use crate::transfer::{Direction, Notification, Request, TaskState};
 
 /// The entries of a batch call, copied from C once the entry bound holds
 /// (nothing proportional to `n` is read or allocated before).
@@ -280,15 +280,23 @@ pub unsafe extern "C" fn pdx_task_status(
         let state = opt_out_ptr(state, "state")?;
         let bytes = opt_out_ptr(bytes, "bytes")?;
         let error = opt_out_ptr(error, "error")?;
-        let t = ENGINES.get(engine)?.engine.task_summary(batch, task)?;
+        let h = ENGINES.get(engine)?;
+        // The state word alone (no lock the engine's threads take, no
+        // allocation); the error is read only for a task that failed.
+        let (s, n) = h.engine.task_state(batch, task)?;
+        let status = match s {
+            TaskState::Pending | TaskState::Completed => PDX_OK,
+            TaskState::Canceled => status_of(ErrorKind::Canceled),
+            TaskState::Failed => h.engine.task_summary(batch, task)?.error.map_or(PDX_OK, |e| status_of(e.kind())),
+        };
         if let Some(p) = state {
-            *p = task_state(t.state);
+            *p = task_state(s);
         }
         if let Some(p) = bytes {
-            *p = t.bytes;
+            *p = n;
         }
         if let Some(p) = error {
-            *p = t.error.map_or(PDX_OK, |e| status_of(e.kind()));
+            *p = status;
         }
         Ok(())
     })
@@ -441,7 +449,7 @@ pub unsafe extern "C" fn pdx_task_cancel(
         let out = opt_out_ptr(out_state, "out_state")?;
         let h = ENGINES.get(engine)?;
         h.engine.cancel(batch, Some(task))?;
-        let state = h.engine.task_summary(batch, task)?.state;
+        let (state, _) = h.engine.task_state(batch, task)?;
         if let Some(p) = out {
             *p = task_state(state);
         }
