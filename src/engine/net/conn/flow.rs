@@ -46,8 +46,18 @@ struct Window {
 impl Conn {
     /// `SO_RCVLOWAT`: readiness (and a blocking receive) waits for `bytes`
     /// queued, or the end of the stream. A system call only when it changes.
+    ///
+    /// Never more than a quarter of the socket's receive buffer: Linux
+    /// grows the buffer to hold a low-water mark past it and clamps the
+    /// connection's TCP window to that mark, for good (a 64 KiB mark
+    /// halved a 64 MiB write's speed on every later request of the
+    /// connection). A mark this size can still be reached without that.
     pub fn set_rcvlowat(&mut self, bytes: usize) -> io::Result<()> {
-        let bytes = bytes.max(1);
+        let mut bytes = bytes.max(1);
+        if bytes > 1 {
+            let buffer = SockRef::from(&self.stream).recv_buffer_size()?;
+            bytes = bytes.min(buffer / 4).max(1);
+        }
         if bytes == self.rcvlowat {
             return Ok(());
         }
@@ -167,8 +177,11 @@ impl Conn {
             let want = rest.min(floor);
             if rest >= RECV_BUF / 2 {
                 // A large rest: one receive of a whole chunk, for `wait` at
-                // most, must bring the next `floor` bytes.
-                self.set_rcvlowat(want)?;
+                // most (the receive timeout), must bring the next `floor`
+                // bytes. No low-water mark: the receive waits for the whole
+                // chunk anyway, and a mark this size would clamp the TCP
+                // window (see `set_rcvlowat`).
+                self.set_rcvlowat(1)?;
                 self.set_short_recv_timeout(Some(wait))?;
                 // SAFETY: forwarded from the caller.
                 match unsafe { self.take_payload(ptr, len, done, libc::MSG_WAITALL) } {
